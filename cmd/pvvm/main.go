@@ -1,0 +1,335 @@
+// Command pvvm runs the driver inside QEMU guests with the emulated pvrdma
+// device, from the host.
+//
+//	pvvm [flags] -- ARGS...       boot a VM and run `pvctl ARGS` in it; print
+//	                              its output and exit with its status ("+"
+//	                              alone separates several pvctl command lines)
+//	pvvm [flags] -test PKGS       build the in-guest tests of PKGS (a comma
+//	                              list of package directories, or "all") and
+//	                              run them in the VM(s)
+//
+// With -vms N the VMs share one software RDMA fabric and a control channel
+// each, so tests can exchange QP addresses. Tests whose names start with
+// TestMultiVM need several VMs: a one-VM run leaves them out, and a
+// several-VM run runs only them unless -run says otherwise.
+//
+// Under -test the last line is "pvvm: N passed, N failed". A skipped test
+// counts as failed unless -allow-skip is given: on the bench every in-guest
+// test must be able to run.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"io/fs"
+	"log/slog"
+	"os"
+	"os/signal"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/vfrdma/vfrdma/qemu"
+	"github.com/vfrdma/vfrdma/qemu/guest"
+)
+
+// multiVMPrefix names tests that need more than one VM.
+const multiVMPrefix = "TestMultiVM"
+
+type config struct {
+	vms       int
+	tests     string
+	run       string
+	timeout   time.Duration
+	verbose   bool
+	allowSkip bool
+	keep      bool
+	debug     bool
+	pvctlArgs []string
+}
+
+func main() {
+	var c config
+	flag.IntVar(&c.vms, "vms", 1, "number of VMs on one shared fabric")
+	flag.StringVar(&c.tests, "test", "", `run in-guest tests of these packages (comma-separated directories, or "all")`)
+	flag.StringVar(&c.run, "run", "", "only tests matching this regexp (-test.run)")
+	flag.DurationVar(&c.timeout, "timeout", 5*time.Minute, "hard limit for the whole run")
+	flag.BoolVar(&c.verbose, "v", false, "stream the console and every program's output")
+	flag.BoolVar(&c.allowSkip, "allow-skip", false, "do not count skipped in-guest tests as failures")
+	flag.BoolVar(&c.keep, "keep", false, "keep the built image in build/pvvm")
+	flag.BoolVar(&c.debug, "debug", false, "log the bench's own steps to stderr")
+	flag.Usage = func() {
+		fmt.Fprintf(os.Stderr, "usage: pvvm [flags] -- PVCTL-ARGS...\n       pvvm [flags] -test PKGS\n\n")
+		flag.PrintDefaults()
+	}
+	flag.Parse()
+	c.pvctlArgs = flag.Args()
+	if (c.tests == "") == (len(c.pvctlArgs) == 0) {
+		flag.Usage()
+		os.Exit(2)
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	code, err := run(ctx, &c)
+	stop()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "pvvm:", err)
+		if code == 0 {
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+func run(ctx context.Context, c *config) (int, error) {
+	root, err := repoRoot()
+	if err != nil {
+		return 1, err
+	}
+	kernel, err := guest.FindKernel(root)
+	if err != nil {
+		return 1, err
+	}
+	opt := &qemu.Options{
+		BackendDir: filepath.Join(root, "build", "softverbs"),
+		Kernel:     kernel.Vmlinuz,
+		Timeout:    c.timeout,
+	}
+	if c.debug {
+		opt.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	// Fail on a missing prerequisite before spending time on builds.
+	opt.Initrd = kernel.Vmlinuz // placeholder so Check looks at everything else
+	if err := qemu.Check(opt); err != nil {
+		return 1, err
+	}
+
+	out := filepath.Join(root, "build", "pvvm")
+	if err := os.MkdirAll(out, 0o755); err != nil {
+		return 1, err
+	}
+	img, err := os.MkdirTemp(out, "img-")
+	if err != nil {
+		return 1, err
+	}
+	if !c.keep {
+		defer os.RemoveAll(img)
+	}
+	t0 := time.Now()
+	spec, err := buildSpec(ctx, c, root, img, kernel)
+	if err != nil {
+		return 1, err
+	}
+	opt.Initrd = filepath.Join(img, "initramfs.cpio")
+	if err := guest.WriteInitramfs(opt.Initrd, spec); err != nil {
+		return 1, err
+	}
+	buildTime := time.Since(t0)
+
+	if c.tests != "" {
+		return runTests(ctx, c, opt, spec, buildTime)
+	}
+	return runPvctl(ctx, c, opt)
+}
+
+// buildSpec builds the init and the programs into dir.
+func buildSpec(ctx context.Context, c *config, root, dir string, kernel *guest.Kernel) (guest.Spec, error) {
+	spec := guest.Spec{Init: filepath.Join(dir, "init"), Kernel: kernel, BindPVRDMA: true}
+	type job struct {
+		prog  guest.Program
+		build func() error
+	}
+	jobs := []job{{build: func() error { return guest.BuildInit(ctx, root, spec.Init) }}}
+	if c.tests == "" {
+		bin := filepath.Join(dir, "pvctl")
+		jobs = append(jobs, job{build: func() error {
+			return guest.BuildProgram(ctx, filepath.Join(root, "cmd", "pvctl"), bin)
+		}})
+		for i, args := range splitCommands(c.pvctlArgs) {
+			name := "pvctl"
+			if i > 0 {
+				name = fmt.Sprintf("pvctl-%d", i+1)
+			}
+			// The image holds one copy per name; they are a few MB each.
+			jobs = append(jobs, job{prog: guest.Program{Name: name, HostPath: bin, Args: args, Kind: guest.KindCmd, Timeout: c.timeout}})
+		}
+	} else {
+		pkgs, err := guestTestPackages(root, c.tests)
+		if err != nil {
+			return spec, err
+		}
+		args := testArgs(c)
+		for _, pkg := range pkgs {
+			name := strings.ReplaceAll(pkg, "/", "_") + ".test"
+			p := guest.Program{Name: name, HostPath: filepath.Join(dir, name), Args: args, Kind: guest.KindGoTest, Timeout: c.timeout}
+			pkgDir := filepath.Join(root, pkg)
+			jobs = append(jobs, job{prog: p, build: func() error { return guest.BuildTestBinary(ctx, pkgDir, p.HostPath) }})
+		}
+	}
+	// Two builders: the machine has two cores.
+	errs := make([]error, len(jobs))
+	for i := range jobs {
+		if jobs[i].build == nil {
+			jobs[i].build = func() error { return nil }
+		}
+	}
+	sem := make(chan struct{}, 2)
+	var wg sync.WaitGroup
+	for i, j := range jobs {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			sem <- struct{}{}
+			defer func() { <-sem }()
+			errs[i] = j.build()
+		}()
+	}
+	wg.Wait()
+	for _, err := range errs {
+		if err != nil {
+			return spec, err
+		}
+	}
+	for _, j := range jobs[1:] {
+		if j.prog.Name != "" {
+			spec.Programs = append(spec.Programs, j.prog)
+		}
+	}
+	return spec, nil
+}
+
+// splitCommands splits pvctl arguments at lone "+" into several command
+// lines run one after the other in the same VM.
+func splitCommands(args []string) [][]string {
+	var out [][]string
+	cur := []string{}
+	for _, a := range args {
+		if a == "+" {
+			if len(cur) > 0 {
+				out = append(out, cur)
+			}
+			cur = []string{}
+			continue
+		}
+		cur = append(cur, a)
+	}
+	if len(cur) > 0 {
+		out = append(out, cur)
+	}
+	return out
+}
+
+func testArgs(c *config) []string {
+	var args []string
+	switch {
+	case c.run != "":
+		args = append(args, "-test.run", c.run)
+	case c.vms > 1:
+		args = append(args, "-test.run", "^"+multiVMPrefix)
+	default:
+		args = append(args, "-test.skip", "^"+multiVMPrefix)
+	}
+	return args
+}
+
+// guestTestPackages returns the package directories (relative to root) named
+// by list, or every package with a test file built only under the guest tag.
+func guestTestPackages(root, list string) ([]string, error) {
+	if list != "all" {
+		var pkgs []string
+		for _, p := range strings.Split(list, ",") {
+			p = filepath.Clean(strings.TrimSpace(p))
+			if p == "" || p == "." {
+				continue
+			}
+			if !hasGuestTests(filepath.Join(root, p)) {
+				return nil, fmt.Errorf("package %s has no in-guest tests (files with //go:build %s)", p, guest.GuestTag)
+			}
+			pkgs = append(pkgs, p)
+		}
+		return pkgs, nil
+	}
+	seen := map[string]bool{}
+	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() {
+			if n := d.Name(); path != root && (strings.HasPrefix(n, ".") || n == "build" || n == "testdata") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if strings.HasSuffix(path, "_test.go") && isGuestFile(path) {
+			rel, _ := filepath.Rel(root, filepath.Dir(path))
+			seen[rel] = true
+		}
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	var pkgs []string
+	for p := range seen {
+		pkgs = append(pkgs, p)
+	}
+	sort.Strings(pkgs)
+	if len(pkgs) == 0 {
+		return nil, fmt.Errorf("no in-guest tests found under %s", root)
+	}
+	return pkgs, nil
+}
+
+func hasGuestTests(dir string) bool {
+	files, _ := filepath.Glob(filepath.Join(dir, "*_test.go"))
+	for _, f := range files {
+		if isGuestFile(f) {
+			return true
+		}
+	}
+	return false
+}
+
+// isGuestFile reports whether a Go file's build constraint requires the
+// guest tag.
+func isGuestFile(path string) bool {
+	f, err := os.Open(path)
+	if err != nil {
+		return false
+	}
+	defer f.Close()
+	head := make([]byte, 512)
+	n, _ := io.ReadFull(f, head)
+	for _, line := range strings.Split(string(head[:n]), "\n") {
+		line = strings.TrimSpace(line)
+		if strings.HasPrefix(line, "//go:build ") {
+			expr := strings.TrimPrefix(line, "//go:build ")
+			return expr == guest.GuestTag || strings.HasPrefix(expr, guest.GuestTag+" &&")
+		}
+		if strings.HasPrefix(line, "package ") {
+			return false
+		}
+	}
+	return false
+}
+
+func repoRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if b, err := os.ReadFile(filepath.Join(dir, "go.mod")); err == nil && strings.Contains(string(b), "module github.com/vfrdma/vfrdma\n") {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", fmt.Errorf("not inside the vfrdma repository (no go.mod for github.com/vfrdma/vfrdma above %s)", dir)
+		}
+		dir = parent
+	}
+}

@@ -1,0 +1,170 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/vfrdma/vfrdma/qemu"
+	"github.com/vfrdma/vfrdma/qemu/guest"
+	"github.com/vfrdma/vfrdma/qemu/proto"
+)
+
+// runPvctl boots one VM running pvctl, prints its output as it comes and
+// returns its exit status.
+func runPvctl(ctx context.Context, c *config, opt *qemu.Options) (int, error) {
+	if c.vms != 1 {
+		return 1, fmt.Errorf("-vms %d: pvctl runs in one VM (use -test for several)", c.vms)
+	}
+	opt.OnRecord = func(vm int, r proto.Record) {
+		switch {
+		case r.Event == proto.EventOut && isPvctl(r.Prog):
+			fmt.Println(r.Line)
+		case r.Event == proto.EventError:
+			fmt.Fprintf(os.Stderr, "pvvm: guest init: %s\n", r.Msg)
+		case c.verbose && r.Event == proto.EventOut:
+			fmt.Fprintf(os.Stderr, "[%s] %s\n", r.Prog, r.Line)
+		}
+	}
+	if c.verbose {
+		opt.OnConsole = func(vm int, line string) { fmt.Fprintln(os.Stderr, line) }
+	}
+	res, err := qemu.Run(ctx, 1, opt)
+	if err != nil {
+		return 1, err
+	}
+	vm := res.VMs[0]
+	if vm.Err != nil {
+		return 1, vm.Err
+	}
+	for _, e := range vm.Errors() {
+		return 1, fmt.Errorf("guest init: %s", e.Msg)
+	}
+	exits := vm.Exits()
+	if len(exits) == 0 {
+		return 1, fmt.Errorf("the guest reported no exit status for pvctl; last console lines:\n  %s", strings.Join(vm.Tail, "\n  "))
+	}
+	for _, e := range exits {
+		if e.Code < 0 {
+			return 1, fmt.Errorf("%s did not finish: %s", e.Prog, e.Msg)
+		}
+		if e.Code != 0 {
+			return e.Code, nil
+		}
+	}
+	return 0, nil
+}
+
+func isPvctl(prog string) bool { return prog == "pvctl" || strings.HasPrefix(prog, "pvctl-") }
+
+// runTests runs the in-guest test binaries and prints one line per test,
+// the output of what failed, and the summary line.
+func runTests(ctx context.Context, c *config, opt *qemu.Options, spec guest.Spec, build time.Duration) (int, error) {
+	var mu sync.Mutex
+	output := map[string][]string{} // "vmN prog" → its output lines, for failures
+	opt.OnRecord = func(vm int, r proto.Record) {
+		mu.Lock()
+		defer mu.Unlock()
+		key := fmt.Sprintf("vm%d %s", vm, r.Prog)
+		switch r.Event {
+		case proto.EventOut:
+			if len(output[key]) < 5000 {
+				output[key] = append(output[key], r.Line)
+			}
+			if c.verbose {
+				fmt.Printf("vm%d [%s] %s\n", vm, r.Prog, r.Line)
+			}
+		case proto.EventTest:
+			fmt.Printf("vm%d %-28s %-40s %s (%.2fs)\n", vm, r.Prog, r.Test, strings.ToUpper(r.Status), r.Elapsed)
+		case proto.EventError:
+			fmt.Printf("vm%d init error: %s\n", vm, r.Msg)
+		}
+	}
+	if c.verbose {
+		opt.OnConsole = func(vm int, line string) { fmt.Printf("vm%d console: %s\n", vm, line) }
+	}
+	fmt.Printf("pvvm: image built in %.1fs; booting %d VM(s) with %d test program(s)\n", build.Seconds(), c.vms, len(spec.Programs))
+	res, err := qemu.Run(ctx, c.vms, opt)
+	if err != nil {
+		return 1, err
+	}
+
+	passed, failed, skipped := 0, 0, 0
+	var problems []string
+	for _, vm := range res.VMs {
+		if vm.Err != nil {
+			problems = append(problems, fmt.Sprintf("vm%d: %v", vm.Index, vm.Err))
+			failed++
+		}
+		for _, e := range vm.Errors() {
+			problems = append(problems, fmt.Sprintf("vm%d: guest init: %s", vm.Index, e.Msg))
+			failed++
+		}
+		failedProgs := map[string]bool{}
+		for _, t := range vm.Tests() {
+			switch t.Status {
+			case proto.StatusPass:
+				passed++
+			case proto.StatusSkip:
+				skipped++
+				if !c.allowSkip {
+					failed++
+					failedProgs[t.Prog] = true
+					problems = append(problems, fmt.Sprintf("vm%d: %s %s was skipped: an in-guest test must run on the bench", vm.Index, t.Prog, t.Test))
+				}
+			default:
+				failed++
+				failedProgs[t.Prog] = true
+			}
+		}
+		ran := map[string]bool{}
+		for _, e := range vm.Exits() {
+			ran[e.Prog] = true
+			if e.Code != 0 && !failedProgs[e.Prog] {
+				failed++
+				failedProgs[e.Prog] = true
+				problems = append(problems, fmt.Sprintf("vm%d: %s exited with status %d %s", vm.Index, e.Prog, e.Code, e.Msg))
+			}
+		}
+		if vm.Err == nil {
+			for _, p := range spec.Programs {
+				if !ran[p.Name] {
+					failed++
+					problems = append(problems, fmt.Sprintf("vm%d: %s never ran", vm.Index, p.Name))
+				}
+			}
+		}
+		var progs []string
+		for p := range failedProgs {
+			progs = append(progs, p)
+		}
+		sort.Strings(progs)
+		for _, p := range progs {
+			key := fmt.Sprintf("vm%d %s", vm.Index, p)
+			fmt.Printf("--- output of %s:\n", key)
+			for _, l := range output[key] {
+				fmt.Printf("    %s\n", l)
+			}
+		}
+		fmt.Printf("vm%d: %.1fs\n", vm.Index, vm.Elapsed.Seconds())
+	}
+	for _, p := range problems {
+		fmt.Println(p)
+	}
+	if passed == 0 && failed == 0 {
+		failed++
+		fmt.Println("pvvm: no test ran (check -run and the package list)")
+	}
+	if skipped > 0 {
+		fmt.Printf("pvvm: %d skipped\n", skipped)
+	}
+	fmt.Printf("pvvm: %d passed, %d failed\n", passed, failed)
+	if failed > 0 {
+		return 1, nil
+	}
+	return 0, nil
+}

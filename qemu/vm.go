@@ -1,0 +1,467 @@
+package qemu
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/vfrdma/vfrdma/qemu/fabric"
+	"github.com/vfrdma/vfrdma/qemu/mux"
+	"github.com/vfrdma/vfrdma/qemu/proto"
+)
+
+// BackendDevice is the software backend's device name (QEMU's ibdev=).
+const BackendDevice = "softverbs0"
+
+// Sentinel errors of a run; each is wrapped with the detail that makes it
+// actionable.
+var (
+	ErrNotRoot         = errors.New("bench: must run as root")
+	ErrNoQEMU          = errors.New("bench: QEMU not found")
+	ErrNoKernel        = errors.New("bench: guest kernel not found")
+	ErrNoBackend       = errors.New("bench: RDMA backend not built")
+	ErrQEMURefused     = errors.New("bench: QEMU refused to start")
+	ErrQEMUExited      = errors.New("bench: QEMU exited before the guest finished")
+	ErrTimeout         = errors.New("bench: guest timed out")
+	ErrConsoleFlood    = errors.New("bench: output flood")
+	ErrGuestIncomplete = errors.New("bench: guest did not finish")
+)
+
+// Options configure a run. The zero value of each field means its default.
+type Options struct {
+	QEMU       string        // QEMU binary (default qemu-system-x86_64 on PATH)
+	BackendDir string        // directory holding the backend's libibverbs.so.1 (required)
+	Kernel     string        // guest vmlinuz (required)
+	Initrd     string        // guest initramfs (required)
+	WorkDir    string        // sockets and fabric; default a temporary directory removed after the run
+	Memory     int           // guest RAM in MiB (default 512)
+	Timeout    time.Duration // whole run (default 3 minutes)
+	TailLines  int           // console and QEMU-error lines kept per VM (default 60)
+	OutputCap  int64         // console+stderr bytes per VM before the run is stopped as a flood (default 64 MiB)
+	Append     string        // extra kernel command line
+	KeepAlive  bool          // do not kill QEMU on the done record (wait for its own exit)
+
+	// OnRecord, if set, receives every record as it arrives, from the VM's
+	// reader goroutine (calls for one VM are in order; different VMs race).
+	OnRecord func(vm int, r proto.Record)
+	// OnConsole, if set, receives every raw console line that is not a record.
+	OnConsole func(vm int, line string)
+	// Log receives the bench's debug messages (default: discarded).
+	Log *slog.Logger
+}
+
+// VMResult is what one VM reported.
+type VMResult struct {
+	Index   int
+	Records []proto.Record // every record but EventOut (those go to OnRecord only)
+	Done    bool           // the init reported EventDone
+	Tail    []string       // last console lines (kernel and non-record output)
+	Stderr  []string       // last lines QEMU wrote to stderr
+	Elapsed time.Duration
+	Err     error
+}
+
+// Tests returns the EventTest records.
+func (v *VMResult) Tests() []proto.Record { return v.filter(proto.EventTest) }
+
+// Exits returns the EventExit records.
+func (v *VMResult) Exits() []proto.Record { return v.filter(proto.EventExit) }
+
+// Errors returns the EventError records.
+func (v *VMResult) Errors() []proto.Record { return v.filter(proto.EventError) }
+
+func (v *VMResult) filter(ev string) []proto.Record {
+	var out []proto.Record
+	for _, r := range v.Records {
+		if r.Event == ev {
+			out = append(out, r)
+		}
+	}
+	return out
+}
+
+// Result is a whole run.
+type Result struct {
+	VMs     []*VMResult
+	Elapsed time.Duration
+}
+
+// Err returns the first VM error, if any.
+func (r *Result) Err() error {
+	var errs []error
+	for _, v := range r.VMs {
+		if v.Err != nil {
+			errs = append(errs, fmt.Errorf("vm%d: %w", v.Index, v.Err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// Check reports the first missing prerequisite as one actionable error.
+func Check(opt *Options) error {
+	if os.Geteuid() != 0 {
+		return fmt.Errorf("%w (the bench and its guest drive VFIO and QEMU as root): run `sudo make test`", ErrNotRoot)
+	}
+	if _, err := exec.LookPath(opt.qemu()); err != nil {
+		return fmt.Errorf("%w: %s is not installed: run `make setup`", ErrNoQEMU, opt.qemu())
+	}
+	if opt.Kernel == "" {
+		return fmt.Errorf("%w: no kernel given: run `make setup`", ErrNoKernel)
+	}
+	if _, err := os.Stat(opt.Kernel); err != nil {
+		return fmt.Errorf("%w: %s: run `make setup`", ErrNoKernel, opt.Kernel)
+	}
+	lib := filepath.Join(opt.BackendDir, "libibverbs.so.1")
+	if opt.BackendDir == "" {
+		lib = "libibverbs.so.1 (no backend directory given)"
+	}
+	if _, err := os.Stat(lib); err != nil {
+		return fmt.Errorf("%w: %s is missing: run `make softverbs`", ErrNoBackend, lib)
+	}
+	if _, err := os.Stat(opt.Initrd); err != nil {
+		return fmt.Errorf("bench: initramfs %q: %w", opt.Initrd, err)
+	}
+	return nil
+}
+
+func (o *Options) qemu() string {
+	if o.QEMU != "" {
+		return o.QEMU
+	}
+	return "qemu-system-x86_64"
+}
+
+func (o *Options) withDefaults() Options {
+	c := *o
+	if c.Memory == 0 {
+		c.Memory = 512
+	}
+	if c.Timeout == 0 {
+		c.Timeout = 3 * time.Minute
+	}
+	if c.TailLines == 0 {
+		c.TailLines = 60
+	}
+	if c.OutputCap == 0 {
+		c.OutputCap = 64 << 20
+	}
+	if c.Log == nil {
+		c.Log = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return c
+}
+
+// Run boots n VMs on one shared fabric, waits until each reports done (or
+// fails), and returns what they reported. The returned error is about the
+// bench itself (prerequisites, set-up); per-VM failures are in the result
+// (Result.Err joins them).
+func Run(ctx context.Context, n int, opt *Options) (*Result, error) {
+	if n < 1 || n > 8 {
+		return nil, fmt.Errorf("bench: %d VMs: want 1 to 8", n)
+	}
+	if err := Check(opt); err != nil {
+		return nil, err
+	}
+	o := opt.withDefaults()
+	work := o.WorkDir
+	if work == "" {
+		// Unix socket paths are limited to 108 bytes: keep the directory short.
+		d, err := os.MkdirTemp("", "pvvm-")
+		if err != nil {
+			return nil, fmt.Errorf("bench: %w", err)
+		}
+		defer os.RemoveAll(d)
+		work = d
+	}
+	fab := fabric.Dir(filepath.Join(work, "fabric"))
+	if err := os.MkdirAll(string(fab), 0o755); err != nil {
+		return nil, fmt.Errorf("bench: %w", err)
+	}
+
+	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
+	defer cancel()
+	start := time.Now()
+	kv := newRendezvous()
+	res := &Result{VMs: make([]*VMResult, n)}
+	var wg sync.WaitGroup
+	for i := 0; i < n; i++ {
+		v := &VMResult{Index: i}
+		res.VMs[i] = v
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			t0 := time.Now()
+			v.Err = runVM(ctx, &o, i, n, work, fab, kv, v)
+			v.Elapsed = time.Since(t0)
+		}()
+	}
+	wg.Wait()
+	kv.close()
+	res.Elapsed = time.Since(start)
+	return res, nil
+}
+
+func runVM(ctx context.Context, o *Options, idx, n int, work string, fab fabric.Dir, kv *rendezvous, v *VMResult) error {
+	node := "vm" + strconv.Itoa(idx)
+	defer fab.RemoveNode(node)
+
+	mx, err := mux.Listen(filepath.Join(work, node+".mux"), fab, node, o.Log)
+	if err != nil {
+		return err
+	}
+	defer mx.Close()
+
+	ctl, err := listenControl(filepath.Join(work, node+".ctl"), kv, o.Log)
+	if err != nil {
+		return err
+	}
+	defer ctl.close()
+
+	args := qemuArgs(o, idx, n, mx.Path(), ctl.path)
+	cmd := exec.Command(o.qemu(), args...)
+	cmd.Env = append(os.Environ(),
+		"LD_LIBRARY_PATH="+o.BackendDir,
+		"SOFTVERBS_FABRIC="+string(fab),
+		"SOFTVERBS_NODE="+node,
+	)
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return fmt.Errorf("bench: %w", err)
+	}
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		return fmt.Errorf("bench: %w", err)
+	}
+	o.Log.Debug("starting QEMU", "vm", idx, "args", args)
+	if err := cmd.Start(); err != nil {
+		return fmt.Errorf("%w: %v", ErrQEMURefused, err)
+	}
+	kill := func() {
+		if cmd.Process != nil {
+			syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		}
+	}
+
+	var budget outputBudget
+	budget.limit = o.OutputCap
+	flood := make(chan struct{})
+	var floodOnce sync.Once
+	onFlood := func() { floodOnce.Do(func() { close(flood); kill() }) }
+
+	done := make(chan struct{})
+	var doneOnce sync.Once
+	errTail := newTail(o.TailLines)
+	conTail := newTail(o.TailLines)
+	var readers sync.WaitGroup
+	readers.Add(2)
+	go func() {
+		defer readers.Done()
+		scanLines(stderr, &budget, onFlood, func(line string) { errTail.add(line) })
+	}()
+	go func() {
+		defer readers.Done()
+		scanLines(stdout, &budget, onFlood, func(line string) {
+			r, ok, perr := proto.Parse([]byte(line))
+			if !ok || perr != nil {
+				conTail.add(line)
+				if o.OnConsole != nil {
+					o.OnConsole(idx, line)
+				}
+				return
+			}
+			if o.OnRecord != nil {
+				o.OnRecord(idx, r)
+			}
+			if r.Event != proto.EventOut {
+				v.Records = append(v.Records, r)
+			} else {
+				conTail.add("[" + r.Prog + "] " + r.Line)
+			}
+			if r.Event == proto.EventDone {
+				v.Done = true
+				doneOnce.Do(func() { close(done) })
+			}
+		})
+	}()
+
+	exited := make(chan error, 1)
+	go func() {
+		readers.Wait() // the pipes must be drained before Wait closes them
+		exited <- cmd.Wait()
+	}()
+
+	var runErr error
+	select {
+	case <-done:
+		if !o.KeepAlive {
+			kill()
+		}
+		<-exited
+	case werr := <-exited:
+		runErr = werr
+	case <-flood:
+		<-exited
+	case <-ctx.Done():
+		kill()
+		<-exited
+	}
+	v.Tail = conTail.lines()
+	v.Stderr = errTail.lines()
+
+	select {
+	case <-flood:
+		return fmt.Errorf("%w: more than %d bytes of console and QEMU output (a bad WQE makes QEMU log without end); last QEMU lines:\n%s",
+			ErrConsoleFlood, o.OutputCap, indent(v.Stderr))
+	default:
+	}
+	if v.Done {
+		return nil
+	}
+	if ctx.Err() != nil {
+		return fmt.Errorf("%w after %v; last console lines:\n%s", ErrTimeout, o.Timeout, indent(v.Tail))
+	}
+	if refusal := qemuRefusal(v.Stderr, mx.Path()); refusal != "" {
+		return fmt.Errorf("%w: %s", ErrQEMURefused, refusal)
+	}
+	return fmt.Errorf("%w (%v); last QEMU lines:\n%s\nlast console lines:\n%s", ErrQEMUExited, runErr, indent(v.Stderr), indent(v.Tail))
+}
+
+func qemuArgs(o *Options, idx, n int, muxPath, ctlPath string) []string {
+	mem := strconv.Itoa(o.Memory) + "M"
+	mac := fmt.Sprintf("52:54:00:12:34:%02x", 0x56+idx)
+	cmdline := fmt.Sprintf("console=ttyS0 intel_iommu=on panic=-1 loglevel=4 %s=%d %s=%d",
+		proto.CmdlineVM, idx, proto.CmdlineVMs, n)
+	if o.Append != "" {
+		cmdline += " " + o.Append
+	}
+	return []string{
+		"-accel", "tcg", "-cpu", "max", "-smp", "1",
+		"-nodefaults", "-display", "none", "-no-reboot", "-no-user-config",
+		"-machine", "q35,memory-backend=mem",
+		"-object", "memory-backend-ram,id=mem,size=" + mem + ",share=on", "-m", mem,
+		"-device", "intel-iommu,intremap=on",
+		"-netdev", "user,id=n0,restrict=on",
+		"-device", "vmxnet3,addr=10.0,multifunction=on,netdev=n0,romfile=,mac=" + mac,
+		"-chardev", "socket,id=mad,path=" + muxPath,
+		"-device", "pvrdma,addr=10.1,ibdev=" + BackendDevice + ",netdev=eth0,mad-chardev=mad",
+		"-chardev", "socket,id=ctl,path=" + ctlPath,
+		"-serial", "stdio", "-serial", "chardev:ctl",
+		"-kernel", o.Kernel, "-initrd", o.Initrd, "-append", cmdline,
+	}
+}
+
+// qemuRefusal turns QEMU's start-up errors into one line, or "".
+func qemuRefusal(stderr []string, muxPath string) string {
+	all := strings.Join(stderr, "\n")
+	for _, k := range []struct{ match, say string }{
+		{"Failed to connect", "it could not connect to the MAD mux socket " + muxPath + " (the bench's mux is gone)"},
+		{"Failed to get IB devices list", "no RDMA device: the software backend was not loaded (LD_LIBRARY_PATH must name build/softverbs; run `make softverbs`)"},
+		{"No IB devices were found", "the software backend lists no device"},
+		{"Failed to find IB device", "the backend has no device named " + BackendDevice},
+		{"symbol lookup error", "the software backend lacks a symbol QEMU imports: " + lastMatch(stderr, "symbol lookup error")},
+		{"undefined symbol", "the software backend lacks a symbol QEMU imports: " + lastMatch(stderr, "undefined symbol")},
+		{"Only shared memory backed ram is supported", "guest RAM is not a shared memory backend (share=on)"},
+		{"must be vmxnet3", "function 0 of the pvrdma slot is not a vmxnet3 NIC"},
+		{"is not a valid device model name", "this QEMU has no pvrdma device (Debian's qemu-system-x86 7.2 has it): run `make setup`"},
+		{"Could not open", lastMatch(stderr, "Could not open")},
+	} {
+		if strings.Contains(all, k.match) {
+			return k.say
+		}
+	}
+	return ""
+}
+
+func lastMatch(lines []string, s string) string {
+	for i := len(lines) - 1; i >= 0; i-- {
+		if strings.Contains(lines[i], s) {
+			return strings.TrimSpace(lines[i])
+		}
+	}
+	return ""
+}
+
+func indent(lines []string) string {
+	if len(lines) == 0 {
+		return "  (none)"
+	}
+	return "  " + strings.Join(lines, "\n  ")
+}
+
+// outputBudget counts bytes across a VM's output streams.
+type outputBudget struct {
+	mu    sync.Mutex
+	used  int64
+	limit int64
+}
+
+func (b *outputBudget) spend(n int) bool {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.used += int64(n)
+	return b.used <= b.limit
+}
+
+// scanLines reads r line by line (long lines cut at 64 KiB), charging the
+// budget; past it, it calls onFlood and then only drains r.
+func scanLines(r io.Reader, b *outputBudget, onFlood func(), line func(string)) {
+	br := bufio.NewReaderSize(r, 64<<10)
+	over := false
+	for {
+		s, err := br.ReadSlice('\n')
+		if len(s) > 0 {
+			if !over && !b.spend(len(s)) {
+				over = true
+				onFlood()
+			}
+			if !over {
+				line(strings.TrimRight(string(s), "\r\n"))
+			}
+		}
+		if err != nil && !errors.Is(err, bufio.ErrBufferFull) {
+			return
+		}
+	}
+}
+
+// tail keeps the last n lines.
+type tail struct {
+	mu  sync.Mutex
+	buf []string
+	n   int
+}
+
+func newTail(n int) *tail { return &tail{n: n} }
+
+func (t *tail) add(s string) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if len(s) > 512 {
+		s = s[:512] + "…"
+	}
+	t.buf = append(t.buf, s)
+	if len(t.buf) > 2*t.n {
+		t.buf = append(t.buf[:0], t.buf[len(t.buf)-t.n:]...)
+	}
+}
+
+func (t *tail) lines() []string {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if len(t.buf) > t.n {
+		return append([]string(nil), t.buf[len(t.buf)-t.n:]...)
+	}
+	return append([]string(nil), t.buf...)
+}
