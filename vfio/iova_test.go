@@ -1,0 +1,159 @@
+package vfio
+
+import (
+	"errors"
+	"math/rand/v2"
+	"slices"
+	"testing"
+)
+
+const mib = 1 << 20
+
+func TestIOVAWindowDefault(t *testing.T) {
+	a := newIOVAAllocator(nil, defaultIOVABase, defaultIOVALimit, 4096)
+	want := []span{{1 * mib, msiWindowStart}, {msiWindowEnd + 1, 1 << 32}}
+	if !slices.Equal(a.free, want) {
+		t.Fatalf("window = %x, want %x", a.free, want)
+	}
+}
+
+func TestIOVAWindowReported(t *testing.T) {
+	// What the QEMU guest's kernel reports with intel-iommu (39-bit).
+	valid := []IOVARange{{0, 0xfedfffff}, {0xfef00000, 0x7fffffffff}}
+	a := newIOVAAllocator(valid, defaultIOVABase, defaultIOVALimit, 4096)
+	want := []span{{1 * mib, 0xfee00000}, {0xfef00000, 1 << 32}}
+	if !slices.Equal(a.free, want) {
+		t.Fatalf("window = %x, want %x", a.free, want)
+	}
+	// A range ending at the top of the address space must not overflow.
+	a = newIOVAAllocator([]IOVARange{{0, ^uint64(0)}}, 0, ^uint64(0), 4096)
+	if len(a.free) != 1 || a.free[0].start != 0 || a.free[0].end != alignDown(^uint64(0)-1+1, 4096) {
+		t.Fatalf("full window = %x", a.free)
+	}
+	// Unaligned reported bounds shrink inward; empty and inverted ranges
+	// are dropped.
+	a = newIOVAAllocator([]IOVARange{{0x100001, 0x300ffe}, {5, 4}, {0x400000, 0x400fff}}, 0, 1<<40, 4096)
+	if !slices.Equal(a.free, []span{{0x101000, 0x300000}, {0x400000, 0x401000}}) {
+		t.Fatalf("window = %x", a.free)
+	}
+	// Overlapping input ranges are merged.
+	a = newIOVAAllocator([]IOVARange{{0x200000, 0x3fffff}, {0x100000, 0x2fffff}}, 0, 1<<40, 4096)
+	if !slices.Equal(a.free, []span{{0x100000, 0x400000}}) {
+		t.Fatalf("merged window = %x", a.free)
+	}
+	if a := newIOVAAllocator(nil, 10*mib, 5*mib, 4096); len(a.free) != 0 {
+		t.Fatalf("base above limit gives %x", a.free)
+	}
+}
+
+func TestIOVAAllocFree(t *testing.T) {
+	a := newIOVAAllocator(nil, defaultIOVABase, defaultIOVALimit, 4096)
+	total := a.freeBytes()
+	x, ok := a.alloc(4096, 0)
+	if !ok || x != 1*mib {
+		t.Fatalf("first alloc = %#x, %v", x, ok)
+	}
+	y, ok := a.alloc(2*mib, 2*mib)
+	if !ok || y != 2*mib {
+		t.Fatalf("aligned alloc = %#x, %v", y, ok)
+	}
+	z, ok := a.alloc(4096, 0)
+	if !ok || z != 1*mib+4096 {
+		t.Fatalf("third alloc = %#x (want the gap before the aligned one)", z)
+	}
+	if _, ok := a.alloc(100, 0); ok {
+		t.Fatal("unaligned size allocated")
+	}
+	if _, ok := a.alloc(0, 0); ok {
+		t.Fatal("zero size allocated")
+	}
+	if _, ok := a.alloc(1<<33, 0); ok {
+		t.Fatal("oversize allocated")
+	}
+	for _, r := range [][2]uint64{{y, 2 * mib}, {x, 4096}, {z, 4096}} {
+		if err := a.release(r[0], r[1]); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if a.freeBytes() != total || len(a.free) != 2 {
+		t.Fatalf("after freeing all: %x", a.free)
+	}
+	if err := a.release(x, 4096); !errors.Is(err, ErrRange) {
+		t.Fatalf("double free: %v", err)
+	}
+	if err := a.release(0, 4096); !errors.Is(err, ErrRange) {
+		t.Fatalf("free outside window: %v", err)
+	}
+	if err := a.release(x+1, 4096); !errors.Is(err, ErrAlignment) {
+		t.Fatalf("unaligned free: %v", err)
+	}
+}
+
+// checkAllocator verifies the allocator's invariants against the set of
+// live allocations.
+func checkAllocator(t *testing.T, a *iovaAllocator, live map[uint64]uint64, total uint64) {
+	t.Helper()
+	var used uint64
+	for s, n := range live {
+		used += n
+		for _, f := range a.free {
+			if s < f.end && f.start < s+n {
+				t.Fatalf("live %#x+%#x overlaps free %x", s, n, f)
+			}
+		}
+	}
+	for i, f := range a.free {
+		if f.start >= f.end || (i > 0 && a.free[i-1].end >= f.start) {
+			t.Fatalf("free list not sorted/disjoint/merged: %x", a.free)
+		}
+	}
+	if used+a.freeBytes() != total {
+		t.Fatalf("used %#x + free %#x != window %#x", used, a.freeBytes(), total)
+	}
+}
+
+func FuzzIOVAAllocator(f *testing.F) {
+	f.Add(uint64(1), []byte{1, 2, 3, 0x81, 4, 0x82})
+	f.Add(uint64(42), []byte{10, 10, 10, 0x80, 0x80, 0x80, 7})
+	f.Fuzz(func(t *testing.T, seed uint64, ops []byte) {
+		rng := rand.New(rand.NewPCG(seed, 0))
+		valid := []IOVARange{{0, 0xfedfffff}, {0xfef00000, 0x7fffffffff}}
+		a := newIOVAAllocator(valid, 1*mib, 0xff000000, 4096)
+		total := a.freeBytes()
+		live := map[uint64]uint64{}
+		var order []uint64
+		for _, op := range ops {
+			if op&0x80 != 0 && len(order) > 0 {
+				i := int(op&0x7f) % len(order)
+				s := order[i]
+				order = slices.Delete(order, i, i+1)
+				if err := a.release(s, live[s]); err != nil {
+					t.Fatal(err)
+				}
+				delete(live, s)
+			} else {
+				size := uint64(op&0x3f+1) * 4096 * uint64(1+rng.IntN(64))
+				align := uint64(4096) << rng.IntN(10)
+				s, ok := a.alloc(size, align)
+				if !ok {
+					continue
+				}
+				if s%align != 0 || s < 1*mib || s+size > 0xff000000 || (s < 0xfef00000 && s+size > 0xfee00000) {
+					t.Fatalf("alloc(%#x, %#x) = %#x", size, align, s)
+				}
+				live[s] = size
+				order = append(order, s)
+			}
+			checkAllocator(t, a, live, total)
+		}
+		for _, s := range order {
+			if err := a.release(s, live[s]); err != nil {
+				t.Fatal(err)
+			}
+			delete(live, s)
+		}
+		if !slices.Equal(a.free, a.window) {
+			t.Fatalf("after freeing everything: %x, window %x", a.free, a.window)
+		}
+	})
+}
