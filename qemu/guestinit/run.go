@@ -1,0 +1,245 @@
+package main
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"slices"
+	"strings"
+	"syscall"
+	"time"
+	"unicode/utf8"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/vfrdma/vfrdma/qemu/guest"
+	"github.com/vfrdma/vfrdma/qemu/proto"
+)
+
+const (
+	// maxLine bounds the Line of an EventOut record; longer output lines
+	// are split.
+	maxLine = 4096
+	// outputGrace bounds the wait for a program's output to end after the
+	// program has exited and its process group was killed.
+	outputGrace = 2 * time.Second
+	// reapWait bounds the wait for a killed program to be reaped.
+	reapWait = 5 * time.Second
+)
+
+// stepArgs returns the arguments the init gives a step's program.
+func stepArgs(s guest.Step) []string {
+	if s.Kind != guest.KindGoTest {
+		return s.Args
+	}
+	args := []string{"-test.v"}
+	// Let the testing package time out first: its panic names the tests
+	// that were running, which a kill cannot.
+	if !slices.ContainsFunc(s.Args, func(a string) bool {
+		return strings.HasPrefix(a, "-test.timeout") || strings.HasPrefix(a, "--test.timeout")
+	}) {
+		margin := min(s.Timeout/10, 10*time.Second)
+		args = append(args, "-test.timeout="+(s.Timeout-margin).String())
+	}
+	return append(args, s.Args...)
+}
+
+// runStep runs one program, reporting its start, its output, its test
+// results and its exit. It returns whether the program succeeded (exit 0
+// and, for tests, no failed test).
+func runStep(rep *reporter, s guest.Step, env []string) bool {
+	args := stepArgs(s)
+	rep.logf("run %s %s", s.Path, strings.Join(args, " "))
+	rep.emit(proto.Record{Event: proto.EventStart, Prog: s.Name})
+	t0 := time.Now()
+	res := execStep(rep, s, args, env)
+	res.rec.Elapsed = time.Since(t0).Seconds()
+	rep.emit(res.rec)
+	return res.rec.Code == 0 && !res.testFailed
+}
+
+type stepResult struct {
+	rec        proto.Record // the EventExit record, without Elapsed
+	testFailed bool
+}
+
+func execStep(rep *reporter, s guest.Step, args, env []string) stepResult {
+	exit := func(code int, msg string) stepResult {
+		return stepResult{rec: proto.Record{Event: proto.EventExit, Prog: s.Name, Code: code, Msg: msg}}
+	}
+	pr, pw, err := os.Pipe()
+	if err != nil {
+		return exit(-1, fmt.Sprintf("not run: %v", err))
+	}
+	defer pr.Close()
+	cmd := exec.Command(s.Path, args...)
+	cmd.Env = append(slices.Clip(env), s.Env...)
+	cmd.Dir = "/tmp"
+	cmd.Stdout = pw // one pipe for both keeps their lines in order
+	cmd.Stderr = pw
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if _, err := os.Stat(cmd.Dir); err != nil {
+		cmd.Dir = ""
+	}
+	err = cmd.Start()
+	pw.Close()
+	if err != nil {
+		return exit(-1, fmt.Sprintf("not run: %v", err))
+	}
+	pgid := cmd.Process.Pid
+
+	// The reader owns the parser until it closes outDone.
+	var parser guest.TestParser
+	var testFailed bool
+	outDone := make(chan struct{})
+	go func() {
+		defer close(outDone)
+		defer func() {
+			if v := recover(); v != nil {
+				rep.errorf(s.Name, "init: output reader panicked: %v", v)
+			}
+		}()
+		sp := lineSplitter{max: maxLine, emit: func(line string) {
+			rep.emit(proto.Record{Event: proto.EventOut, Prog: s.Name, Line: line})
+			if s.Kind != guest.KindGoTest {
+				return
+			}
+			if r, ok := parser.Line(line); ok {
+				testFailed = testFailed || r.Status == proto.StatusFail
+				rep.emit(testRecord(s.Name, r))
+			}
+		}}
+		io.Copy(&sp, pr)
+		sp.flush()
+	}()
+
+	waitDone := make(chan error, 1)
+	go func() { waitDone <- cmd.Wait() }()
+	timer := time.NewTimer(s.Timeout)
+	defer timer.Stop()
+	var waitErr error
+	killed := false
+	select {
+	case waitErr = <-waitDone:
+	case <-timer.C:
+		killed = true
+		unix.Kill(-pgid, unix.SIGKILL)
+		select {
+		case waitErr = <-waitDone:
+		case <-time.After(reapWait):
+			waitErr = errors.New("not reaped after SIGKILL")
+		}
+	}
+	// What the program left running would hold the pipe open and the device
+	// busy: end its process group.
+	unix.Kill(-pgid, unix.SIGKILL)
+	select {
+	case <-outDone:
+	case <-time.After(outputGrace):
+		pr.Close() // the pipe is in the poller: this ends the read
+		select {
+		case <-outDone:
+		case <-time.After(outputGrace):
+			rep.errorf(s.Name, "init: output reader did not stop")
+		}
+	}
+
+	var res stepResult
+	switch {
+	case killed:
+		res = exit(-1, fmt.Sprintf("killed: timeout after %v", s.Timeout))
+	case waitErr == nil:
+		res = exit(0, "")
+	default:
+		var ee *exec.ExitError
+		if errors.As(waitErr, &ee) {
+			if ws, ok := ee.Sys().(syscall.WaitStatus); ok && ws.Signaled() {
+				res = exit(-1, "killed by signal: "+ws.Signal().String())
+			} else {
+				res = exit(ee.ExitCode(), "")
+			}
+		} else {
+			res = exit(-1, waitErr.Error())
+		}
+	}
+	select {
+	case <-outDone: // the parser is ours again
+	default:
+		return res
+	}
+	if s.Kind == guest.KindGoTest {
+		why := "exit status " + fmt.Sprint(res.rec.Code)
+		if res.rec.Msg != "" {
+			why = res.rec.Msg
+		}
+		for _, r := range parser.Finish(why) {
+			res.testFailed = true
+			rep.emit(testRecord(s.Name, r))
+		}
+		res.testFailed = res.testFailed || testFailed
+	}
+	if c := parser.Crash(); c != "" && res.rec.Msg == "" {
+		res.rec.Msg, _, _ = strings.Cut(c, "\n")
+	}
+	return res
+}
+
+func testRecord(prog string, r guest.TestResult) proto.Record {
+	return proto.Record{Event: proto.EventTest, Prog: prog, Test: r.Name, Status: r.Status, Elapsed: r.Elapsed, Msg: r.Msg}
+}
+
+// lineSplitter is an io.Writer that hands emit one line at a time, without
+// its newline (or trailing CR). Lines longer than max bytes are handed over
+// in pieces of at most max bytes, cut at a UTF-8 boundary when one is near.
+type lineSplitter struct {
+	max  int
+	emit func(string)
+	buf  []byte
+}
+
+func (s *lineSplitter) Write(p []byte) (int, error) {
+	n := len(p)
+	for len(p) > 0 {
+		i := bytes.IndexByte(p, '\n')
+		if i < 0 {
+			s.buf = append(s.buf, p...)
+			s.spill()
+			break
+		}
+		s.buf = append(s.buf, p[:i]...)
+		p = p[i+1:]
+		s.spill()
+		s.line()
+	}
+	return n, nil
+}
+
+// spill hands over full pieces of an overlong line.
+func (s *lineSplitter) spill() {
+	for len(s.buf) > s.max {
+		cut := s.max
+		for c := s.max; c > s.max-utf8.UTFMax && c > 0; c-- {
+			if utf8.RuneStart(s.buf[c]) {
+				cut = c
+				break
+			}
+		}
+		s.emit(string(s.buf[:cut]))
+		s.buf = append(s.buf[:0], s.buf[cut:]...)
+	}
+}
+
+func (s *lineSplitter) line() {
+	s.emit(strings.TrimSuffix(string(s.buf), "\r"))
+	s.buf = s.buf[:0]
+}
+
+// flush hands over a last line that had no newline.
+func (s *lineSplitter) flush() {
+	if len(s.buf) > 0 {
+		s.line()
+	}
+}
