@@ -14,6 +14,7 @@ pkgs=(
   libibverbs-dev     # verbs headers the software backend implements
   libibumad-dev      # MAD header layout for the mux
   ibverbs-utils      # rdma-core's pingpong programs: conformance clients
+  xz-utils           # the guest kernel is unpacked once for a faster boot
   gcc make
 )
 

@@ -94,9 +94,16 @@ func run(ctx context.Context, c *config) (int, error) {
 	if err != nil {
 		return 1, err
 	}
+	// The uncompressed kernel boots about 4 s faster under TCG (no xz
+	// decompression in the guest); it is made once, next to the cache.
+	if kernel.Vmlinux == "" {
+		if err := guest.ExtractVmlinux(ctx, kernel); err != nil {
+			return 1, err
+		}
+	}
 	opt := &qemu.Options{
 		BackendDir: filepath.Join(root, "build", "softverbs"),
-		Kernel:     kernel.Vmlinuz,
+		Kernel:     kernel.Image(),
 		Timeout:    c.timeout,
 	}
 	if c.debug {
@@ -165,6 +172,9 @@ func buildSpec(ctx context.Context, c *config, root, dir string, kernel *guest.K
 		args := testArgs(c)
 		for _, pkg := range pkgs {
 			name := strings.ReplaceAll(pkg, "/", "_") + ".test"
+			if pkg == "." {
+				name = "vfrdma.test"
+			}
 			p := guest.Program{Name: name, HostPath: filepath.Join(dir, name), Args: args, Kind: guest.KindGoTest, Timeout: c.timeout}
 			pkgDir := filepath.Join(root, pkg)
 			jobs = append(jobs, job{prog: p, build: func() error { return guest.BuildTestBinary(ctx, pkgDir, p.HostPath) }})
@@ -242,10 +252,10 @@ func guestTestPackages(root, list string) ([]string, error) {
 	if list != "all" {
 		var pkgs []string
 		for _, p := range strings.Split(list, ",") {
-			p = filepath.Clean(strings.TrimSpace(p))
-			if p == "" || p == "." {
+			if strings.TrimSpace(p) == "" {
 				continue
 			}
+			p = filepath.Clean(strings.TrimSpace(p))
 			if !hasGuestTests(filepath.Join(root, p)) {
 				return nil, fmt.Errorf("package %s has no in-guest tests (files with //go:build %s)", p, guest.GuestTag)
 			}

@@ -1,0 +1,136 @@
+// Command pvctl is the bring-up tool for the pvrdma NIC on the machine that
+// has it (run it as root; inside the bench's VM, `go run ./cmd/pvvm -- ARGS`
+// runs it there).
+//
+//	pvctl [--json] list              pvrdma and vmxnet3 functions, group, driver
+//	pvctl bind [BDF]                 bind the function's IOMMU group to vfio-pci
+//	pvctl unbind [BDF]               give the group back to its earlier drivers
+//	pvctl regs [BDF]                 dump the BAR1 registers
+//
+// BDF defaults to the only pvrdma function present. --json prints one JSON
+// document instead of text.
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/vfrdma/vfrdma/pci"
+)
+
+type env struct {
+	json   bool
+	sysfs  string
+	out    io.Writer
+	bus    *pci.Bus
+	runDir string // where bind keeps what unbind restores
+}
+
+type command struct {
+	name, args, help string
+	run              func(e *env, args []string) error
+}
+
+func commands() []command {
+	return []command{
+		{"list", "", "pvrdma and vmxnet3 functions with their IOMMU group and driver", cmdList},
+		{"bind", "[BDF]", "bind the function's whole IOMMU group to vfio-pci", cmdBind},
+		{"unbind", "[BDF]", "give the group back to the drivers it had before bind", cmdUnbind},
+		{"regs", "[BDF]", "dump the BAR1 device registers (takes the device through VFIO)", cmdRegs},
+	}
+}
+
+var errUsage = errors.New("usage")
+
+func main() {
+	e := &env{out: os.Stdout, runDir: "/run/vfrdma"}
+	fs := flag.NewFlagSet("pvctl", flag.ContinueOnError)
+	fs.BoolVar(&e.json, "json", false, "print JSON")
+	fs.StringVar(&e.sysfs, "sysfs", "/sys", "sysfs root")
+	fs.Usage = func() { usage(os.Stderr) }
+	if err := fs.Parse(os.Args[1:]); err != nil {
+		os.Exit(2)
+	}
+	e.bus = pci.NewBus(e.sysfs)
+	args := fs.Args()
+	if len(args) == 0 {
+		usage(os.Stderr)
+		os.Exit(2)
+	}
+	for _, c := range commands() {
+		if c.name != args[0] {
+			continue
+		}
+		// Flags may also follow the command: pvctl list --json.
+		sub := flag.NewFlagSet("pvctl "+c.name, flag.ContinueOnError)
+		sub.BoolVar(&e.json, "json", e.json, "print JSON")
+		if err := sub.Parse(args[1:]); err != nil {
+			os.Exit(2)
+		}
+		err := c.run(e, sub.Args())
+		if errors.Is(err, errUsage) {
+			fmt.Fprintf(os.Stderr, "usage: pvctl %s %s\n", c.name, c.args)
+			os.Exit(2)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "pvctl:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	fmt.Fprintf(os.Stderr, "pvctl: unknown command %q\n", args[0])
+	usage(os.Stderr)
+	os.Exit(2)
+}
+
+func usage(w io.Writer) {
+	fmt.Fprintln(w, "usage: pvctl [--json] COMMAND [ARGS]")
+	for _, c := range commands() {
+		fmt.Fprintf(w, "  %-7s %-6s %s\n", c.name, c.args, c.help)
+	}
+}
+
+func (e *env) printJSON(v any) error {
+	enc := json.NewEncoder(e.out)
+	enc.SetIndent("", "  ")
+	return enc.Encode(v)
+}
+
+// target resolves the optional BDF argument: the one given, or the only
+// pvrdma function present.
+func (e *env) target(args []string) (pci.Function, error) {
+	switch len(args) {
+	case 0:
+		fns, err := e.bus.Find(pci.VendorVMware, pci.DevicePVRDMA)
+		if err != nil {
+			return pci.Function{}, err
+		}
+		switch len(fns) {
+		case 0:
+			return pci.Function{}, fmt.Errorf("no pvrdma function (%04x:%04x) on this machine", pci.VendorVMware, pci.DevicePVRDMA)
+		case 1:
+			return fns[0], nil
+		default:
+			return pci.Function{}, fmt.Errorf("%d pvrdma functions: name one (pvctl list shows them)", len(fns))
+		}
+	case 1:
+		a, err := pci.ParseAddr(args[0])
+		if err != nil {
+			return pci.Function{}, err
+		}
+		f, err := e.bus.Lookup(a)
+		if err != nil {
+			return pci.Function{}, err
+		}
+		if f.Vendor != pci.VendorVMware || f.Device != pci.DevicePVRDMA {
+			return pci.Function{}, fmt.Errorf("%s is %04x:%04x, not a pvrdma function (%04x:%04x)", a, f.Vendor, f.Device, pci.VendorVMware, pci.DevicePVRDMA)
+		}
+		return f, nil
+	default:
+		return pci.Function{}, errUsage
+	}
+}

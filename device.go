@@ -1,0 +1,556 @@
+package vfrdma
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/netip"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/vfrdma/vfrdma/firmware"
+	"github.com/vfrdma/vfrdma/mmio"
+	"github.com/vfrdma/vfrdma/pci"
+	"github.com/vfrdma/vfrdma/vfio"
+)
+
+// VFIO region indices and interrupt layout of the device.
+const (
+	regionRegs = 1 // BAR1: registers
+	regionUAR  = 2 // BAR2: doorbell pages
+	numVectors = 3 // MSI-X: command response, async events, CQ notification
+	vfioDriver = "vfio-pci"
+)
+
+// The control pages, one DMA buffer: the DSR, the command and response
+// slots, and the two device rings (directory, table, state page, one data
+// page each).
+const (
+	pgDSR = iota
+	pgCmd
+	pgResp
+	pgAsyncDir
+	pgAsyncTable
+	pgAsyncState
+	pgAsyncData
+	pgCQNDir
+	pgCQNTable
+	pgCQNState
+	pgCQNData
+	ctlPages
+)
+
+// DefaultStateDir keeps the journals of live device objects.
+const DefaultStateDir = "/run/vfrdma"
+
+// DefaultCommandTimeout bounds each device command.
+const DefaultCommandTimeout = 10 * time.Second
+
+// Caps are the device's capabilities as it reports them in the DSR.
+type Caps = firmware.Caps
+
+// PortAttr are a port's attributes (QUERY_PORT).
+type PortAttr = firmware.PortAttr
+
+// Quirks are the deviations from the device interface the driver found.
+type Quirks = firmware.Quirks
+
+// Options configure Open. The zero value (or nil) means the defaults.
+type Options struct {
+	// SysfsRoot is the sysfs tree ("" means /sys).
+	SysfsRoot string
+	// BindGroup binds the function's IOMMU group to vfio-pci if it is not
+	// bound yet, and gives it back to its drivers on Close. Without it the
+	// group must already be bound (pvctl bind).
+	BindGroup bool
+	// StateDir holds the journal of live objects ("" means DefaultStateDir;
+	// "-" disables the journal and with it the clean-up after a crash).
+	StateDir string
+	// CommandTimeout bounds each device command ("0" means the default).
+	CommandTimeout time.Duration
+	// ForceActivate activates the device even where the driver finds it
+	// already active. On QEMU that restarts the backend's completion thread,
+	// which blocks the vCPU for 2 s or more.
+	ForceActivate bool
+	// Logger receives the driver's debug messages (default: none).
+	Logger *slog.Logger
+}
+
+func (o *Options) withDefaults() Options {
+	var c Options
+	if o != nil {
+		c = *o
+	}
+	switch c.StateDir {
+	case "":
+		c.StateDir = DefaultStateDir
+	case "-":
+		c.StateDir = ""
+	}
+	if c.CommandTimeout == 0 {
+		c.CommandTimeout = DefaultCommandTimeout
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	}
+	return c
+}
+
+// GID is a 16-byte RoCE global identifier in network byte order.
+type GID [16]byte
+
+// String returns the GID in IPv6 notation.
+func (g GID) String() string { return netip.AddrFrom16(g).String() }
+
+// Device is an open pvrdma function. It is safe for concurrent use.
+type Device struct {
+	name string
+	addr pci.Addr
+	opt  Options
+	log  *slog.Logger
+
+	bus       *pci.Bus
+	boundPrev map[pci.Addr]string // set when Open bound the group
+	vdev      *vfio.Device
+	regs      *mmio.Region
+	uar       *mmio.Region
+	ctl       *vfio.DMABuffer
+	vectors   []*vfio.Vector
+	ch        *firmware.Channel
+	cqNotify  *firmware.CQNotifyRing
+	async     *firmware.AsyncRing
+	journal   journal
+
+	version   uint32
+	caps      Caps
+	activated bool // this Open activated the device (else it was already active)
+	gid       GID  // the default GID, bound at index 0
+	recovered int  // leftover objects destroyed at Open
+
+	mu     sync.Mutex
+	closed bool
+	pds    map[*PD]struct{}
+	cqs    map[*CQ]struct{}
+	binds  map[uint32]GID
+}
+
+// Open takes the pvrdma function at bdf ("0000:00:10.1") and brings the
+// device up.
+func Open(bdf string, opts *Options) (_ *Device, err error) {
+	o := opts.withDefaults()
+	addr, err := pci.ParseAddr(bdf)
+	if err != nil {
+		return nil, &OpError{Op: "open", Dev: bdf, Err: err}
+	}
+	d := &Device{
+		name: addr.String(), addr: addr, opt: o, log: o.Logger,
+		bus:   pci.NewBus(o.SysfsRoot),
+		pds:   map[*PD]struct{}{},
+		cqs:   map[*CQ]struct{}{},
+		binds: map[uint32]GID{},
+	}
+	d.journal.path = journalPath(o.StateDir, d.name)
+	defer func() {
+		if err != nil {
+			d.release()
+			err = d.opErr("open", err)
+		}
+	}()
+	ctx, cancel := context.WithTimeout(context.Background(), 4*o.CommandTimeout)
+	defer cancel()
+
+	if err := d.takeFunction(); err != nil {
+		return nil, err
+	}
+	if err := d.mapDevice(); err != nil {
+		return nil, err
+	}
+	if err := d.start(ctx); err != nil {
+		return nil, err
+	}
+	if err := d.recover(ctx); err != nil {
+		return nil, err
+	}
+	if err := d.activate(ctx); err != nil {
+		return nil, err
+	}
+	// The default GID: the link-local prefix and the node GUID, the
+	// EUI-64 of the paired vmxnet3's MAC. Index 0 of the guest table.
+	copy(d.gid[:2], []byte{0xfe, 0x80})
+	binary.BigEndian.PutUint64(d.gid[8:], d.caps.NodeGUID)
+	if err := d.BindGID(ctx, 0, d.gid); err != nil {
+		return nil, err
+	}
+	return d, nil
+}
+
+// takeFunction checks the function and, if asked, binds its group.
+func (d *Device) takeFunction() error {
+	f, err := d.bus.Lookup(d.addr)
+	if err != nil {
+		return err
+	}
+	if f.Vendor != pci.VendorVMware || f.Device != pci.DevicePVRDMA {
+		return invalidf("%s is %04x:%04x, not a pvrdma function (%04x:%04x)", d.addr, f.Vendor, f.Device, pci.VendorVMware, pci.DevicePVRDMA)
+	}
+	if d.opt.BindGroup && f.Driver != vfioDriver {
+		prev, err := d.bus.BindGroup(d.addr, vfioDriver)
+		if err != nil {
+			return err
+		}
+		d.boundPrev = prev
+	}
+	return nil
+}
+
+// mapDevice opens the function through VFIO, maps the registers and the
+// first doorbell page, enables bus mastering and MSI-X, and allocates and
+// lays out the control pages.
+func (d *Device) mapDevice() error {
+	vdev, err := vfio.Open(d.addr, &vfio.Options{SysfsRoot: d.opt.SysfsRoot})
+	if err != nil {
+		return err
+	}
+	d.vdev = vdev
+	if _, err := vdev.EnableBusMaster(); err != nil {
+		return err
+	}
+	regs, err := vdev.Map(regionRegs, 0, 0)
+	if err != nil {
+		return err
+	}
+	if d.regs, err = mmio.New(regs); err != nil {
+		return err
+	}
+	// Every UAR page is equivalent on QEMU and handles are global; the
+	// driver uses page 0, the kernel driver's page on VMware hardware.
+	uar, err := vdev.Map(regionUAR, 0, firmware.PageSize)
+	if err != nil {
+		return err
+	}
+	if d.uar, err = mmio.New(uar); err != nil {
+		return err
+	}
+	if d.vectors, err = vdev.EnableMSIX(numVectors); err != nil {
+		return err
+	}
+	d.ctl, err = vdev.Container().AllocDMA(ctlPages*firmware.PageSize, &vfio.MemOptions{HugePages: vfio.HugeNever})
+	if err != nil {
+		return err
+	}
+	// Device rings: directory → table → state page, data page.
+	for _, r := range []struct{ dir, table, state, data int }{
+		{pgAsyncDir, pgAsyncTable, pgAsyncState, pgAsyncData},
+		{pgCQNDir, pgCQNTable, pgCQNState, pgCQNData},
+	} {
+		if err := firmware.WriteRingPageDir(d.ctlPage(r.dir), d.ctlPage(r.table), d.ctlPage(r.state).DMA, []uint64{d.ctlPage(r.data).DMA}); err != nil {
+			return err
+		}
+	}
+	asyncState, err := mmio.New(d.ctlPage(pgAsyncState).Mem)
+	if err != nil {
+		return err
+	}
+	if d.async, err = firmware.NewAsyncRing(asyncState, [][]byte{d.ctlPage(pgAsyncData).Mem}); err != nil {
+		return err
+	}
+	cqnState, err := mmio.New(d.ctlPage(pgCQNState).Mem)
+	if err != nil {
+		return err
+	}
+	if d.cqNotify, err = firmware.NewCQNotifyRing(cqnState, [][]byte{d.ctlPage(pgCQNData).Mem}); err != nil {
+		return err
+	}
+	return nil
+}
+
+func (d *Device) ctlPage(i int) firmware.Page {
+	off := i * firmware.PageSize
+	return firmware.Page{DMA: d.ctl.IOVA + uint64(off), Mem: d.ctl.Mem[off : off+firmware.PageSize]}
+}
+
+// start opens the command channel and loads the DSR.
+func (d *Device) start(ctx context.Context) error {
+	vec0 := d.vectors[firmware.VectorResponse]
+	ch, err := firmware.NewChannel(d.regs, d.ctlPage(pgCmd).Mem, d.ctlPage(pgResp).Mem, &firmware.Options{
+		Device:  d.name,
+		Timeout: d.opt.CommandTimeout,
+		Wait: func(ctx context.Context) error {
+			_, err := vec0.Wait(ctx)
+			return err
+		},
+	})
+	if err != nil {
+		return err
+	}
+	d.ch = ch
+	if d.version, err = ch.ReadVersion(ctx); err != nil {
+		return err
+	}
+	if d.version < firmware.MinVersion || d.version > firmware.MaxVersion {
+		return fmt.Errorf("%w: device interface version %d (this driver knows %d to %d)",
+			ErrNotSupported, d.version, firmware.MinVersion, firmware.MaxVersion)
+	}
+	dsr := firmware.DSR{
+		GOS:         firmware.GOSInfo{Bits: firmware.GOSBits64, Type: firmware.GOSTypeLinux, Version: 1},
+		CmdSlotDMA:  d.ctlPage(pgCmd).DMA,
+		RespSlotDMA: d.ctlPage(pgResp).DMA,
+		AsyncRing:   firmware.RingPageInfo{NumPages: 2, PDirDMA: d.ctlPage(pgAsyncDir).DMA},
+		CQRing:      firmware.RingPageInfo{NumPages: 2, PDirDMA: d.ctlPage(pgCQNDir).DMA},
+	}
+	dsrPage := d.ctlPage(pgDSR)
+	if err := dsr.Encode(dsrPage.Mem, d.version); err != nil {
+		return err
+	}
+	caps, err := ch.LoadDSR(ctx, dsrPage.DMA, dsrPage.Mem, d.version)
+	if err != nil {
+		return err
+	}
+	d.caps = caps
+	return nil
+}
+
+// recover destroys what the journal says a previous holder of the function
+// left on the device: its process died before its Close.
+func (d *Device) recover(ctx context.Context) error {
+	left, err := readJournal(d.journal.path)
+	if err != nil {
+		return err
+	}
+	for _, e := range left {
+		var derr error
+		switch e.Kind {
+		case kindQP:
+			derr = d.ch.DestroyQP(ctx, e.Handle)
+		case kindSRQ:
+			derr = d.ch.DestroySRQ(ctx, e.Handle)
+		case kindCQ:
+			derr = d.ch.DestroyCQ(ctx, e.Handle)
+		case kindMR:
+			derr = d.ch.DestroyMR(ctx, e.Handle)
+		case kindPD:
+			derr = d.ch.DestroyPD(ctx, e.Handle)
+		case kindBind:
+			derr = d.ch.DestroyBind(ctx, firmware.DestroyBindRequest{Index: e.Handle})
+		}
+		// A handle already gone answers EINVAL: nothing is lost by going on.
+		d.log.Debug("recovered leftover object", "kind", e.Kind, "handle", e.Handle, "err", derr)
+		d.recovered++
+	}
+	if len(left) > 0 {
+		if err := os.Remove(d.journal.path); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return err
+		}
+	}
+	return nil
+}
+
+// activate unmasks interrupts and activates the device unless it is already
+// active. On QEMU (Quirks.Emulated) ERR reads 0xFFFF until the first
+// ACTIVATE and holds a command status after it; a second ACTIVATE only
+// restarts the backend's completion thread, blocking the vCPU for seconds.
+func (d *Device) activate(ctx context.Context) error {
+	if err := d.ch.SetInterruptMask(ctx, firmware.IMRUnmaskAll); err != nil {
+		return err
+	}
+	errReg, err := d.regs.Load32(firmware.RegErr)
+	if err != nil {
+		return err
+	}
+	q := d.ch.Quirks()
+	if q.Emulated && errReg != 0xFFFF && !d.opt.ForceActivate {
+		d.log.Debug("device already active; not activating again", "err_reg", errReg)
+		return nil
+	}
+	if err := d.ch.Activate(ctx); err != nil {
+		return err
+	}
+	d.activated = true
+	return nil
+}
+
+// Name returns the device's PCI address.
+func (d *Device) Name() string { return d.name }
+
+// Version returns the device interface version (VERSION register).
+func (d *Device) Version() uint32 { return d.version }
+
+// Caps returns the device's capabilities.
+func (d *Device) Caps() Caps { return d.caps }
+
+// Quirks returns what the driver works around on this device.
+func (d *Device) Quirks() Quirks { return d.ch.Quirks() }
+
+// GID returns the default GID, bound at index 0.
+func (d *Device) GID() GID { return d.gid }
+
+// Recovered returns how many objects a crashed earlier holder of the
+// function left on the device and Open destroyed.
+func (d *Device) Recovered() int { return d.recovered }
+
+// QueryPort returns the attributes of port 1, the device's only port.
+func (d *Device) QueryPort(ctx context.Context) (PortAttr, error) {
+	if err := d.check(); err != nil {
+		return PortAttr{}, d.opErr("query port", err)
+	}
+	p, err := d.ch.QueryPort(ctx, 1)
+	return p, d.opErr("query port", err)
+}
+
+// BindGID puts gid at index of the device's GID table (CREATE_BIND). The
+// binding is undone by UnbindGID or Close.
+func (d *Device) BindGID(ctx context.Context, index int, gid GID) error {
+	if err := d.check(); err != nil {
+		return d.opErr("bind GID", err)
+	}
+	if index < 0 || index >= int(d.caps.GIDTblLen) {
+		return d.opErr("bind GID", invalidf("GID index %d: the table has %d entries", index, d.caps.GIDTblLen))
+	}
+	err := d.ch.CreateBind(ctx, firmware.CreateBindRequest{
+		MTU: 1024, VLAN: 0xFFF, Index: uint32(index), GID: gid, GIDType: firmware.GIDTypeRoCEv1,
+	})
+	if err != nil {
+		return d.opErr("bind GID", err)
+	}
+	d.mu.Lock()
+	_, had := d.binds[uint32(index)]
+	d.binds[uint32(index)] = gid
+	d.mu.Unlock()
+	if !had {
+		d.journal.add(kindBind, uint32(index))
+	}
+	return nil
+}
+
+// UnbindGID removes the GID at index (DESTROY_BIND).
+func (d *Device) UnbindGID(ctx context.Context, index int) error {
+	if err := d.check(); err != nil {
+		return d.opErr("unbind GID", err)
+	}
+	if err := d.unbind(ctx, uint32(index)); err != nil {
+		return d.opErr("unbind GID", err)
+	}
+	return nil
+}
+
+func (d *Device) unbind(ctx context.Context, index uint32) error {
+	d.mu.Lock()
+	gid, ok := d.binds[index]
+	d.mu.Unlock()
+	if !ok {
+		return invalidf("GID index %d is not bound", index)
+	}
+	if err := d.ch.DestroyBind(ctx, firmware.DestroyBindRequest{Index: index, GID: gid}); err != nil {
+		return err
+	}
+	d.mu.Lock()
+	delete(d.binds, index)
+	d.mu.Unlock()
+	d.journal.remove(kindBind, index)
+	return nil
+}
+
+// GIDs returns the bound GIDs by index.
+func (d *Device) GIDs() map[int]GID {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	m := make(map[int]GID, len(d.binds))
+	for i, g := range d.binds {
+		m[int(i)] = g
+	}
+	return m
+}
+
+func (d *Device) check() error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return ErrClosed
+	}
+	return nil
+}
+
+// Close destroys every object the Device created (CQs and PDs, which
+// destroy what they hold), unbinds its GIDs, quiesces the device and
+// releases the interrupts, DMA memory, mappings and VFIO handles, then gives
+// the group back if Open bound it. It is idempotent; the first call's error
+// is the one returned.
+func (d *Device) Close() error {
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return nil
+	}
+	d.closed = true
+	cqs := mapKeys(d.cqs)
+	pds := mapKeys(d.pds)
+	binds := mapKeys(d.binds)
+	d.mu.Unlock()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 4*d.opt.CommandTimeout)
+	defer cancel()
+	var errs []error
+	for _, cq := range cqs {
+		errs = append(errs, cq.destroy(ctx))
+	}
+	for _, pd := range pds {
+		errs = append(errs, pd.destroy(ctx))
+	}
+	for _, i := range binds {
+		errs = append(errs, d.unbind(ctx, i))
+	}
+	errs = append(errs, d.quiesce(ctx))
+	errs = append(errs, d.release())
+	return d.opErr("close", errors.Join(errs...))
+}
+
+// quiesce masks the device's interrupts. On devices other than QEMU it also
+// resets the device, as Linux does on remove; QEMU's reset frees nothing and
+// blocks the vCPU for seconds while it stops its completion thread.
+func (d *Device) quiesce(ctx context.Context) error {
+	if d.ch == nil {
+		return nil
+	}
+	err := d.ch.SetInterruptMask(ctx, firmware.IMRMaskAll)
+	if !d.ch.Quirks().Emulated {
+		err = errors.Join(err, d.ch.Reset(ctx))
+	}
+	return err
+}
+
+// release undoes what Open set up, in reverse order; it runs on Open's
+// error paths too, with whatever was set up.
+func (d *Device) release() error {
+	var errs []error
+	if d.ch != nil {
+		errs = append(errs, d.ch.Close())
+	}
+	if d.vdev != nil && d.vectors != nil {
+		errs = append(errs, d.vdev.DisableIRQs(vfio.IRQMSIX))
+	}
+	if d.ctl != nil {
+		errs = append(errs, d.ctl.Close())
+	}
+	if d.vdev != nil {
+		errs = append(errs, d.vdev.Close()) // unmaps the BARs, closes group and container
+	}
+	if d.boundPrev != nil {
+		errs = append(errs, d.bus.RestoreGroup(d.boundPrev))
+	}
+	d.journal.mu.Lock()
+	errs = append(errs, d.journal.err)
+	d.journal.mu.Unlock()
+	return errors.Join(errs...)
+}
+
+func mapKeys[K comparable, V any](m map[K]V) []K {
+	out := make([]K, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	return out
+}

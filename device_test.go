@@ -1,0 +1,39 @@
+package vfrdma
+
+import (
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/vfrdma/vfrdma/pci"
+	"github.com/vfrdma/vfrdma/pci/pcitest"
+	"github.com/vfrdma/vfrdma/vfio"
+)
+
+// Open refuses bad input with an error that says what is wrong, before it
+// touches the device.
+func TestOpenBadInput(t *testing.T) {
+	fs := pcitest.VMwareSlot(t)
+	opts := &Options{SysfsRoot: fs.Root, StateDir: "-"}
+	for _, tc := range []struct {
+		bdf  string
+		want error
+		says string
+	}{
+		{"not-a-bdf", pci.ErrInvalidAddr, "not-a-bdf"},
+		{"0000:00:1f.3", pci.ErrNotFound, "0000:00:1f.3"},
+		{"0000:00:10.0", ErrInvalid, "not a pvrdma function"},
+		{"0000:00:10.1", vfio.ErrNotBound, "vfio-pci"},
+	} {
+		d, err := Open(tc.bdf, opts)
+		if err == nil {
+			d.Close()
+			t.Errorf("Open(%q) succeeded", tc.bdf)
+			continue
+		}
+		var oe *OpError
+		if !errors.Is(err, tc.want) || !errors.As(err, &oe) || oe.Op != "open" || !strings.Contains(err.Error(), tc.says) {
+			t.Errorf("Open(%q) = %v; want an open *OpError wrapping %v that mentions %q", tc.bdf, err, tc.want, tc.says)
+		}
+	}
+}

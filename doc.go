@@ -1,0 +1,34 @@
+// Package vfrdma is a kernel-bypass driver for the VMware paravirtual RDMA
+// adapter (PCI 15ad:0820): it takes the device from the kernel through VFIO
+// and gives Go services RDMA verbs.
+//
+// Open takes a pvrdma function whose IOMMU group is bound to vfio-pci (pvctl
+// bind, or Options.BindGroup), maps its registers and doorbell page, pins the
+// control structures in DMA memory at IOVAs, loads the Device Shared Region,
+// validates the capabilities, enables MSI-X and activates the device. The
+// Device then creates protection domains, completion queues and the other
+// objects through the device's command channel.
+//
+// # Lifecycle
+//
+// Close destroys every object the Device created, in dependency order (the
+// device does not: QEMU keeps objects alive across a reset), quiesces the
+// device, and releases the interrupts, DMA memory, mappings and VFIO handles.
+// Object Close methods are idempotent; closing the Device closes them all.
+// A process that is killed cannot clean up: the Device journals the handles
+// of its live objects in a state directory, and the next Open of the same
+// function destroys what the journal lists before anything else.
+//
+// # Concurrency
+//
+// A Device is safe for concurrent use: commands are serialised by the
+// command channel. Objects document their own rules.
+//
+// # Errors
+//
+// Errors are *OpError values that name the operation and the device and wrap
+// the cause; errors.Is matches the sentinels of this package (which are the
+// lower layers' sentinels, so ErrDeviceFault matches a firmware fault too)
+// and errnos. The package never prints, logs unasked (Options.Logger), or
+// exits.
+package vfrdma

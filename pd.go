@@ -1,0 +1,59 @@
+package vfrdma
+
+import (
+	"context"
+	"sync"
+)
+
+// PD is a protection domain. Its methods are safe for concurrent use.
+type PD struct {
+	d      *Device
+	handle uint32
+
+	mu     sync.Mutex
+	closed bool
+}
+
+// AllocPD creates a protection domain (CREATE_PD).
+func (d *Device) AllocPD(ctx context.Context) (*PD, error) {
+	if err := d.check(); err != nil {
+		return nil, d.opErr("create PD", err)
+	}
+	h, err := d.ch.CreatePD(ctx, 0)
+	if err != nil {
+		return nil, d.opErr("create PD", err)
+	}
+	pd := &PD{d: d, handle: h}
+	d.journal.add(kindPD, h)
+	d.mu.Lock()
+	d.pds[pd] = struct{}{}
+	d.mu.Unlock()
+	return pd, nil
+}
+
+// Handle returns the device's handle of the PD.
+func (pd *PD) Handle() uint32 { return pd.handle }
+
+// Close destroys the PD. It is idempotent.
+func (pd *PD) Close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), pd.d.opt.CommandTimeout)
+	defer cancel()
+	return pd.d.opErr("destroy PD", pd.destroy(ctx))
+}
+
+func (pd *PD) destroy(ctx context.Context) error {
+	pd.mu.Lock()
+	defer pd.mu.Unlock()
+	if pd.closed {
+		return nil
+	}
+	if err := pd.d.ch.DestroyPD(ctx, pd.handle); err != nil {
+		return err
+	}
+	pd.closed = true
+	pd.d.journal.remove(kindPD, pd.handle)
+	pd.d.mu.Lock()
+	delete(pd.d.pds, pd)
+	pd.d.mu.Unlock()
+	return nil
+}
