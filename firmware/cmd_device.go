@@ -48,25 +48,25 @@ func (r QueryPortRequest) Encode(b []byte) error {
 // 7.2 reports max_msg_sz 1024, width 1X and speed SDR whatever the backend,
 // and state DOWN until the paired vmxnet3 function is activated.
 type PortAttr struct {
-	State         uint32 // Port* constants
-	MaxMTU        uint32 // MTU* constants
-	ActiveMTU     uint32
-	GIDTblLen     uint32
-	PortCapFlags  uint32
-	MaxMsgSz      uint32
-	BadPKeyCntr   uint32
-	QKeyViolCntr  uint32
-	PKeyTblLen    uint16
-	LID           uint16
-	SMLID         uint16
-	LMC           uint8
-	MaxVLNum      uint8
-	SMSL          uint8
-	SubnetTimeout uint8
-	InitTypeReply uint8
-	ActiveWidth   uint8
-	ActiveSpeed   uint8
-	PhysState     uint8
+	State         uint32 `json:"state"`   // Port* constants
+	MaxMTU        uint32 `json:"max_mtu"` // MTU* constants
+	ActiveMTU     uint32 `json:"active_m_t_u"`
+	GIDTblLen     uint32 `json:"gid_tbl_len"`
+	PortCapFlags  uint32 `json:"port_cap_flags"`
+	MaxMsgSz      uint32 `json:"max_msg_sz"`
+	BadPKeyCntr   uint32 `json:"bad_pkey_cntr"`
+	QKeyViolCntr  uint32 `json:"qkey_viol_cntr"`
+	PKeyTblLen    uint16 `json:"pkey_tbl_len"`
+	LID           uint16 `json:"lid"`
+	SMLID         uint16 `json:"sm_lid"`
+	LMC           uint8  `json:"lmc"`
+	MaxVLNum      uint8  `json:"max_vl_num"`
+	SMSL          uint8  `json:"sm_sl"`
+	SubnetTimeout uint8  `json:"subnet_timeout"`
+	InitTypeReply uint8  `json:"init_type_reply"`
+	ActiveWidth   uint8  `json:"active_width"`
+	ActiveSpeed   uint8  `json:"active_speed"`
+	PhysState     uint8  `json:"phys_state"`
 }
 
 // QueryPortResponse is the response to QUERY_PORT.

@@ -177,57 +177,57 @@ func checkRingInfo(field string, r RingPageInfo) error {
 // max_qp_wr, max_cqe and max_srq_wr overstate what can be created (rings are
 // limited to MaxRingChunks pages).
 type Caps struct {
-	FWVer                 uint64
-	NodeGUID              uint64 // stored big-endian by the device; decoded to its numeric value
-	SysImageGUID          uint64 // likewise
-	MaxMRSize             uint64
-	PageSizeCap           uint64
-	AtomicArgSizes        uint64
-	ExCompMask            uint32
-	DeviceCapFlags2       uint32
-	MaxFABitBoundary      uint32
-	LogMaxAtomicInlineArg uint32
-	VendorID              uint32
-	VendorPartID          uint32
-	HWVer                 uint32
-	MaxQP                 uint32
-	MaxQPWR               uint32
-	DeviceCapFlags        uint32
-	MaxSGE                uint32
-	MaxSGERD              uint32 // valid from VERSION 18
-	MaxCQ                 uint32
-	MaxCQE                uint32
-	MaxMR                 uint32
-	MaxPD                 uint32
-	MaxQPRDAtom           uint32
-	MaxEERDAtom           uint32
-	MaxResRDAtom          uint32
-	MaxQPInitRDAtom       uint32
-	MaxEEInitRDAtom       uint32
-	MaxEE                 uint32
-	MaxRDD                uint32
-	MaxMW                 uint32
-	MaxRawIPv6QP          uint32
-	MaxRawEthyQP          uint32
-	MaxMcastGrp           uint32
-	MaxMcastQPAttach      uint32
-	MaxTotalMcastQPAttach uint32
-	MaxAH                 uint32
-	MaxFMR                uint32
-	MaxMapPerFMR          uint32
-	MaxSRQ                uint32
-	MaxSRQWR              uint32
-	MaxSRQSGE             uint32
-	MaxUAR                uint32 // QEMU: 0x200000, a byte size rather than a page count
-	GIDTblLen             uint32
-	MaxPKeys              uint16
-	LocalCAAckDelay       uint8
-	PhysPortCnt           uint8
-	Mode                  uint8 // Mode* constants
-	AtomicOps             uint8
-	BMMEFlags             uint8
-	GIDTypes              uint8  // GIDType* bits
-	MaxFastRegPageListLen uint32 // valid from VERSION 18
+	FWVer                 uint64 `json:"fw_ver"`
+	NodeGUID              uint64 `json:"node_guid"`      // stored big-endian by the device; decoded to its numeric value
+	SysImageGUID          uint64 `json:"sys_image_guid"` // likewise
+	MaxMRSize             uint64 `json:"max_mr_size"`
+	PageSizeCap           uint64 `json:"page_size_cap"`
+	AtomicArgSizes        uint64 `json:"atomic_arg_sizes"`
+	ExCompMask            uint32 `json:"ex_comp_mask"`
+	DeviceCapFlags2       uint32 `json:"device_cap_flags2"`
+	MaxFABitBoundary      uint32 `json:"max_fa_bit_boundary"`
+	LogMaxAtomicInlineArg uint32 `json:"log_max_atomic_inline_arg"`
+	VendorID              uint32 `json:"vendor_id"`
+	VendorPartID          uint32 `json:"vendor_part_i_d"`
+	HWVer                 uint32 `json:"hw_ver"`
+	MaxQP                 uint32 `json:"max_qp"`
+	MaxQPWR               uint32 `json:"max_qp_wr"`
+	DeviceCapFlags        uint32 `json:"device_cap_flags"`
+	MaxSGE                uint32 `json:"max_sge"`
+	MaxSGERD              uint32 `json:"max_sge_rd"` // valid from VERSION 18
+	MaxCQ                 uint32 `json:"max_cq"`
+	MaxCQE                uint32 `json:"max_cqe"`
+	MaxMR                 uint32 `json:"max_mr"`
+	MaxPD                 uint32 `json:"max_pd"`
+	MaxQPRDAtom           uint32 `json:"max_qp_rd_atom"`
+	MaxEERDAtom           uint32 `json:"max_ee_rd_atom"`
+	MaxResRDAtom          uint32 `json:"max_res_rd_atom"`
+	MaxQPInitRDAtom       uint32 `json:"max_qp_init_rd_atom"`
+	MaxEEInitRDAtom       uint32 `json:"max_ee_init_rd_atom"`
+	MaxEE                 uint32 `json:"max_ee"`
+	MaxRDD                uint32 `json:"max_rdd"`
+	MaxMW                 uint32 `json:"max_mw"`
+	MaxRawIPv6QP          uint32 `json:"max_raw_ipv6_qp"`
+	MaxRawEthyQP          uint32 `json:"max_raw_ethy_qp"`
+	MaxMcastGrp           uint32 `json:"max_mcast_grp"`
+	MaxMcastQPAttach      uint32 `json:"max_mcast_qp_attach"`
+	MaxTotalMcastQPAttach uint32 `json:"max_total_mcast_qp_attach"`
+	MaxAH                 uint32 `json:"max_ah"`
+	MaxFMR                uint32 `json:"max_fmr"`
+	MaxMapPerFMR          uint32 `json:"max_map_per_f_m_r"`
+	MaxSRQ                uint32 `json:"max_srq"`
+	MaxSRQWR              uint32 `json:"max_srq_wr"`
+	MaxSRQSGE             uint32 `json:"max_srq_sge"`
+	MaxUAR                uint32 `json:"max_uar"` // QEMU: 0x200000, a byte size rather than a page count
+	GIDTblLen             uint32 `json:"gid_tbl_len"`
+	MaxPKeys              uint16 `json:"max_pkeys"`
+	LocalCAAckDelay       uint8  `json:"local_ca_ack_delay"`
+	PhysPortCnt           uint8  `json:"phys_port_cnt"`
+	Mode                  uint8  `json:"mode"` // Mode* constants
+	AtomicOps             uint8  `json:"atomic_ops"`
+	BMMEFlags             uint8  `json:"bmme_flags"`
+	GIDTypes              uint8  `json:"gid_types"`                  // GIDType* bits
+	MaxFastRegPageListLen uint32 `json:"max_fast_reg_page_list_len"` // valid from VERSION 18
 }
 
 // DecodeCaps reads the capabilities block of the DSR in b. A block left

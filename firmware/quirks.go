@@ -28,6 +28,9 @@ const (
 	SRQSwapYes
 )
 
+// MarshalText names the state in JSON.
+func (s SRQSwap) MarshalText() ([]byte, error) { return []byte(s.String()), nil }
+
 func (s SRQSwap) String() string {
 	switch s {
 	case SRQSwapNo:
@@ -44,25 +47,25 @@ func (s SRQSwap) String() string {
 // ModifySRQ or QuerySRQ) settles SRQSwap and confirms Emulated.
 type Quirks struct {
 	// Version is the device interface version (the VERSION register).
-	Version uint32
+	Version uint32 `json:"version"`
 	// Emulated reports QEMU's emulation: its capabilities leave zero the
 	// fields a real device fills (vendor_id, vendor_part_id, hw_ver,
 	// page_size_cap), or the SRQ probe found its swapped SRQ commands.
-	Emulated bool
+	Emulated bool `json:"emulated"`
 	// SRQSwap says whether MODIFY_SRQ and QUERY_SRQ are swapped. It is
 	// detected, never assumed from Emulated.
-	SRQSwap SRQSwap
+	SRQSwap SRQSwap `json:"srq_swap"`
 	// NoAsyncEvents: the device never writes the async-event ring nor
 	// raises vector 1 (QEMU 7.2): no SRQ-limit, QP-fatal or port events;
 	// errors show up only as error CQEs. Derive SRQ low-watermark signals
 	// from the driver's own counts.
-	NoAsyncEvents bool
+	NoAsyncEvents bool `json:"no_async_events"`
 	// CQArmBoth: the CQ doorbell arms for the next completion only with
 	// ARM and ARM_SOL together; ARM alone disarms (QEMU 7.2). See CQArm.
-	CQArmBoth bool
+	CQArmBoth bool `json:"cq_arm_both"`
 	// UnquiesceKeepsErr: CTL UNQUIESCE does nothing and leaves ERR as the
 	// last command left it (QEMU 7.2), so ERR says nothing about it.
-	UnquiesceKeepsErr bool
+	UnquiesceKeepsErr bool `json:"unquiesce_keeps_err"`
 }
 
 // QuirksFor returns the quirks a device reporting version and caps is

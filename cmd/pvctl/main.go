@@ -5,6 +5,7 @@
 //	pvctl [--json] list              pvrdma and vmxnet3 functions, group, driver
 //	pvctl bind [BDF]                 bind the function's IOMMU group to vfio-pci
 //	pvctl unbind [BDF]               give the group back to its earlier drivers
+//	pvctl info [BDF]                 capabilities and port, like ibv_devinfo -v
 //	pvctl regs [BDF]                 dump the BAR1 registers
 //
 // BDF defaults to the only pvrdma function present. --json prints one JSON
@@ -40,6 +41,7 @@ func commands() []command {
 		{"list", "", "pvrdma and vmxnet3 functions with their IOMMU group and driver", cmdList},
 		{"bind", "[BDF]", "bind the function's whole IOMMU group to vfio-pci", cmdBind},
 		{"unbind", "[BDF]", "give the group back to the drivers it had before bind", cmdUnbind},
+		{"info", "[BDF]", "open the device and show its capabilities and port (like ibv_devinfo -v)", cmdInfo},
 		{"regs", "[BDF]", "dump the BAR1 device registers (takes the device through VFIO)", cmdRegs},
 	}
 }
