@@ -24,6 +24,8 @@ func mountAll() []error {
 		{"sysfs", "/sys", "sysfs", unix.MS_NOSUID | unix.MS_NODEV | unix.MS_NOEXEC, ""},
 		{"devtmpfs", "/dev", "devtmpfs", unix.MS_NOSUID, "mode=0755"},
 		{"tmpfs", "/tmp", "tmpfs", unix.MS_NOSUID | unix.MS_NODEV, "mode=1777"},
+		// Pseudo-terminals, for programs and tests that open /dev/ptmx.
+		{"devpts", "/dev/pts", "devpts", unix.MS_NOSUID | unix.MS_NOEXEC, "mode=0620,ptmxmode=0666"},
 	} {
 		if err := os.MkdirAll(m.target, 0o755); err != nil {
 			errs = append(errs, fmt.Errorf("mount %s: %w", m.target, err))
@@ -32,6 +34,12 @@ func mountAll() []error {
 		err := unix.Mount(m.src, m.target, m.fstype, m.flags, m.data)
 		if err != nil && !errors.Is(err, unix.EBUSY) {
 			errs = append(errs, fmt.Errorf("mount %s on %s: %w", m.fstype, m.target, err))
+		}
+	}
+	// devtmpfs has no ptmx node in this kernel; the devpts instance has one.
+	if _, err := os.Lstat("/dev/ptmx"); errors.Is(err, os.ErrNotExist) {
+		if err := os.Symlink("pts/ptmx", "/dev/ptmx"); err != nil {
+			errs = append(errs, fmt.Errorf("link /dev/ptmx: %w", err))
 		}
 	}
 	return errs

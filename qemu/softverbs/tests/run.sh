@@ -1,0 +1,101 @@
+#!/bin/sh
+# Runs the softverbs unit tests, then rdma-core's ibverbs-utils between
+# two processes over the backend. Prints "softverbs: N passed, M failed"
+# last; exits 1 on any failure. Needs OUT (the build directory).
+set -u
+: "${OUT:?OUT must name the build directory}"
+export LD_LIBRARY_PATH="$OUT"
+WORK=$(mktemp -d /tmp/softverbs-test.XXXXXX)
+trap 'rm -rf "$WORK"' EXIT
+export SOFTVERBS_FABRIC="$WORK/fabric"
+unset SOFTVERBS_NODE SOFTVERBS_DEBUG
+pass=0
+fail=0
+
+ok() { pass=$((pass + 1)); echo "ok $1"; }
+bad() { fail=$((fail + 1)); echo "FAIL $1"; [ -n "${2:-}" ] && sed 's/^/    /' "$2"; }
+
+# ---- unit tests ----
+timeout 60 "$OUT/softverbs-test" > "$WORK/unit.out" 2>&1
+cat "$WORK/unit.out"
+line=$(grep '^unit: ' "$WORK/unit.out" | tail -1)
+if [ -n "$line" ]; then
+	p=$(echo "$line" | sed 's/^unit: \([0-9]*\) passed, \([0-9]*\) failed$/\1/')
+	f=$(echo "$line" | sed 's/^unit: \([0-9]*\) passed, \([0-9]*\) failed$/\2/')
+	pass=$((pass + p))
+	fail=$((fail + f))
+else
+	bad "unit tests did not finish"
+fi
+
+# ---- ibv_devinfo ----
+for args in "" "-v"; do
+	name="ibv_devinfo $args"
+	if SOFTVERBS_NODE=devinfo timeout 10 ibv_devinfo $args > "$WORK/di.out" 2>&1 &&
+	   grep -q 'hca_id:[[:space:]]*softverbs0' "$WORK/di.out" &&
+	   grep -q 'PORT_ACTIVE' "$WORK/di.out"; then
+		ok "$name"
+	else
+		bad "$name" "$WORK/di.out"
+	fi
+done
+if SOFTVERBS_NODE=devinfo timeout 10 ibv_devinfo -v > "$WORK/di.out" 2>&1 &&
+   grep -q 'GID\[  1\]:[[:space:]]*fe80:' "$WORK/di.out"; then
+	ok "ibv_devinfo -v shows GID 1"
+else
+	bad "ibv_devinfo -v shows GID 1" "$WORK/di.out"
+fi
+
+# ---- pingpong: server and client over loopback TCP, each its own node ----
+# TCP ports for the address exchange: a per-run base, away from others' runs
+port=$((20000 + $$ % 20000))
+pingpong() {
+	name="$*"
+	port=$((port + 1))
+	prog=$1
+	shift
+	iters=1000
+	case " $* " in *" -n "*) iters=$(echo "$*" | sed 's/.*-n \([0-9]*\).*/\1/') ;; esac
+	SOFTVERBS_NODE=server timeout 25 "$prog" -g 1 -p $port "$@" \
+		> "$WORK/srv.out" 2>&1 &
+	spid=$!
+	# the client retries until the server listens
+	tries=0
+	while :; do
+		SOFTVERBS_NODE=client timeout 25 "$prog" -g 1 -p $port "$@" 127.0.0.1 \
+			> "$WORK/cli.out" 2>&1
+		crc=$?
+		if [ $crc -ne 0 ] && grep -q "Couldn't connect" "$WORK/cli.out" &&
+		   [ $tries -lt 50 ]; then
+			tries=$((tries + 1))
+			sleep 0.1
+			continue
+		fi
+		break
+	done
+	wait $spid
+	src=$?
+	if [ $src -eq 0 ] && [ $crc -eq 0 ] &&
+	   grep -q "^$iters iters in" "$WORK/srv.out" &&
+	   grep -q "^$iters iters in" "$WORK/cli.out"; then
+		ok "$name ($(grep 'iters in' "$WORK/cli.out"))"
+	else
+		echo "--- server (rc=$src)" > "$WORK/pp.out"
+		cat "$WORK/srv.out" >> "$WORK/pp.out"
+		echo "--- client (rc=$crc)" >> "$WORK/pp.out"
+		cat "$WORK/cli.out" >> "$WORK/pp.out"
+		bad "$name" "$WORK/pp.out"
+	fi
+}
+
+pingpong ibv_rc_pingpong
+pingpong ibv_rc_pingpong -e
+pingpong ibv_rc_pingpong -s 1048576 -n 50
+pingpong ibv_ud_pingpong
+pingpong ibv_ud_pingpong -e
+pingpong ibv_srq_pingpong
+pingpong ibv_srq_pingpong -e
+pingpong ibv_uc_pingpong
+
+echo "softverbs: $pass passed, $fail failed"
+[ $fail -eq 0 ]
