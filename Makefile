@@ -25,17 +25,15 @@ softverbs:
 test: setup softverbs
 	@bash scripts/test.sh
 
-# The pieces of `make test`, for working on one tier.
+# The tiers of `make test`, one at a time.
 test-host:
-	$(GO) vet ./...
-	$(GO) test -race -count=1 ./...
+	@bash scripts/test.sh vet host
 
 test-backend: softverbs
-	@$(MAKE) -s -C qemu/softverbs test OUT=$(SV_OUT)
+	@bash scripts/test.sh backend
 
 test-guest: softverbs
-	$(PVVM) -test all
-	$(PVVM) -vms 2 -test all -run '^(TestSmoke|TestMultiVM)'
+	@bash scripts/test.sh guest guest-2vm
 
 demo: setup softverbs
 	@$(PVVM) -- list + regs

@@ -375,6 +375,7 @@ func qemuRefusal(stderr []string, muxPath string) string {
 		{"Only shared memory backed ram is supported", "guest RAM is not a shared memory backend (share=on)"},
 		{"must be vmxnet3", "function 0 of the pvrdma slot is not a vmxnet3 NIC"},
 		{"is not a valid device model name", "this QEMU has no pvrdma device (Debian's qemu-system-x86 7.2 has it): run `make setup`"},
+		{"could not open kernel file", "it could not open the guest kernel: run `make setup`: " + lastMatch(stderr, "could not open kernel file")},
 		{"Could not open", lastMatch(stderr, "Could not open")},
 	} {
 		if strings.Contains(all, k.match) {
