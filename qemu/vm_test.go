@@ -95,7 +95,7 @@ func TestQEMURefusesForReal(t *testing.T) {
 	o := (&Options{Kernel: kernel, Initrd: initrd}).withDefaults()
 	for _, tc := range []struct {
 		name, lib, want string
-		mux            bool
+		mux             bool
 	}{
 		{"mux gone", "/nonexistent", "MAD mux socket", false},
 		{"kernel gone", "/nonexistent", "guest kernel", true},
