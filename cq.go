@@ -2,10 +2,14 @@ package vfrdma
 
 import (
 	"context"
+	"fmt"
 	"math/bits"
 	"sync"
+	"sync/atomic"
 
+	"github.com/vfrdma/vfrdma/doorbell"
 	"github.com/vfrdma/vfrdma/firmware"
+	"github.com/vfrdma/vfrdma/rings"
 	"github.com/vfrdma/vfrdma/vfio"
 )
 
@@ -25,16 +29,36 @@ const (
 )
 
 // CQ is a completion queue: a ring of CQEs the device writes in DMA memory.
-// Create and Close are safe for concurrent use; polling (a later part of the
-// API) is single-owner.
+// Poll, Arm and Wait are single-owner (one goroutine polls a CQ); Close is
+// safe for concurrent use with creation of other objects, not with Poll.
 type CQ struct {
 	d       *Device
 	handle  uint32
 	entries int
 	buf     *vfio.DMABuffer
+	cons    *rings.Consumer
+	data    []byte
+	wake    chan struct{} // the notifier's signal: a CQE arrived while armed
+	stats   CQStats
+
+	flushPending atomic.Bool
+	fmu          sync.Mutex
+	flushing     []*workQueue // queues whose rest this CQ completes with WR_FLUSH_ERR
 
 	mu     sync.Mutex
 	closed bool
+	users  int // QPs using the CQ
+}
+
+// CQStats count what a CQ's poller saw.
+type CQStats struct {
+	Polls      uint64 // Poll calls
+	Empty      uint64 // Poll calls that found nothing
+	CQEs       uint64 // completions the device wrote
+	Flushed    uint64 // completions the driver made for flushed requests
+	Dropped    uint64 // device completions for requests already completed (late, after a flush) or unknown
+	Doorbells  uint64 // POLL and ARM doorbells rung
+	Interrupts uint64 // wake-ups by the CQ vector
 }
 
 // CreateCQ creates a completion queue of at least entries CQEs (rounded up
@@ -77,11 +101,26 @@ func (d *Device) CreateCQ(ctx context.Context, entries int) (*CQ, error) {
 		buf.Close()
 		return nil, d.opErr(op, err)
 	}
-	cq := &CQ{d: d, handle: resp.CQHandle, entries: n, buf: buf}
+	st, err := rings.NewState(page(cqPgState).Mem[8:16])
+	if err != nil {
+		d.ch.DestroyCQ(ctx, resp.CQHandle)
+		buf.Close()
+		return nil, d.opErr(op, err)
+	}
+	cons, err := rings.NewConsumer(st, n)
+	if err != nil {
+		d.ch.DestroyCQ(ctx, resp.CQHandle)
+		buf.Close()
+		return nil, d.opErr(op, err)
+	}
+	cons.SetName(fmt.Sprintf("CQ %d", resp.CQHandle))
+	cq := &CQ{d: d, handle: resp.CQHandle, entries: n, buf: buf, cons: cons,
+		data: buf.Mem[cqPgData*firmware.PageSize:], wake: make(chan struct{}, 1)}
 	d.journal.add(kindCQ, cq.handle)
 	d.mu.Lock()
 	d.cqs[cq] = struct{}{}
 	d.mu.Unlock()
+	d.notify.add(cq)
 	return cq, nil
 }
 
@@ -104,6 +143,9 @@ func (cq *CQ) destroy(ctx context.Context) error {
 	if cq.closed {
 		return nil
 	}
+	if cq.users > 0 {
+		return fmt.Errorf("%w: %d QPs still use CQ %d; close them first", ErrBusy, cq.users, cq.handle)
+	}
 	if err := cq.d.ch.DestroyCQ(ctx, cq.handle); err != nil {
 		return err
 	}
@@ -112,6 +154,220 @@ func (cq *CQ) destroy(ctx context.Context) error {
 	cq.d.mu.Lock()
 	delete(cq.d.cqs, cq)
 	cq.d.mu.Unlock()
+	cq.d.notify.forget(cq)
 	// Only now that the device has forgotten the ring may its memory go.
 	return cq.buf.Close()
+}
+
+func (cq *CQ) hold(n int) {
+	cq.mu.Lock()
+	cq.users += n
+	cq.mu.Unlock()
+}
+
+// WC is a work completion.
+type WC struct {
+	WRID      uint64
+	Status    WCStatus
+	Opcode    WCOpcode
+	ByteLen   uint32 // received bytes (UD: UDHeaderRoom included)
+	QPN       uint32 // the QP the request was posted on
+	SrcQP     uint32 // receives: the sender's QPN
+	Flags     uint32 // WC flags (WCFlagGRH, ...)
+	VendorErr uint32 // the device's detail for an error status
+	Imm       uint32
+}
+
+// WCStatus is a completion's status; WCOpcode its operation.
+type (
+	WCStatus = rings.WCStatus
+	WCOpcode = rings.WCOpcode
+)
+
+// Completion statuses and opcodes callers branch on (rings has them all).
+const (
+	WCSuccess   WCStatus = rings.WCSuccess
+	WCLocLenErr WCStatus = rings.WCLocLenErr
+	WCProtErr   WCStatus = rings.WCLocProtErr
+	WCFlushErr  WCStatus = rings.WCWRFlushErr
+	WCRemInvReq WCStatus = rings.WCRemInvReqErr
+	WCGeneral   WCStatus = rings.WCGeneralErr
+
+	WCSend WCOpcode = rings.WCSend
+	WCRecv WCOpcode = rings.WCRecv
+)
+
+// Poll moves up to len(wcs) completions into wcs and returns how many. It
+// reads the device's index once, validates it (an index out of range is an
+// error wrapping ErrDeviceFault, and nothing is consumed), decodes the
+// CQEs, accounts each to its QP's queue, and consumes them with one store.
+// Completions the driver makes for flushed requests follow once the ring
+// holds nothing more. An empty poll rings no doorbell (Options.PollDoorbell
+// restores the reference provider's POLL doorbell there). Poll does not
+// allocate.
+func (cq *CQ) Poll(wcs []WC) (int, error) {
+	cq.stats.Polls++
+	ready, err := cq.cons.Ready()
+	if err != nil {
+		return 0, cq.d.opErr("poll CQ", err)
+	}
+	if ready == 0 && cq.d.opt.PollDoorbell {
+		cq.stats.Doorbells++
+		if err := doorbell.Ring(cq.d.uar, doorbell.OffsetCQ, doorbell.CQPoll|cq.handle); err != nil {
+			return 0, cq.d.opErr("poll CQ", err)
+		}
+		if ready, err = cq.cons.Ready(); err != nil {
+			return 0, cq.d.opErr("poll CQ", err)
+		}
+	}
+	take := min(ready, len(wcs))
+	n := 0
+	var e rings.CQE
+	for i := 0; i < take; i++ {
+		slot := cq.cons.Slot(i)
+		rings.DecodeCQE(cq.data[slot*CQESize:(slot+1)*CQESize], &e)
+		if !cq.account(&e) {
+			cq.stats.Dropped++
+			continue
+		}
+		wcs[n] = WC{WRID: e.WRID, Status: WCStatus(e.Status), Opcode: WCOpcode(e.Opcode), ByteLen: e.ByteLen,
+			QPN: uint32(e.QP), SrcQP: e.SrcQP, Flags: e.WCFlags, VendorErr: e.VendorErr, Imm: e.Imm}
+		n++
+	}
+	if take > 0 {
+		cq.cons.Consume(take)
+		cq.stats.CQEs += uint64(take)
+	}
+	if take == ready && n < len(wcs) && cq.flushPending.Load() {
+		n += cq.emitFlushes(wcs[n:])
+	}
+	if n == 0 {
+		cq.stats.Empty++
+	}
+	return n, nil
+}
+
+// account pops the completed request from its queue's FIFO. It reports
+// false for a completion of nothing outstanding: a late one for a request
+// already flushed, or one for no QP of this driver.
+func (cq *CQ) account(e *rings.CQE) bool {
+	qp := cq.d.qpns.lookup(uint32(e.QP))
+	if qp == nil {
+		return false
+	}
+	w := &qp.sq
+	if e.Opcode&rings.WCRecv != 0 {
+		w = &qp.rq
+	}
+	head := w.head.Load()
+	out := w.tailP.Load() - head
+	for k := uint32(0); k < out; k++ {
+		if w.wrids[(head+k)&w.mask] == e.WRID {
+			// In order, k is 0. Otherwise keep the FIFO dense: the
+			// completed one trades places with the head.
+			if k != 0 {
+				i, j := (head+k)&w.mask, head&w.mask
+				w.wrids[i], w.wrids[j] = w.wrids[j], w.wrids[i]
+			}
+			w.head.Store(head + 1)
+			return true
+		}
+	}
+	return false
+}
+
+// addFlush makes the CQ complete w's outstanding requests with
+// WR_FLUSH_ERR.
+func (cq *CQ) addFlush(w *workQueue) {
+	cq.fmu.Lock()
+	cq.flushing = append(cq.flushing, w)
+	cq.fmu.Unlock()
+	cq.flushPending.Store(true)
+	cq.d.notify.signal(cq) // a waiter has something to poll
+}
+
+// emitFlushes fills wcs with flush completions.
+func (cq *CQ) emitFlushes(wcs []WC) int {
+	cq.fmu.Lock()
+	defer cq.fmu.Unlock()
+	n := 0
+	for len(cq.flushing) > 0 && n < len(wcs) {
+		w := cq.flushing[0]
+		for w.outstandingP() > 0 && n < len(wcs) {
+			head := w.head.Load()
+			op := WCSend
+			if w.recv {
+				op = WCRecv
+			}
+			wcs[n] = WC{WRID: w.wrids[head&w.mask], Status: WCFlushErr, Opcode: op, QPN: w.qp.qpn}
+			w.head.Store(head + 1)
+			n++
+		}
+		if w.outstandingP() > 0 {
+			break
+		}
+		cq.flushing = cq.flushing[1:]
+		if w.qp.sq.outstandingP() == 0 && w.qp.rq.outstandingP() == 0 && w.qp.State() == StateErr {
+			cq.d.forgetQPN(w.qp)
+		}
+	}
+	if len(cq.flushing) == 0 {
+		cq.flushPending.Store(false)
+	}
+	cq.stats.Flushed += uint64(n)
+	return n
+}
+
+// Stats returns the poller's counts. Call it from the polling goroutine.
+func (cq *CQ) Stats() CQStats { return cq.stats }
+
+// Arm asks the device for an interrupt at the CQ's next completion (on
+// QEMU 7.2 only ARM|ARM_SOL arms; Quirks.CQArm picks the bits). It first
+// drains the device's CQ-notification ring, which QEMU stops interrupting
+// through once it is full.
+func (cq *CQ) Arm(solicitedOnly bool) error {
+	cq.d.notify.drain(cq.d)
+	cq.stats.Doorbells++
+	bits := cq.d.cqArm[0]
+	if solicitedOnly {
+		bits = cq.d.cqArm[1]
+	}
+	return cq.d.opErr("arm CQ", doorbell.Ring(cq.d.uar, doorbell.OffsetCQ, bits|cq.handle))
+}
+
+// Wait blocks until the CQ has a completion to poll or ctx is done, without
+// spinning: it re-checks the ring, arms the CQ, checks again (a completion
+// that raced the arming is not missed), and sleeps until the device's CQ
+// interrupt names this CQ. It returns nil when Poll has something; ctx's
+// error, wrapped, otherwise.
+func (cq *CQ) Wait(ctx context.Context) error {
+	if err := cq.d.notify.start(cq.d); err != nil {
+		return cq.d.opErr("wait CQ", err)
+	}
+	for {
+		if ok, err := cq.ready(); ok || err != nil {
+			return err
+		}
+		if err := cq.Arm(false); err != nil {
+			return err
+		}
+		if ok, err := cq.ready(); ok || err != nil {
+			return err
+		}
+		select {
+		case <-cq.wake:
+			cq.stats.Interrupts++
+		case <-ctx.Done():
+			return cq.d.opErr("wait CQ", fmt.Errorf("waiting for a completion on CQ %d (MSI-X vector %d): %w", cq.handle, firmware.VectorCQ, ctx.Err()))
+		}
+	}
+}
+
+// ready reports whether Poll would return something now.
+func (cq *CQ) ready() (bool, error) {
+	n, err := cq.cons.Ready()
+	if err != nil {
+		return false, cq.d.opErr("poll CQ", err)
+	}
+	return n > 0 || cq.flushPending.Load(), nil
 }

@@ -76,6 +76,11 @@ type Options struct {
 	// already active. On QEMU that restarts the backend's completion thread,
 	// which blocks the vCPU for 2 s or more.
 	ForceActivate bool
+	// PollDoorbell makes an empty CQ poll ring the device's POLL doorbell
+	// and look again, as the reference provider does. Off by default: in a
+	// VM every doorbell is an exit, and QEMU's completion thread delivers
+	// completions without it once the device is active.
+	PollDoorbell bool
 	// Logger receives the driver's debug messages (default: none).
 	Logger *slog.Logger
 }
@@ -135,7 +140,18 @@ type Device struct {
 	closed bool
 	pds    map[*PD]struct{}
 	cqs    map[*CQ]struct{}
+	mrs    map[*MR]struct{}
+	qps    map[*QP]struct{}
 	binds  map[uint32]GID
+	lkeys  lkeyTable
+	qpns   qpTable
+	gidSet gidBits
+	udMax  int // UD payload limit: the port's active MTU
+	notify notifier
+
+	// Snapshots of the quirks the data path consults, fixed at Open.
+	emulated bool
+	cqArm    [2]uint32 // CQ arm bits: [0] next completion, [1] solicited only
 }
 
 // Open takes the pvrdma function at bdf ("0000:00:10.1") and brings the
@@ -151,6 +167,8 @@ func Open(bdf string, opts *Options) (_ *Device, err error) {
 		bus:   pci.NewBus(o.SysfsRoot),
 		pds:   map[*PD]struct{}{},
 		cqs:   map[*CQ]struct{}{},
+		mrs:   map[*MR]struct{}{},
+		qps:   map[*QP]struct{}{},
 		binds: map[uint32]GID{},
 	}
 	d.journal.path = journalPath(o.StateDir, d.name)
@@ -185,6 +203,11 @@ func Open(bdf string, opts *Options) (_ *Device, err error) {
 	if err := d.BindGID(ctx, 0, d.gid); err != nil {
 		return nil, err
 	}
+	port, err := d.ch.QueryPort(ctx, 1)
+	if err != nil {
+		return nil, err
+	}
+	d.udMax = 128 << min(max(port.ActiveMTU, 1), 5)
 	return d, nil
 }
 
@@ -311,6 +334,9 @@ func (d *Device) start(ctx context.Context) error {
 		return err
 	}
 	d.caps = caps
+	q := ch.Quirks()
+	d.emulated = q.Emulated
+	d.cqArm = [2]uint32{q.CQArm(false), q.CQArm(true)}
 	return nil
 }
 
@@ -361,8 +387,7 @@ func (d *Device) activate(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	q := d.ch.Quirks()
-	if q.Emulated && errReg != 0xFFFF && !d.opt.ForceActivate {
+	if d.emulated && errReg != 0xFFFF && !d.opt.ForceActivate {
 		d.log.Debug("device already active; not activating again", "err_reg", errReg)
 		return nil
 	}
@@ -387,6 +412,9 @@ func (d *Device) Quirks() Quirks { return d.ch.Quirks() }
 
 // GID returns the default GID, bound at index 0.
 func (d *Device) GID() GID { return d.gid }
+
+// UDMaxPayload returns the largest UD message: the port's path MTU.
+func (d *Device) UDMaxPayload() int { return d.udMax }
 
 // Recovered returns how many objects a crashed earlier holder of the
 // function left on the device and Open destroyed.
@@ -419,6 +447,7 @@ func (d *Device) BindGID(ctx context.Context, index int, gid GID) error {
 	d.mu.Lock()
 	_, had := d.binds[uint32(index)]
 	d.binds[uint32(index)] = gid
+	d.gidSet.set(uint32(index), true)
 	d.mu.Unlock()
 	if !had {
 		d.journal.add(kindBind, uint32(index))
@@ -449,6 +478,7 @@ func (d *Device) unbind(ctx context.Context, index uint32) error {
 	}
 	d.mu.Lock()
 	delete(d.binds, index)
+	d.gidSet.set(index, false)
 	d.mu.Unlock()
 	d.journal.remove(kindBind, index)
 	return nil
@@ -474,8 +504,8 @@ func (d *Device) check() error {
 	return nil
 }
 
-// Close destroys every object the Device created (CQs and PDs, which
-// destroy what they hold), unbinds its GIDs, quiesces the device and
+// Close destroys every object the Device created (QPs, CQs, MRs, PDs, in
+// that order), unbinds its GIDs, quiesces the device and
 // releases the interrupts, DMA memory, mappings and VFIO handles, then gives
 // the group back if Open bound it. It is idempotent; the first call's error
 // is the one returned.
@@ -486,16 +516,25 @@ func (d *Device) Close() error {
 		return nil
 	}
 	d.closed = true
+	qps := mapKeys(d.qps)
 	cqs := mapKeys(d.cqs)
+	mrs := mapKeys(d.mrs)
 	pds := mapKeys(d.pds)
 	binds := mapKeys(d.binds)
 	d.mu.Unlock()
 
 	ctx, cancel := context.WithTimeout(context.Background(), 4*d.opt.CommandTimeout)
 	defer cancel()
+	// Users before what they use: QPs, CQs, MRs, PDs, then the GIDs.
 	var errs []error
+	for _, qp := range qps {
+		errs = append(errs, qp.destroy(ctx))
+	}
 	for _, cq := range cqs {
 		errs = append(errs, cq.destroy(ctx))
+	}
+	for _, mr := range mrs {
+		errs = append(errs, mr.destroy(ctx))
 	}
 	for _, pd := range pds {
 		errs = append(errs, pd.destroy(ctx))
@@ -504,6 +543,7 @@ func (d *Device) Close() error {
 		errs = append(errs, d.unbind(ctx, i))
 	}
 	errs = append(errs, d.quiesce(ctx))
+	d.notify.stop()
 	errs = append(errs, d.release())
 	return d.opErr("close", errors.Join(errs...))
 }
@@ -516,7 +556,7 @@ func (d *Device) quiesce(ctx context.Context) error {
 		return nil
 	}
 	err := d.ch.SetInterruptMask(ctx, firmware.IMRMaskAll)
-	if !d.ch.Quirks().Emulated {
+	if !d.emulated {
 		err = errors.Join(err, d.ch.Reset(ctx))
 	}
 	return err

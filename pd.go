@@ -2,6 +2,7 @@ package vfrdma
 
 import (
 	"context"
+	"fmt"
 	"sync"
 )
 
@@ -12,6 +13,23 @@ type PD struct {
 
 	mu     sync.Mutex
 	closed bool
+	users  int // MRs and QPs of this PD still open
+}
+
+func (pd *PD) check() error {
+	pd.mu.Lock()
+	defer pd.mu.Unlock()
+	if pd.closed {
+		return ErrClosed
+	}
+	return pd.d.check()
+}
+
+// hold counts an MR or QP of the PD in (+1) or out (-1).
+func (pd *PD) hold(n int) {
+	pd.mu.Lock()
+	pd.users += n
+	pd.mu.Unlock()
 }
 
 // AllocPD creates a protection domain (CREATE_PD).
@@ -34,7 +52,8 @@ func (d *Device) AllocPD(ctx context.Context) (*PD, error) {
 // Handle returns the device's handle of the PD.
 func (pd *PD) Handle() uint32 { return pd.handle }
 
-// Close destroys the PD. It is idempotent.
+// Close destroys the PD. It is idempotent. A PD whose MRs or QPs are still
+// open is not destroyed: that is ErrBusy.
 func (pd *PD) Close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), pd.d.opt.CommandTimeout)
 	defer cancel()
@@ -46,6 +65,9 @@ func (pd *PD) destroy(ctx context.Context) error {
 	defer pd.mu.Unlock()
 	if pd.closed {
 		return nil
+	}
+	if pd.users > 0 {
+		return fmt.Errorf("%w: the PD still has %d MRs and QPs; close them first", ErrBusy, pd.users)
 	}
 	if err := pd.d.ch.DestroyPD(ctx, pd.handle); err != nil {
 		return err

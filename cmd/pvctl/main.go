@@ -7,6 +7,8 @@
 //	pvctl unbind [BDF]               give the group back to its earlier drivers
 //	pvctl info [BDF]                 capabilities and port, like ibv_devinfo -v
 //	pvctl regs [BDF]                 dump the BAR1 registers
+//	pvctl pingpong [FLAGS] [BDF]     RC/UD ping-pong with every byte checked
+//	pvctl bench [FLAGS] [BDF]        message rate, latency, doorbells per message
 //
 // BDF defaults to the only pvrdma function present. --json prints one JSON
 // document instead of text.
@@ -34,15 +36,18 @@ type env struct {
 type command struct {
 	name, args, help string
 	run              func(e *env, args []string) error
+	ownFlags         bool // run parses its own flags (--json among them)
 }
 
 func commands() []command {
 	return []command{
-		{"list", "", "pvrdma and vmxnet3 functions with their IOMMU group and driver", cmdList},
-		{"bind", "[BDF]", "bind the function's whole IOMMU group to vfio-pci", cmdBind},
-		{"unbind", "[BDF]", "give the group back to the drivers it had before bind", cmdUnbind},
-		{"info", "[BDF]", "open the device and show its capabilities and port (like ibv_devinfo -v)", cmdInfo},
-		{"regs", "[BDF]", "dump the BAR1 device registers (takes the device through VFIO)", cmdRegs},
+		{"list", "", "pvrdma and vmxnet3 functions with their IOMMU group and driver", cmdList, false},
+		{"bind", "[BDF]", "bind the function's whole IOMMU group to vfio-pci", cmdBind, false},
+		{"unbind", "[BDF]", "give the group back to the drivers it had before bind", cmdUnbind, false},
+		{"info", "[BDF]", "open the device and show its capabilities and port (like ibv_devinfo -v)", cmdInfo, false},
+		{"regs", "[BDF]", "dump the BAR1 device registers (takes the device through VFIO)", cmdRegs, false},
+		{"pingpong", "[FLAGS] [BDF]", "bounce messages and check every byte (--rc/--ud, --size, --iters; --listen/--connect/--vm for two hosts)", cmdPingpong, true},
+		{"bench", "[FLAGS] [BDF]", "send message rate and latency for batch sizes 1-256 (--rc/--ud, --size, --messages, --batches)", cmdBench, true},
 	}
 }
 
@@ -67,13 +72,17 @@ func main() {
 		if c.name != args[0] {
 			continue
 		}
-		// Flags may also follow the command: pvctl list --json.
-		sub := flag.NewFlagSet("pvctl "+c.name, flag.ContinueOnError)
-		sub.BoolVar(&e.json, "json", e.json, "print JSON")
-		if err := sub.Parse(args[1:]); err != nil {
-			os.Exit(2)
+		rest := args[1:]
+		if !c.ownFlags {
+			// Flags may also follow the command: pvctl list --json.
+			sub := flag.NewFlagSet("pvctl "+c.name, flag.ContinueOnError)
+			sub.BoolVar(&e.json, "json", e.json, "print JSON")
+			if err := sub.Parse(rest); err != nil {
+				os.Exit(2)
+			}
+			rest = sub.Args()
 		}
-		err := c.run(e, sub.Args())
+		err := c.run(e, rest)
 		if errors.Is(err, errUsage) {
 			fmt.Fprintf(os.Stderr, "usage: pvctl %s %s\n", c.name, c.args)
 			os.Exit(2)

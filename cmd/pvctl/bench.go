@@ -1,0 +1,260 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/vfrdma/vfrdma"
+)
+
+type benchRow struct {
+	Batch           int     `json:"batch"`
+	Messages        int     `json:"messages"`
+	Seconds         float64 `json:"seconds"`
+	MessagesPerSec  float64 `json:"messages_per_s"`
+	P50US           float64 `json:"p50_us"`
+	P99US           float64 `json:"p99_us"`
+	Doorbells       uint64  `json:"doorbells"`
+	DoorbellsPerMsg float64 `json:"doorbells_per_message"`
+	ReceivesChecked int     `json:"receives_checked,omitempty"`
+}
+
+type benchResult struct {
+	Transport string     `json:"transport"`
+	Size      int        `json:"size"`
+	Mode      string     `json:"mode"` // loopback, or sender/receiver between two hosts
+	Latency   string     `json:"latency"`
+	Rows      []benchRow `json:"rows"`
+}
+
+// cmdBench measures the send message rate and latency per batch size: the
+// sender posts a batch as one chain (one doorbell), keeps at most a queue's
+// worth in flight, and times each message from its post to its send
+// completion (for RC: the peer has it).
+func cmdBench(e *env, args []string) error {
+	var t trafficFlags
+	var messages int
+	var batchList string
+	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
+	t.register(fs, 64)
+	fs.IntVar(&messages, "messages", 20000, "messages per batch size")
+	fs.StringVar(&batchList, "batches", "1,8,32,256", "batch sizes (messages per doorbell)")
+	if err := t.parse(e, fs, args); err != nil {
+		return err
+	}
+	var batches []int
+	for _, f := range strings.Split(batchList, ",") {
+		b, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || b < 1 || b > 256 {
+			return fmt.Errorf("--batches: %q: want sizes from 1 to 256", f)
+		}
+		batches = append(batches, b)
+	}
+	depth := 512
+	d, err := t.openDevice(e)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	ctx, cancel := withTimeout(10 * time.Minute)
+	defer cancel()
+	a, b, x, err := t.setup(ctx, d, depth, t.size)
+	if err != nil {
+		return err
+	}
+	if x != nil {
+		defer x.close()
+	}
+	typ, _ := t.typ()
+	res := benchResult{Transport: typ.String(), Size: t.size, Mode: "loopback", Latency: "post to send completion"}
+	switch {
+	case x != nil && x.server():
+		res.Mode = "receiver"
+	case x != nil:
+		res.Mode = "sender"
+	}
+	for _, batch := range batches {
+		if x != nil {
+			if err := x.barrier(ctx, fmt.Sprintf("bench-%d", batch)); err != nil {
+				return err
+			}
+		}
+		var row benchRow
+		if res.Mode == "receiver" {
+			row, err = benchReceive(ctx, a, messages, typ)
+			row.Batch = batch
+		} else {
+			row, err = benchSend(ctx, a, b, messages, batch, x)
+		}
+		if err != nil {
+			return fmt.Errorf("batch %d: %w", batch, err)
+		}
+		res.Rows = append(res.Rows, row)
+	}
+	if e.json {
+		return e.printJSON(res)
+	}
+	fmt.Fprintf(e.out, "%s send bench, %d-byte messages, %s; latency: %s\n", res.Transport, res.Size, res.Mode, res.Latency)
+	w := tabwriter.NewWriter(e.out, 0, 4, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(w, "batch\tmessages\tmsg/s\tp50 µs\tp99 µs\tdoorbells/msg\t")
+	for _, r := range res.Rows {
+		fmt.Fprintf(w, "%d\t%d\t%.0f\t%.1f\t%.1f\t%.3f\t\n", r.Batch, r.Messages, r.MessagesPerSec, r.P50US, r.P99US, r.DoorbellsPerMsg)
+	}
+	return w.Flush()
+}
+
+// benchSend sends messages from a; b, in loopback, receives them in the
+// same loop (reposting its receives). Between hosts the peer runs
+// benchReceive.
+func benchSend(ctx context.Context, a, b *endpoint, messages, batch int, x exchanger) (benchRow, error) {
+	depth := a.depth
+	recvEnd := b
+	if recvEnd != nil {
+		if err := recvEnd.fillRecvs(); err != nil {
+			return benchRow{}, err
+		}
+	}
+	wrs := make([]vfrdma.SendWR, batch)
+	sges := make([]vfrdma.SGE, batch)
+	postedAt := make([]time.Time, messages)
+	lat := make([]time.Duration, 0, messages)
+	wcs := make([]vfrdma.WC, 64)
+	before, _ := a.qp.DoorbellStats()
+	sent, done, received := 0, 0, 0
+	size := a.slot
+	if a.qp.Type() == vfrdma.UD {
+		size -= vfrdma.UDHeaderRoom
+	}
+	start := time.Now()
+	idle := 0
+	for done < messages || (recvEnd != nil && a.qp.Type() == vfrdma.RC && received < messages) {
+		if n := min(batch, messages-sent, depth-(sent-done)); n > 0 && (n == batch || sent+n == messages) {
+			now := time.Now()
+			for i := 0; i < n; i++ {
+				a.sendWR(&wrs[i], sges[i:i+1], uint64(sent+i), (sent+i)%depth, size)
+				postedAt[sent+i] = now
+			}
+			if _, err := a.qp.PostSend(wrs[:n], 0); err != nil {
+				return benchRow{}, err
+			}
+			sent += n
+		}
+		progress := false
+		k, err := a.cq.Poll(wcs)
+		if err != nil {
+			return benchRow{}, err
+		}
+		now := time.Now()
+		for _, wc := range wcs[:k] {
+			if wc.Status != vfrdma.WCSuccess {
+				return benchRow{}, fmt.Errorf("send completion %+v", wc)
+			}
+			lat = append(lat, now.Sub(postedAt[wc.WRID]))
+			done++
+			progress = true
+		}
+		if recvEnd != nil {
+			k, err := recvEnd.cq.Poll(wcs)
+			if err != nil {
+				return benchRow{}, err
+			}
+			for _, wc := range wcs[:k] {
+				if wc.Status != vfrdma.WCSuccess {
+					return benchRow{}, fmt.Errorf("receive completion %+v", wc)
+				}
+				received++
+				progress = true
+				if err := recvEnd.postRecv(int(wc.WRID)); err != nil {
+					return benchRow{}, err
+				}
+			}
+		}
+		if progress {
+			idle = 0
+		} else if idle++; idle > 64 {
+			// Nothing to reap for a while: sleep on the interrupt.
+			cq := a.cq
+			if done == messages && recvEnd != nil {
+				cq = recvEnd.cq
+			}
+			wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			err := cq.Wait(wctx)
+			cancel()
+			if err != nil && ctx.Err() != nil {
+				return benchRow{}, err
+			}
+			if err != nil && cq == a.cq {
+				return benchRow{}, fmt.Errorf("no send completion for 2 s (%d of %d done): %w", done, messages, err)
+			}
+			if err != nil { // UD loopback: some datagrams may have been dropped
+				break
+			}
+			idle = 0
+		}
+	}
+	el := time.Since(start)
+	after, _ := a.qp.DoorbellStats()
+	slices.Sort(lat)
+	row := benchRow{Batch: batch, Messages: messages, Seconds: el.Seconds(), MessagesPerSec: float64(messages) / el.Seconds(),
+		P50US: us(lat[len(lat)/2]), P99US: us(lat[len(lat)*99/100]), Doorbells: after.Doorbells - before.Doorbells}
+	row.DoorbellsPerMsg = float64(row.Doorbells) / float64(messages)
+	if recvEnd != nil {
+		row.ReceivesChecked = received
+	}
+	return row, nil
+}
+
+// benchReceive keeps receives posted and counts messages until it has them
+// all (RC) or the sender goes quiet (UD may drop).
+func benchReceive(ctx context.Context, a *endpoint, messages int, typ vfrdma.QPType) (benchRow, error) {
+	if err := a.fillRecvs(); err != nil {
+		return benchRow{}, err
+	}
+	wcs := make([]vfrdma.WC, 64)
+	got := 0
+	start := time.Now()
+	for got < messages {
+		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		n, err := waitPoll(wctx, a.cq, wcs)
+		cancel()
+		if err != nil {
+			if typ == vfrdma.UD {
+				break
+			}
+			return benchRow{}, fmt.Errorf("received %d of %d: %w", got, messages, err)
+		}
+		for _, wc := range wcs[:n] {
+			if wc.Status != vfrdma.WCSuccess {
+				return benchRow{}, fmt.Errorf("receive completion %+v", wc)
+			}
+			got++
+			if err := a.postRecv(int(wc.WRID)); err != nil {
+				return benchRow{}, err
+			}
+		}
+	}
+	el := time.Since(start)
+	return benchRow{Messages: got, Seconds: el.Seconds(), MessagesPerSec: float64(got) / el.Seconds(), ReceivesChecked: got}, nil
+}
+
+// fillRecvs posts a receive in every slot, once: every completed receive
+// is reposted into its slot, so between rounds all slots stay posted.
+func (e *endpoint) fillRecvs() error {
+	if _, recv := e.qp.Outstanding(); recv > 0 {
+		return nil
+	}
+	for s := 0; s < e.depth; s++ {
+		if err := e.postRecv(s); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func us(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }

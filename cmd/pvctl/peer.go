@@ -1,0 +1,247 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"time"
+
+	"github.com/vfrdma/vfrdma"
+	"github.com/vfrdma/vfrdma/qemu/guestctl"
+	"github.com/vfrdma/vfrdma/qemu/proto"
+)
+
+// peerInfo is what two ends exchange to connect.
+type peerInfo struct {
+	QPN  uint32     `json:"qpn"`
+	GID  vfrdma.GID `json:"gid"`
+	QKey uint32     `json:"qkey"`
+}
+
+// exchanger swaps peerInfo with the other end: over TCP (like
+// ibv_rc_pingpong), or through the bench's control channel between VMs.
+type exchanger interface {
+	swap(ctx context.Context, mine peerInfo) (peerInfo, error)
+	// barrier returns once the other end called it with the same name.
+	barrier(ctx context.Context, name string) error
+	// server reports which end receives (the client sends first).
+	server() bool
+	close()
+}
+
+// peerFlags are the common flags that pick the other end.
+type peerFlags struct {
+	listen  string // TCP address to wait on (server)
+	connect string // TCP address to dial (client)
+	vm      bool   // through the bench's rendezvous: VM 0 is the server
+	tag     string // rendezvous key prefix
+}
+
+// loopback reports whether both ends are in this process.
+func (p *peerFlags) loopback() bool { return p.listen == "" && p.connect == "" && !p.vm }
+
+func (p *peerFlags) open(ctx context.Context) (exchanger, error) {
+	switch {
+	case p.vm:
+		vm, err := strconv.Atoi(os.Getenv(proto.EnvVM))
+		if err != nil {
+			return nil, fmt.Errorf("--vm: %s is not set: run inside the bench (pvvm -vms 2)", proto.EnvVM)
+		}
+		c, err := guestctl.Open()
+		if err != nil {
+			return nil, err
+		}
+		return &vmExchange{c: c, vm: vm, tag: p.tag}, nil
+	case p.listen != "":
+		ln, err := net.Listen("tcp", p.listen)
+		if err != nil {
+			return nil, err
+		}
+		defer ln.Close()
+		if dl, ok := ctx.Deadline(); ok {
+			ln.(*net.TCPListener).SetDeadline(dl)
+		}
+		conn, err := ln.Accept()
+		if err != nil {
+			return nil, fmt.Errorf("waiting for the client on %s: %w", p.listen, err)
+		}
+		return &tcpExchange{conn: conn, srv: true}, nil
+	default:
+		var d net.Dialer
+		conn, err := d.DialContext(ctx, "tcp", p.connect)
+		if err != nil {
+			return nil, err
+		}
+		return &tcpExchange{conn: conn}, nil
+	}
+}
+
+type tcpExchange struct {
+	conn net.Conn
+	r    *bufio.Reader
+	srv  bool
+}
+
+func (t *tcpExchange) line(ctx context.Context, out []byte) ([]byte, error) {
+	if dl, ok := ctx.Deadline(); ok {
+		t.conn.SetDeadline(dl)
+	}
+	if t.r == nil {
+		t.r = bufio.NewReader(t.conn)
+	}
+	if _, err := t.conn.Write(append(out, '\n')); err != nil {
+		return nil, err
+	}
+	return t.r.ReadBytes('\n')
+}
+
+func (t *tcpExchange) swap(ctx context.Context, mine peerInfo) (peerInfo, error) {
+	b, _ := json.Marshal(mine)
+	var theirs peerInfo
+	line, err := t.line(ctx, b)
+	if err != nil {
+		return theirs, fmt.Errorf("reading the peer's address: %w", err)
+	}
+	return theirs, json.Unmarshal(line, &theirs)
+}
+
+func (t *tcpExchange) barrier(ctx context.Context, name string) error {
+	got, err := t.line(ctx, []byte("barrier "+name))
+	if err != nil {
+		return err
+	}
+	if string(got) != "barrier "+name+"\n" {
+		return fmt.Errorf("peer at barrier %q, want %q", got, name)
+	}
+	return nil
+}
+
+func (t *tcpExchange) server() bool { return t.srv }
+func (t *tcpExchange) close()       { t.conn.Close() }
+
+type vmExchange struct {
+	c   *guestctl.Conn
+	vm  int
+	tag string
+}
+
+func (v *vmExchange) swap(ctx context.Context, mine peerInfo) (peerInfo, error) {
+	b, _ := json.Marshal(mine)
+	if err := v.c.Put(fmt.Sprintf("%s/%d", v.tag, v.vm), string(b)); err != nil {
+		return peerInfo{}, err
+	}
+	s, err := v.c.Get(ctx, fmt.Sprintf("%s/%d", v.tag, 1-v.vm))
+	if err != nil {
+		return peerInfo{}, err
+	}
+	var theirs peerInfo
+	return theirs, json.Unmarshal([]byte(s), &theirs)
+}
+
+// barrier waits until the other VM reached the same point.
+func (v *vmExchange) barrier(ctx context.Context, name string) error {
+	if err := v.c.Put(fmt.Sprintf("%s/%s/%d", v.tag, name, v.vm), "1"); err != nil {
+		return err
+	}
+	_, err := v.c.Get(ctx, fmt.Sprintf("%s/%s/%d", v.tag, name, 1-v.vm))
+	return err
+}
+
+func (v *vmExchange) server() bool { return v.vm == 0 }
+func (v *vmExchange) close()       { v.c.Close() }
+
+// endpoint is one end of a test connection: a QP with its CQ and buffers.
+type endpoint struct {
+	pd    *vfrdma.PD
+	cq    *vfrdma.CQ
+	qp    *vfrdma.QP
+	send  *vfrdma.MR
+	recv  *vfrdma.MR
+	slot  int // bytes per buffer slot (UD: header room included)
+	depth int
+	ah    *vfrdma.AH
+	peer  peerInfo
+	qkey  uint32
+}
+
+const testQKey = 0x1ee7
+
+func newEndpoint(ctx context.Context, d *vfrdma.Device, pd *vfrdma.PD, typ vfrdma.QPType, depth, size int) (*endpoint, error) {
+	e := &endpoint{pd: pd, depth: depth, slot: size, qkey: testQKey}
+	if typ == vfrdma.UD {
+		e.slot += vfrdma.UDHeaderRoom
+	}
+	var err error
+	if e.cq, err = d.CreateCQ(ctx, 2*depth); err != nil {
+		return nil, err
+	}
+	if e.qp, err = pd.CreateQP(ctx, &vfrdma.QPConfig{Type: typ, SendCQ: e.cq, RecvCQ: e.cq, SendDepth: depth, RecvDepth: depth, QKey: e.qkey}); err != nil {
+		return nil, err
+	}
+	if e.send, err = pd.AllocMR(ctx, depth*e.slot, vfrdma.AccessLocalWrite); err != nil {
+		return nil, err
+	}
+	if e.recv, err = pd.AllocMR(ctx, depth*e.slot, vfrdma.AccessLocalWrite); err != nil {
+		return nil, err
+	}
+	return e, nil
+}
+
+func (e *endpoint) info(d *vfrdma.Device) peerInfo {
+	return peerInfo{QPN: e.qp.QPN(), GID: d.GID(), QKey: e.qkey}
+}
+
+func (e *endpoint) connect(ctx context.Context, peer peerInfo) error {
+	e.peer = peer
+	if e.qp.Type() == vfrdma.UD {
+		ah, err := e.pd.CreateAH(vfrdma.AHAttr{DGID: peer.GID})
+		if err != nil {
+			return err
+		}
+		e.ah = ah
+		return e.qp.Connect(ctx, vfrdma.Remote{}, 0)
+	}
+	return e.qp.Connect(ctx, vfrdma.Remote{QPN: peer.QPN, GID: peer.GID}, 0)
+}
+
+// postRecv posts a receive into slot.
+func (e *endpoint) postRecv(slot int) error {
+	wr := [1]vfrdma.RecvWR{{WRID: uint64(slot), SGEs: []vfrdma.SGE{e.recv.SGE(slot*e.slot, e.slot)}}}
+	_, err := e.qp.PostRecv(wr[:], 0)
+	return err
+}
+
+// sendWR fills wr to send n bytes from slot, with sge (one element, the
+// caller's) as its SGE list.
+func (e *endpoint) sendWR(wr *vfrdma.SendWR, sge []vfrdma.SGE, id uint64, slot, n int) {
+	sge[0] = e.send.SGE(slot*e.slot, n)
+	*wr = vfrdma.SendWR{WRID: id, SGEs: sge[:1], AH: e.ah, RemoteQPN: e.peer.QPN, RemoteQKey: e.peer.QKey}
+	if n == 0 {
+		wr.SGEs = nil
+	}
+}
+
+// waitPoll polls until it gets completions, sleeping on the CQ's
+// interrupt when a few polls find nothing.
+func waitPoll(ctx context.Context, cq *vfrdma.CQ, wcs []vfrdma.WC) (int, error) {
+	for spins := 0; ; spins++ {
+		n, err := cq.Poll(wcs)
+		if n > 0 || err != nil {
+			return n, err
+		}
+		if spins < 32 {
+			continue
+		}
+		if err := cq.Wait(ctx); err != nil {
+			return 0, err
+		}
+	}
+}
+
+func withTimeout(d time.Duration) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(context.Background(), d)
+}

@@ -1,0 +1,289 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"time"
+
+	"github.com/vfrdma/vfrdma"
+)
+
+// trafficFlags are the flags pingpong and bench share.
+type trafficFlags struct {
+	peerFlags
+	rc, ud bool
+	size   int
+	bdf    string
+}
+
+func (t *trafficFlags) register(fs *flag.FlagSet, defSize int) {
+	fs.BoolVar(&t.rc, "rc", false, "reliable connected QPs (the default)")
+	fs.BoolVar(&t.ud, "ud", false, "unreliable datagram QPs")
+	fs.IntVar(&t.size, "size", defSize, "message size in bytes")
+	fs.StringVar(&t.listen, "listen", "", "wait for the other end on this TCP address (server)")
+	fs.StringVar(&t.connect, "connect", "", "connect to the other end at this TCP address (client)")
+	fs.BoolVar(&t.vm, "vm", false, "the other end is the other VM of a two-VM bench run (VM 0 is the server)")
+	fs.StringVar(&t.tag, "tag", "pvctl", "rendezvous key prefix for --vm")
+}
+
+func (t *trafficFlags) typ() (vfrdma.QPType, error) {
+	if t.rc && t.ud {
+		return 0, errors.New("--rc and --ud exclude each other")
+	}
+	if t.ud {
+		return vfrdma.UD, nil
+	}
+	return vfrdma.RC, nil
+}
+
+func (t *trafficFlags) parse(e *env, fs *flag.FlagSet, args []string) error {
+	fs.BoolVar(&e.json, "json", e.json, "print JSON")
+	if err := fs.Parse(args); err != nil {
+		return errUsage
+	}
+	if fs.NArg() > 1 {
+		return errUsage
+	}
+	if fs.NArg() == 1 {
+		t.bdf = fs.Arg(0)
+	}
+	return nil
+}
+
+// openDevice opens the target device for traffic.
+func (t *trafficFlags) openDevice(e *env) (*vfrdma.Device, error) {
+	var args []string
+	if t.bdf != "" {
+		args = []string{t.bdf}
+	}
+	f, err := e.target(args)
+	if err != nil {
+		return nil, err
+	}
+	return vfrdma.Open(f.Addr.String(), &vfrdma.Options{SysfsRoot: e.sysfs})
+}
+
+// setup creates the local end(s) and connects them: two ends in loopback,
+// one end connected to the peer otherwise.
+func (t *trafficFlags) setup(ctx context.Context, d *vfrdma.Device, depth, size int) (a, b *endpoint, x exchanger, err error) {
+	typ, err := t.typ()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if typ == vfrdma.UD && size > d.UDMaxPayload() {
+		return nil, nil, nil, fmt.Errorf("--size %d: a UD message holds at most %d bytes (the path MTU)", size, d.UDMaxPayload())
+	}
+	pd, err := d.AllocPD(ctx)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	if a, err = newEndpoint(ctx, d, pd, typ, depth, size); err != nil {
+		return nil, nil, nil, err
+	}
+	if t.loopback() {
+		if b, err = newEndpoint(ctx, d, pd, typ, depth, size); err != nil {
+			return nil, nil, nil, err
+		}
+		if err := a.connect(ctx, b.info(d)); err != nil {
+			return nil, nil, nil, err
+		}
+		return a, b, nil, b.connect(ctx, a.info(d))
+	}
+	if x, err = t.open(ctx); err != nil {
+		return nil, nil, nil, err
+	}
+	peer, err := x.swap(ctx, a.info(d))
+	if err != nil {
+		x.close()
+		return nil, nil, nil, err
+	}
+	if err := a.connect(ctx, peer); err != nil {
+		x.close()
+		return nil, nil, nil, err
+	}
+	// Both ends in RTR (receives posted by the caller next) before traffic.
+	return a, nil, x, nil
+}
+
+func pattern(b []byte, seq int) {
+	for i := range b {
+		b[i] = byte(seq + i*13)
+	}
+}
+
+func checkPattern(b []byte, seq int) error {
+	for i := range b {
+		if b[i] != byte(seq+i*13) {
+			return fmt.Errorf("iteration %d: byte %d is %#x, want %#x", seq, i, b[i], byte(seq+i*13))
+		}
+	}
+	return nil
+}
+
+type pingpongResult struct {
+	Transport   string  `json:"transport"`
+	Size        int     `json:"size"`
+	Iters       int     `json:"iters"`
+	Seconds     float64 `json:"seconds"`
+	RoundTripUS float64 `json:"round_trip_us"`
+	MbitPerSec  float64 `json:"mbit_per_s"`
+	Checked     bool    `json:"data_checked"`
+}
+
+// cmdPingpong bounces a message back and forth and checks every byte, in
+// the spirit of ibv_rc_pingpong.
+func cmdPingpong(e *env, args []string) error {
+	var t trafficFlags
+	var iters int
+	fs := flag.NewFlagSet("pingpong", flag.ContinueOnError)
+	t.register(fs, 4096)
+	fs.IntVar(&iters, "iters", 1000, "round trips")
+	if err := t.parse(e, fs, args); err != nil {
+		return err
+	}
+	d, err := t.openDevice(e)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	ctx, cancel := withTimeout(5 * time.Minute)
+	defer cancel()
+	a, b, x, err := t.setup(ctx, d, 4, t.size)
+	if err != nil {
+		return err
+	}
+	if x != nil {
+		defer x.close()
+	}
+	hdr := 0
+	if a.qp.Type() == vfrdma.UD {
+		hdr = vfrdma.UDHeaderRoom
+	}
+	wcs := make([]vfrdma.WC, 4)
+	// bounce: me receives seq, checks it, sends it back (pong); or sends
+	// seq and checks the echo (ping).
+	var wr [1]vfrdma.SendWR
+	var sge [1]vfrdma.SGE
+	send := func(ep *endpoint, seq int) error {
+		pattern(ep.send.Bytes()[:t.size], seq)
+		ep.sendWR(&wr[0], sge[:], uint64(seq), 0, t.size)
+		_, err := ep.qp.PostSend(wr[:], 0)
+		return err
+	}
+	await := func(ep *endpoint, seq int, wantRecv bool) error {
+		gotSend, gotRecv := false, !wantRecv
+		for !gotSend || !gotRecv {
+			n, err := waitPoll(ctx, ep.cq, wcs)
+			if err != nil {
+				return err
+			}
+			for _, wc := range wcs[:n] {
+				if wc.Status != vfrdma.WCSuccess {
+					return fmt.Errorf("iteration %d: completion %+v", seq, wc)
+				}
+				if wc.Opcode == vfrdma.WCRecv {
+					if int(wc.ByteLen) != t.size+hdr {
+						return fmt.Errorf("iteration %d: received %d bytes, want %d", seq, int(wc.ByteLen)-hdr, t.size)
+					}
+					if err := checkPattern(ep.recv.Bytes()[hdr:hdr+t.size], seq); err != nil {
+						return err
+					}
+					if err := ep.postRecv(0); err != nil {
+						return err
+					}
+					gotRecv = true
+				} else {
+					gotSend = true
+				}
+			}
+			if !wantRecv {
+				gotRecv = true
+			}
+		}
+		return nil
+	}
+	recvOnly := func(ep *endpoint, seq int) error {
+		for {
+			n, err := waitPoll(ctx, ep.cq, wcs[:1])
+			if err != nil {
+				return err
+			}
+			wc := wcs[0]
+			if n == 1 && wc.Opcode == vfrdma.WCRecv {
+				if wc.Status != vfrdma.WCSuccess {
+					return fmt.Errorf("iteration %d: completion %+v", seq, wc)
+				}
+				if err := checkPattern(ep.recv.Bytes()[hdr:hdr+t.size], seq); err != nil {
+					return err
+				}
+				return ep.postRecv(0)
+			}
+			if n == 1 && wc.Status != vfrdma.WCSuccess {
+				return fmt.Errorf("iteration %d: completion %+v", seq, wc)
+			}
+		}
+	}
+	for _, ep := range []*endpoint{a, b} {
+		if ep != nil {
+			if err := ep.postRecv(0); err != nil {
+				return err
+			}
+		}
+	}
+	if x != nil {
+		if err := x.barrier(ctx, "pingpong-ready"); err != nil {
+			return err
+		}
+	}
+	start := time.Now()
+	for i := 0; i < iters; i++ {
+		switch {
+		case b != nil: // loopback: a pings, b pongs
+			if err := send(a, i); err != nil {
+				return err
+			}
+			if err := recvOnly(b, i); err != nil {
+				return err
+			}
+			if err := send(b, i); err != nil {
+				return err
+			}
+			if err := await(b, i, false); err != nil {
+				return err
+			}
+			if err := await(a, i, true); err != nil {
+				return err
+			}
+		case x.server():
+			if err := recvOnly(a, i); err != nil {
+				return err
+			}
+			if err := send(a, i); err != nil {
+				return err
+			}
+			if err := await(a, i, false); err != nil {
+				return err
+			}
+		default:
+			if err := send(a, i); err != nil {
+				return err
+			}
+			if err := await(a, i, true); err != nil {
+				return err
+			}
+		}
+	}
+	el := time.Since(start)
+	typ, _ := t.typ()
+	r := pingpongResult{Transport: typ.String(), Size: t.size, Iters: iters, Seconds: el.Seconds(),
+		RoundTripUS: float64(el.Microseconds()) / float64(iters),
+		MbitPerSec:  float64(2*t.size*iters*8) / el.Seconds() / 1e6, Checked: true}
+	if e.json {
+		return e.printJSON(r)
+	}
+	fmt.Fprintf(e.out, "%s pingpong: %d round trips of %d bytes in %.2f s: %.1f µs per round trip, %.2f Mbit/s, every byte checked\n",
+		r.Transport, iters, t.size, r.Seconds, r.RoundTripUS, r.MbitPerSec)
+	return nil
+}

@@ -1,0 +1,237 @@
+package vfrdma
+
+import (
+	"context"
+	"errors"
+	"os"
+	"sync"
+
+	"github.com/vfrdma/vfrdma/firmware"
+	"github.com/vfrdma/vfrdma/vfio"
+)
+
+// Access are the rights an MR grants.
+type Access uint32
+
+// Access flags (the verbs values the device takes).
+const (
+	AccessLocalWrite   Access = firmware.AccessLocalWrite
+	AccessRemoteWrite  Access = firmware.AccessRemoteWrite
+	AccessRemoteRead   Access = firmware.AccessRemoteRead
+	AccessRemoteAtomic Access = firmware.AccessRemoteAtomic
+)
+
+// MR is a registered memory region: memory the device may read and write
+// at the addresses Addr() .. Addr()+Len(), through the key LKey. Work
+// requests name it by SGEs (MR.SGE). Its methods are safe for concurrent
+// use; the memory itself is shared with the device: what the device may
+// write (receive buffers) must not be read before its completion arrives.
+type MR struct {
+	pd     *PD
+	handle uint32
+	lkey   uint32
+	rkey   uint32
+	addr   uint64 // the MR's address space base (its IOVA)
+	mem    []byte
+	own    *vfio.DMABuffer // AllocMR's memory, or nil
+	mapped bool            // RegisterMR mapped mem at addr itself
+	pdir   *vfio.DMABuffer // directory and tables
+
+	mu     sync.Mutex
+	closed bool
+}
+
+// AllocMR allocates size bytes of pinned DMA memory (rounded up to the page
+// size; 2 MiB pages where the size allows) and registers it.
+func (pd *PD) AllocMR(ctx context.Context, size int, access Access) (*MR, error) {
+	d := pd.d
+	const op = "register MR"
+	if err := pd.check(); err != nil {
+		return nil, d.opErr(op, err)
+	}
+	if err := d.checkMRSize(uint64(size)); err != nil {
+		return nil, d.opErr(op, err)
+	}
+	buf, err := d.vdev.Container().AllocDMA(size, nil)
+	if err != nil {
+		return nil, d.opErr(op, err)
+	}
+	mr, err := pd.register(ctx, buf.Mem[:size], buf.IOVA, access)
+	if err != nil {
+		buf.Close()
+		return nil, d.opErr(op, err)
+	}
+	mr.own = buf
+	return mr, nil
+}
+
+// RegisterMR registers the caller's memory. It must start on a page
+// boundary and stay valid, mapped and unmoved until the MR is closed:
+// memory from the caller's own mmap, for example. The driver maps it in the
+// IOMMU at an IOVA of its own; the device pins its pages.
+func (pd *PD) RegisterMR(ctx context.Context, mem []byte, access Access) (*MR, error) {
+	d := pd.d
+	const op = "register MR"
+	if err := pd.check(); err != nil {
+		return nil, d.opErr(op, err)
+	}
+	if len(mem) == 0 {
+		return nil, d.opErr(op, invalidf("empty memory"))
+	}
+	if err := d.checkMRSize(uint64(len(mem))); err != nil {
+		return nil, d.opErr(op, err)
+	}
+	page := uint64(os.Getpagesize())
+	if !pageAligned(mem) {
+		return nil, d.opErr(op, invalidf("memory does not start on a page boundary (AllocMR gives memory that does)"))
+	}
+	c := d.vdev.Container()
+	span := pageSpan(len(mem))
+	iova, err := c.AllocIOVA(span, page)
+	if err != nil {
+		return nil, d.opErr(op, err)
+	}
+	// The IOMMU maps whole pages: the tail of the last page goes with it
+	// (the device still reaches only the MR's length through its key).
+	if err := c.MapDMA(wholePages(mem, span), iova); err != nil {
+		c.FreeIOVA(iova, span)
+		return nil, d.opErr(op, err)
+	}
+	mr, err := pd.register(ctx, mem, iova, access)
+	if err != nil {
+		c.UnmapDMA(iova, span)
+		c.FreeIOVA(iova, span)
+		return nil, d.opErr(op, err)
+	}
+	mr.mapped = true
+	return mr, nil
+}
+
+func (d *Device) checkMRSize(n uint64) error {
+	if n == 0 || n > d.caps.MaxMRSize {
+		return invalidf("MR of %d bytes: the device registers 1 to %d", n, d.caps.MaxMRSize)
+	}
+	return nil
+}
+
+// register writes the page directory of mem (mapped at iova, page-aligned)
+// and creates the MR on the device.
+func (pd *PD) register(ctx context.Context, mem []byte, iova uint64, access Access) (*MR, error) {
+	d := pd.d
+	npages := (len(mem) + firmware.PageSize - 1) / firmware.PageSize
+	ntables := firmware.TablesFor(npages)
+	pdir, err := d.vdev.Container().AllocDMA((1+ntables)*firmware.PageSize, &vfio.MemOptions{HugePages: vfio.HugeNever})
+	if err != nil {
+		return nil, err
+	}
+	pages := make([]uint64, npages)
+	for i := range pages {
+		pages[i] = iova + uint64(i*firmware.PageSize)
+	}
+	pg := func(i int) firmware.Page {
+		off := i * firmware.PageSize
+		return firmware.Page{DMA: pdir.IOVA + uint64(off), Mem: pdir.Mem[off : off+firmware.PageSize]}
+	}
+	tables := make([]firmware.Page, ntables)
+	for i := range tables {
+		tables[i] = pg(1 + i)
+	}
+	if err := firmware.WritePageDir(pg(0), tables, pages); err != nil {
+		pdir.Close()
+		return nil, err
+	}
+	resp, err := d.ch.CreateMR(ctx, firmware.CreateMRRequest{
+		Start:       iova,
+		Length:      uint64(len(mem)),
+		PDirDMA:     pdir.IOVA,
+		PDHandle:    pd.handle,
+		AccessFlags: uint32(access),
+		NChunks:     uint32(npages),
+	})
+	if err != nil {
+		pdir.Close()
+		return nil, err
+	}
+	mr := &MR{pd: pd, handle: resp.MRHandle, lkey: resp.LKey, rkey: resp.RKey, addr: iova, mem: mem, pdir: pdir}
+	d.journal.add(kindMR, mr.handle)
+	if err := d.addMR(mr); err != nil {
+		d.ch.DestroyMR(ctx, mr.handle)
+		d.journal.remove(kindMR, mr.handle)
+		pdir.Close()
+		return nil, err
+	}
+	pd.hold(+1)
+	return mr, nil
+}
+
+// Bytes returns the registered memory.
+func (mr *MR) Bytes() []byte { return mr.mem }
+
+// Addr returns the address of Bytes()[0] in the MR's address space, the
+// address SGEs use.
+func (mr *MR) Addr() uint64 { return mr.addr }
+
+// Len returns the MR's length in bytes.
+func (mr *MR) Len() int { return len(mr.mem) }
+
+// LKey returns the local key SGEs carry.
+func (mr *MR) LKey() uint32 { return mr.lkey }
+
+// RKey returns the remote key (QEMU: always 0xFFFFFFFF; remote access is
+// not emulated).
+func (mr *MR) RKey() uint32 { return mr.rkey }
+
+// Handle returns the device's handle of the MR.
+func (mr *MR) Handle() uint32 { return mr.handle }
+
+// SGE returns the scatter/gather element for n bytes at offset off of the
+// MR. It does not check the range; posting does.
+func (mr *MR) SGE(off, n int) SGE {
+	return SGE{Addr: mr.addr + uint64(off), Length: uint32(n), LKey: mr.lkey}
+}
+
+// contains reports whether [addr, addr+n) lies inside the MR.
+func (mr *MR) contains(addr uint64, n uint32) bool {
+	return addr >= mr.addr && addr-mr.addr <= uint64(len(mr.mem)) && uint64(n) <= uint64(len(mr.mem))-(addr-mr.addr)
+}
+
+// Close deregisters the MR and releases its memory (AllocMR's) or its IOMMU
+// mapping (RegisterMR's). It is idempotent. Work requests still naming the
+// MR must have completed.
+func (mr *MR) Close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), mr.pd.d.opt.CommandTimeout)
+	defer cancel()
+	return mr.pd.d.opErr("deregister MR", mr.destroy(ctx))
+}
+
+func (mr *MR) destroy(ctx context.Context) error {
+	mr.mu.Lock()
+	defer mr.mu.Unlock()
+	if mr.closed {
+		return nil
+	}
+	d := mr.pd.d
+	if err := d.ch.DestroyMR(ctx, mr.handle); err != nil {
+		return err
+	}
+	mr.closed = true
+	d.journal.remove(kindMR, mr.handle)
+	d.removeMR(mr)
+	mr.pd.hold(-1)
+	err := mr.pdir.Close()
+	switch {
+	case mr.own != nil:
+		err = errors.Join(err, mr.own.Close())
+	case mr.mapped:
+		c := d.vdev.Container()
+		span := pageSpan(len(mr.mem))
+		err = errors.Join(err, c.UnmapDMA(mr.addr, span), c.FreeIOVA(mr.addr, span))
+	}
+	return err
+}
+
+// pageSpan rounds n up to whole pages.
+func pageSpan(n int) uint64 {
+	page := uint64(os.Getpagesize())
+	return (uint64(n) + page - 1) &^ (page - 1)
+}

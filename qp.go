@@ -1,0 +1,537 @@
+package vfrdma
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/bits"
+	"sync"
+	"sync/atomic"
+
+	"github.com/vfrdma/vfrdma/doorbell"
+	"github.com/vfrdma/vfrdma/firmware"
+	"github.com/vfrdma/vfrdma/rings"
+	"github.com/vfrdma/vfrdma/vfio"
+)
+
+// QPType is a queue pair's transport.
+type QPType uint8
+
+// The transports the device runs.
+const (
+	RC QPType = QPType(firmware.QPTypeRC) // reliable connected
+	UD QPType = QPType(firmware.QPTypeUD) // unreliable datagram
+)
+
+func (t QPType) String() string {
+	switch t {
+	case RC:
+		return "RC"
+	case UD:
+		return "UD"
+	}
+	return fmt.Sprintf("QPType(%d)", uint8(t))
+}
+
+// QPState is a queue pair's state.
+type QPState uint32
+
+// QP states (the verbs numbering).
+const (
+	StateReset QPState = QPState(firmware.QPStateReset)
+	StateInit  QPState = QPState(firmware.QPStateInit)
+	StateRTR   QPState = QPState(firmware.QPStateRTR)
+	StateRTS   QPState = QPState(firmware.QPStateRTS)
+	StateErr   QPState = QPState(firmware.QPStateErr)
+)
+
+func (s QPState) String() string {
+	switch s {
+	case StateReset:
+		return "RESET"
+	case StateInit:
+		return "INIT"
+	case StateRTR:
+		return "RTR"
+	case StateRTS:
+		return "RTS"
+	case StateErr:
+		return "ERR"
+	}
+	return fmt.Sprintf("QPState(%d)", uint32(s))
+}
+
+// SGE is a scatter/gather element: Length bytes at Addr of the MR whose
+// local key is LKey (MR.SGE builds one).
+type SGE = rings.SGE
+
+// UDHeaderRoom is what a UD receive buffer holds before the payload: the
+// device leaves room for a 40-byte global route header there.
+const UDHeaderRoom = 40
+
+// Default queue geometry.
+const (
+	DefaultQueueDepth = 64
+	maxQueuePages     = firmware.MaxRingChunks // per queue, QEMU's limit
+)
+
+// QPConfig describes a queue pair. Zero fields mean their defaults.
+type QPConfig struct {
+	Type      QPType
+	SendCQ    *CQ // required
+	RecvCQ    *CQ // required
+	SendDepth int // send queue entries (rounded up to a power of two; default 64)
+	RecvDepth int // receive queue entries (likewise)
+	SendSGE   int // SGEs per send (1 to the device's max_sge; default 1)
+	RecvSGE   int // SGEs per receive (likewise)
+	// QKey is a UD QP's Q_Key: datagrams sent to it must carry it.
+	QKey uint32
+	// GIDIndex is the source GID index (default 0, the GID Open binds).
+	GIDIndex int
+}
+
+// Remote addresses the other end of an RC QP.
+type Remote struct {
+	QPN uint32
+	GID GID
+	PSN uint32 // its first send PSN (our receive PSN)
+}
+
+// QP is a queue pair. Posting sends and posting receives may run on two
+// goroutines at once, but each is single-owner (one poster per queue); state
+// changes and Close are safe for concurrent use with each other.
+type QP struct {
+	pd     *PD
+	d      *Device
+	typ    QPType
+	qpn    uint32
+	handle uint32
+	sendCQ *CQ
+	recvCQ *CQ
+	buf    *vfio.DMABuffer
+	sq, rq workQueue
+	gidIdx uint8
+	qkey   uint32
+	udMax  int // UD payload limit
+
+	state atomic.Uint32 // QPState
+
+	mu        sync.Mutex // state changes and Close
+	closed    bool
+	devicesQP bool // the device still has the QP
+}
+
+// workQueue is one side of a QP: its ring, doorbell and the FIFO of work
+// requests posted and not yet completed. The poster owns tail; the CQ
+// poller advances head.
+type workQueue struct {
+	qp     *QP
+	recv   bool
+	prod   *rings.Producer
+	db     *doorbell.Queue
+	data   []byte
+	stride int
+	maxSGE int
+	wrids  []uint64 // FIFO of outstanding wr_ids, len = ring size
+	mask   uint32
+	tail   uint32        // pushes (poster); published through tailPub
+	tailP  atomic.Uint32 // tail as the poller sees it
+	head   atomic.Uint32 // pops (poller)
+	flush  atomic.Bool   // the device will not complete the rest: flush it
+}
+
+// outstanding counts requests posted and not completed; the poster's view.
+func (w *workQueue) outstanding() int { return int(w.tail - w.head.Load()) }
+
+// outstandingP is the same count from the poller's side.
+func (w *workQueue) outstandingP() int { return int(w.tailP.Load() - w.head.Load()) }
+
+// QP pages: directory, table, the ring-state page (SQ state at 0, RQ at 8),
+// then the send pages and the receive pages.
+const (
+	qpPgDir = iota
+	qpPgTable
+	qpPgState
+	qpPgData
+)
+
+func pow2(n int) int { return 1 << bits.Len(uint(n-1)) }
+
+// CreateQP creates a queue pair in RESET; Init, ReadyToReceive and
+// ReadyToSend (or Connect) bring it up.
+func (pd *PD) CreateQP(ctx context.Context, cfg *QPConfig) (*QP, error) {
+	d := pd.d
+	const op = "create QP"
+	if err := pd.check(); err != nil {
+		return nil, d.opErr(op, err)
+	}
+	c, err := d.qpGeometry(pd, cfg)
+	if err != nil {
+		return nil, d.opErr(op, err)
+	}
+	sqStride, rqStride := rings.SendStride(c.SendSGE), rings.RecvStride(c.RecvSGE)
+	sqPages := (c.SendDepth*sqStride + firmware.PageSize - 1) / firmware.PageSize
+	rqPages := (c.RecvDepth*rqStride + firmware.PageSize - 1) / firmware.PageSize
+	buf, err := d.vdev.Container().AllocDMA((qpPgData+sqPages+rqPages)*firmware.PageSize, &vfio.MemOptions{HugePages: vfio.HugeNever})
+	if err != nil {
+		return nil, d.opErr(op, err)
+	}
+	page := func(i int) firmware.Page {
+		off := i * firmware.PageSize
+		return firmware.Page{DMA: buf.IOVA + uint64(off), Mem: buf.Mem[off : off+firmware.PageSize]}
+	}
+	data := make([]uint64, sqPages+rqPages)
+	for i := range data {
+		data[i] = page(qpPgData + i).DMA
+	}
+	if err := firmware.WriteRingPageDir(page(qpPgDir), page(qpPgTable), page(qpPgState).DMA, data); err != nil {
+		buf.Close()
+		return nil, d.opErr(op, err)
+	}
+	resp, err := d.ch.CreateQP(ctx, firmware.CreateQPRequest{
+		PDirDMA:      page(qpPgDir).DMA,
+		PDHandle:     pd.handle,
+		SendCQHandle: c.SendCQ.handle,
+		RecvCQHandle: c.RecvCQ.handle,
+		MaxSendWR:    uint32(c.SendDepth),
+		MaxRecvWR:    uint32(c.RecvDepth),
+		MaxSendSGE:   uint32(c.SendSGE),
+		MaxRecvSGE:   uint32(c.RecvSGE),
+		AccessFlags:  firmware.AccessLocalWrite,
+		TotalChunks:  uint16(1 + sqPages + rqPages),
+		SendChunks:   uint16(sqPages),
+		QPType:       firmware.QPType(c.Type),
+	})
+	if err != nil {
+		buf.Close()
+		return nil, d.opErr(op, err)
+	}
+	qp := &QP{pd: pd, d: d, typ: c.Type, qpn: resp.QPN, handle: resp.QPHandle,
+		sendCQ: c.SendCQ, recvCQ: c.RecvCQ, buf: buf, gidIdx: uint8(c.GIDIndex), qkey: c.QKey,
+		udMax: d.udMax, devicesQP: true}
+	undo := func(err error) (*QP, error) {
+		d.ch.DestroyQP(ctx, qp.handle)
+		buf.Close()
+		return nil, d.opErr(op, err)
+	}
+	state := page(qpPgState).Mem
+	sqBytes := buf.Mem[qpPgData*firmware.PageSize:][:sqPages*firmware.PageSize]
+	rqBytes := buf.Mem[(qpPgData+sqPages)*firmware.PageSize:][:rqPages*firmware.PageSize]
+	if err := qp.sq.init(qp, false, state[0:8], sqBytes, sqStride, c.SendDepth, c.SendSGE, doorbell.QPSend); err != nil {
+		return undo(err)
+	}
+	if err := qp.rq.init(qp, true, state[8:16], rqBytes, rqStride, c.RecvDepth, c.RecvSGE, doorbell.QPRecv); err != nil {
+		return undo(err)
+	}
+	qp.state.Store(uint32(StateReset))
+	d.journal.add(kindQP, qp.handle)
+	if err := d.addQP(qp); err != nil {
+		d.journal.remove(kindQP, qp.handle)
+		return undo(err)
+	}
+	pd.hold(+1)
+	c.SendCQ.hold(+1)
+	c.RecvCQ.hold(+1)
+	return qp, nil
+}
+
+func (w *workQueue) init(qp *QP, recv bool, state, data []byte, stride, depth, maxSGE int, bit uint32) error {
+	st, err := rings.NewState(state)
+	if err != nil {
+		return err
+	}
+	prod, err := rings.NewProducer(st, depth)
+	if err != nil {
+		return err
+	}
+	db, err := doorbell.NewQueue(qp.d.uar, doorbell.OffsetQP, bit|qp.handle&doorbell.HandleMask, prod)
+	if err != nil {
+		return err
+	}
+	*w = workQueue{qp: qp, recv: recv, prod: prod, db: db, data: data, stride: stride, maxSGE: maxSGE,
+		wrids: make([]uint64, depth), mask: uint32(depth - 1)}
+	return nil
+}
+
+// qpGeometry validates cfg and fills in the defaults.
+func (d *Device) qpGeometry(pd *PD, cfg *QPConfig) (QPConfig, error) {
+	if cfg == nil {
+		return QPConfig{}, invalidf("no QP configuration")
+	}
+	c := *cfg
+	if c.Type != RC && c.Type != UD {
+		return c, fmt.Errorf("%w: QP type %v (the device runs RC and UD)", ErrNotSupported, c.Type)
+	}
+	if c.SendCQ == nil || c.RecvCQ == nil {
+		return c, invalidf("a QP needs a send CQ and a receive CQ")
+	}
+	if c.SendCQ.d != d || c.RecvCQ.d != d {
+		return c, invalidf("the CQs belong to another device")
+	}
+	maxSGE := int(d.caps.MaxSGE)
+	for _, f := range []struct {
+		name string
+		v    *int
+		def  int
+		max  int
+	}{
+		{"send depth", &c.SendDepth, DefaultQueueDepth, maxQueuePages * firmware.PageSize / rings.SendStride(max(1, c.SendSGE))},
+		{"receive depth", &c.RecvDepth, DefaultQueueDepth, maxQueuePages * firmware.PageSize / rings.RecvStride(max(1, c.RecvSGE))},
+		{"send SGEs", &c.SendSGE, 1, maxSGE},
+		{"receive SGEs", &c.RecvSGE, 1, maxSGE},
+	} {
+		if *f.v == 0 {
+			*f.v = f.def
+		}
+		if *f.v < 1 || *f.v > f.max {
+			return c, invalidf("%s %d: want 1 to %d", f.name, *f.v, f.max)
+		}
+	}
+	c.SendDepth, c.RecvDepth = pow2(c.SendDepth), pow2(c.RecvDepth)
+	// The device's own depth limits.
+	if lim := int(d.caps.MaxQPWR); c.SendDepth > lim || c.RecvDepth > lim {
+		return c, invalidf("queue depth %d/%d: the device allows %d", c.SendDepth, c.RecvDepth, lim)
+	}
+	if !d.gidBound(c.GIDIndex) {
+		return c, invalidf("source GID index %d is not bound (BindGID)", c.GIDIndex)
+	}
+	return c, nil
+}
+
+// QPN returns the queue pair number peers address.
+func (qp *QP) QPN() uint32 { return qp.qpn }
+
+// Type returns the transport.
+func (qp *QP) Type() QPType { return qp.typ }
+
+// State returns the QP's state as the driver knows it.
+func (qp *QP) State() QPState { return QPState(qp.state.Load()) }
+
+// SendDepth and RecvDepth return the queue sizes.
+func (qp *QP) SendDepth() int { return len(qp.sq.wrids) }
+
+// RecvDepth returns the receive queue's size.
+func (qp *QP) RecvDepth() int { return len(qp.rq.wrids) }
+
+// Outstanding returns how many sends and receives were posted and have not
+// completed yet (polled from their CQ).
+func (qp *QP) Outstanding() (send, recv int) { return qp.sq.outstanding(), qp.rq.outstanding() }
+
+// DoorbellStats returns the send and receive queues' post and doorbell
+// counts.
+func (qp *QP) DoorbellStats() (send, recv doorbell.Stats) { return qp.sq.db.Stats(), qp.rq.db.Stats() }
+
+// attrs returns a complete attribute block: QEMU takes the values it needs
+// from it whatever the mask says, so every call fills every field.
+func (qp *QP) attrs(state QPState, r *Remote, sqPSN uint32) firmware.QPAttr {
+	a := firmware.QPAttr{
+		QPState:         firmware.QPState(state),
+		CurQPState:      firmware.QPState(qp.State()),
+		PathMTU:         firmware.MTU1024,
+		QKey:            qp.qkey,
+		SQPSN:           sqPSN,
+		QPAccessFlags:   firmware.AccessLocalWrite | firmware.AccessRemoteWrite | firmware.AccessRemoteRead,
+		PortNum:         1,
+		Timeout:         14,
+		RetryCnt:        7,
+		RNRRetry:        7,
+		MinRNRTimer:     12,
+		MaxRDAtomic:     1,
+		MaxDestRDAtomic: 1,
+		Cap: firmware.QPCap{
+			MaxSendWR: uint32(len(qp.sq.wrids)), MaxRecvWR: uint32(len(qp.rq.wrids)),
+			MaxSendSGE: uint32(qp.sq.maxSGE), MaxRecvSGE: uint32(qp.rq.maxSGE),
+		},
+		AH: firmware.AHAttr{
+			GRH:     firmware.GlobalRoute{SGIDIndex: qp.gidIdx, HopLimit: 1},
+			AHFlags: firmware.AHFlagGRH,
+			PortNum: 1,
+		},
+	}
+	if r != nil {
+		a.DestQPNum = r.QPN
+		a.RQPSN = r.PSN
+		a.AH.GRH.DGID = r.GID
+	}
+	return a
+}
+
+func (qp *QP) modify(ctx context.Context, to QPState, mask uint32, r *Remote, sqPSN uint32, from ...QPState) error {
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	if qp.closed {
+		return ErrClosed
+	}
+	cur := qp.State()
+	legal := false
+	for _, f := range from {
+		legal = legal || f == cur
+	}
+	if !legal {
+		return fmt.Errorf("%w: %v QP %d cannot go from %v to %v", ErrQPState, qp.typ, qp.qpn, cur, to)
+	}
+	if err := qp.d.ch.ModifyQP(ctx, firmware.ModifyQPRequest{
+		QPHandle: qp.handle, AttrMask: firmware.QPAttrState | mask, Attr: qp.attrs(to, r, sqPSN),
+	}); err != nil {
+		return err
+	}
+	qp.state.Store(uint32(to))
+	return nil
+}
+
+// Init moves the QP from RESET to INIT: port 1, P_Key index 0, and for UD
+// its Q_Key. Receives may be posted from INIT on.
+func (qp *QP) Init(ctx context.Context) error {
+	mask := uint32(firmware.QPAttrPKeyIndex | firmware.QPAttrPort)
+	if qp.typ == UD {
+		mask |= firmware.QPAttrQKey
+	} else {
+		mask |= firmware.QPAttrAccessFlags
+	}
+	return qp.d.opErr("modify QP", qp.modify(ctx, StateInit, mask, nil, 0, StateReset, StateInit))
+}
+
+// ReadyToReceive moves the QP from INIT to RTR. An RC QP is connected to
+// r here; a UD QP takes no remote (r is ignored).
+func (qp *QP) ReadyToReceive(ctx context.Context, r Remote) error {
+	mask := uint32(0)
+	var rp *Remote
+	if qp.typ == RC {
+		if r.QPN == 0 {
+			return qp.d.opErr("modify QP", invalidf("RC QP %d: no remote QPN", qp.qpn))
+		}
+		mask = firmware.QPAttrAV | firmware.QPAttrPathMTU | firmware.QPAttrDestQPN | firmware.QPAttrRQPSN |
+			firmware.QPAttrMaxDestRDAtomic | firmware.QPAttrMinRNRTimer
+		rp = &r
+	}
+	return qp.d.opErr("modify QP", qp.modify(ctx, StateRTR, mask, rp, 0, StateInit))
+}
+
+// ReadyToSend moves the QP from RTR to RTS with first send PSN psn.
+func (qp *QP) ReadyToSend(ctx context.Context, psn uint32) error {
+	mask := uint32(firmware.QPAttrSQPSN)
+	if qp.typ == RC {
+		mask |= firmware.QPAttrTimeout | firmware.QPAttrRetryCnt | firmware.QPAttrRNRRetry | firmware.QPAttrMaxQPRDAtomic
+	}
+	return qp.d.opErr("modify QP", qp.modify(ctx, StateRTS, mask, nil, psn, StateRTR))
+}
+
+// Connect brings a QP in RESET or INIT to RTS: INIT, RTR with r, RTS with
+// first send PSN psn.
+func (qp *QP) Connect(ctx context.Context, r Remote, psn uint32) error {
+	if qp.State() == StateReset {
+		if err := qp.Init(ctx); err != nil {
+			return err
+		}
+	}
+	if err := qp.ReadyToReceive(ctx, r); err != nil {
+		return err
+	}
+	return qp.ReadyToSend(ctx, psn)
+}
+
+// SetError moves the QP to ERR: the work requests outstanding on it
+// complete with WR_FLUSH_ERR, exactly once each, and later posts fail with
+// ErrQPState. On QEMU (Quirks.Emulated), which records ERR without telling
+// its backend and so would still complete them, the driver destroys the
+// device's QP here and generates the flush completions itself.
+func (qp *QP) SetError(ctx context.Context) error {
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	if qp.closed {
+		return qp.d.opErr("modify QP", ErrClosed)
+	}
+	if qp.State() == StateErr {
+		return nil
+	}
+	var err error
+	if qp.d.emulated {
+		err = qp.destroyOnDevice(ctx)
+	} else {
+		err = qp.d.ch.ModifyQP(ctx, firmware.ModifyQPRequest{
+			QPHandle: qp.handle, AttrMask: firmware.QPAttrState, Attr: qp.attrs(StateErr, nil, 0),
+		})
+	}
+	if err != nil {
+		return qp.d.opErr("modify QP", err)
+	}
+	qp.state.Store(uint32(StateErr))
+	if !qp.devicesQP {
+		qp.startFlush()
+	}
+	return nil
+}
+
+// QueryState asks the device for the QP's state.
+func (qp *QP) QueryState(ctx context.Context) (QPState, error) {
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	if qp.closed {
+		return 0, qp.d.opErr("query QP", ErrClosed)
+	}
+	if !qp.devicesQP {
+		return qp.State(), nil
+	}
+	r, err := qp.d.ch.QueryQP(ctx, qp.handle, firmware.QPAttrState)
+	if err != nil {
+		return 0, qp.d.opErr("query QP", err)
+	}
+	return QPState(r.QPState), nil
+}
+
+// destroyOnDevice destroys the device's QP; called with qp.mu held.
+func (qp *QP) destroyOnDevice(ctx context.Context) error {
+	if !qp.devicesQP {
+		return nil
+	}
+	if err := qp.d.ch.DestroyQP(ctx, qp.handle); err != nil {
+		return err
+	}
+	qp.devicesQP = false
+	qp.d.journal.remove(kindQP, qp.handle)
+	return nil
+}
+
+// startFlush hands the QP's outstanding work requests to their CQs, which
+// complete them with WR_FLUSH_ERR once the device's own completions for
+// the QP have been polled.
+func (qp *QP) startFlush() {
+	qp.sq.flush.Store(true)
+	qp.rq.flush.Store(true)
+	qp.sendCQ.addFlush(&qp.sq)
+	qp.recvCQ.addFlush(&qp.rq)
+}
+
+// Close destroys the QP. Work requests still outstanding complete with
+// WR_FLUSH_ERR on their CQs (poll them after Close); the CQs keep what
+// they need for that. It is idempotent.
+func (qp *QP) Close() error {
+	ctx, cancel := context.WithTimeout(context.Background(), qp.d.opt.CommandTimeout)
+	defer cancel()
+	return qp.d.opErr("destroy QP", qp.destroy(ctx))
+}
+
+func (qp *QP) destroy(ctx context.Context) error {
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	if qp.closed {
+		return nil
+	}
+	if err := qp.destroyOnDevice(ctx); err != nil {
+		return err
+	}
+	qp.closed = true
+	qp.state.Store(uint32(StateErr))
+	qp.startFlush()
+	qp.d.removeQP(qp)
+	qp.pd.hold(-1)
+	qp.sendCQ.hold(-1)
+	qp.recvCQ.hold(-1)
+	// The rings are the device's no more; the FIFOs live on in the CQs'
+	// flush lists until drained.
+	return qp.buf.Close()
+}
+
+// ErrQPState reports a post or a state change that the QP's state does not
+// allow.
+var ErrQPState = errors.New("vfrdma: wrong QP state")
