@@ -12,16 +12,16 @@ import (
 
 // pair is two connected QPs of one device with their CQs and buffers.
 type pair struct {
-	d            *Device
-	pd           *PD
-	a, b         *QP
-	acq, bcq     *CQ
-	amr, bmr     *MR
-	slot         int
-	ahB          *AH // UD: a's handle for b
-	qkey         uint32
-	typ          QPType
-	depth        int
+	d        *Device
+	pd       *PD
+	a, b     *QP
+	acq, bcq *CQ
+	amr, bmr *MR
+	slot     int
+	ahB      *AH // UD: a's handle for b
+	qkey     uint32
+	typ      QPType
+	depth    int
 }
 
 func newPair(t testing.TB, d *Device, typ QPType, depth, slot int) *pair {
