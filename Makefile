@@ -36,7 +36,7 @@ test-guest: softverbs
 	@bash scripts/test.sh guest guest-2vm
 
 demo: setup softverbs
-	@$(PVVM) -- list + regs
+	@bash scripts/demo.sh
 
 clean:
 	rm -rf $(OUT)

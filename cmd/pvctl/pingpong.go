@@ -161,9 +161,12 @@ func cmdPingpong(e *env, args []string) error {
 	if a.qp.Type() == vfrdma.UD {
 		hdr = vfrdma.UDHeaderRoom
 	}
+	// Each end counts its completed sends and receives; a receive is
+	// checked against its own sequence number whenever it arrives (one
+	// CQ carries both kinds, so the next message may come before the
+	// last echo's send completion).
+	type progress struct{ sends, recvs int }
 	wcs := make([]vfrdma.WC, 4)
-	// bounce: me receives seq, checks it, sends it back (pong); or sends
-	// seq and checks the echo (ping).
 	var wr [1]vfrdma.SendWR
 	var sge [1]vfrdma.SGE
 	send := func(ep *endpoint, seq int) error {
@@ -172,58 +175,39 @@ func cmdPingpong(e *env, args []string) error {
 		_, err := ep.qp.PostSend(wr[:], 0)
 		return err
 	}
-	await := func(ep *endpoint, seq int, wantRecv bool) error {
-		gotSend, gotRecv := false, !wantRecv
-		for !gotSend || !gotRecv {
-			n, err := waitPoll(ctx, ep.cq, wcs)
-			if err != nil {
+	step := func(ep *endpoint, p *progress) error {
+		n, err := waitPoll(ctx, ep.cq, wcs)
+		if err != nil {
+			return err
+		}
+		for _, wc := range wcs[:n] {
+			if wc.Status != vfrdma.WCSuccess {
+				return fmt.Errorf("message %d: completion %+v", p.recvs, wc)
+			}
+			if wc.Opcode != vfrdma.WCRecv {
+				p.sends++
+				continue
+			}
+			if int(wc.ByteLen) != t.size+hdr {
+				return fmt.Errorf("message %d: received %d bytes, want %d", p.recvs, int(wc.ByteLen)-hdr, t.size)
+			}
+			if err := checkPattern(ep.recv.Bytes()[hdr:hdr+t.size], p.recvs); err != nil {
 				return err
 			}
-			for _, wc := range wcs[:n] {
-				if wc.Status != vfrdma.WCSuccess {
-					return fmt.Errorf("iteration %d: completion %+v", seq, wc)
-				}
-				if wc.Opcode == vfrdma.WCRecv {
-					if int(wc.ByteLen) != t.size+hdr {
-						return fmt.Errorf("iteration %d: received %d bytes, want %d", seq, int(wc.ByteLen)-hdr, t.size)
-					}
-					if err := checkPattern(ep.recv.Bytes()[hdr:hdr+t.size], seq); err != nil {
-						return err
-					}
-					if err := ep.postRecv(0); err != nil {
-						return err
-					}
-					gotRecv = true
-				} else {
-					gotSend = true
-				}
-			}
-			if !wantRecv {
-				gotRecv = true
+			p.recvs++
+			if err := ep.postRecv(0); err != nil {
+				return err
 			}
 		}
 		return nil
 	}
-	recvOnly := func(ep *endpoint, seq int) error {
-		for {
-			n, err := waitPoll(ctx, ep.cq, wcs[:1])
-			if err != nil {
+	until := func(ep *endpoint, p *progress, cond func() bool) error {
+		for !cond() {
+			if err := step(ep, p); err != nil {
 				return err
 			}
-			wc := wcs[0]
-			if n == 1 && wc.Opcode == vfrdma.WCRecv {
-				if wc.Status != vfrdma.WCSuccess {
-					return fmt.Errorf("iteration %d: completion %+v", seq, wc)
-				}
-				if err := checkPattern(ep.recv.Bytes()[hdr:hdr+t.size], seq); err != nil {
-					return err
-				}
-				return ep.postRecv(0)
-			}
-			if n == 1 && wc.Status != vfrdma.WCSuccess {
-				return fmt.Errorf("iteration %d: completion %+v", seq, wc)
-			}
 		}
+		return nil
 	}
 	for _, ep := range []*endpoint{a, b} {
 		if ep != nil {
@@ -237,6 +221,7 @@ func cmdPingpong(e *env, args []string) error {
 			return err
 		}
 	}
+	var pa, pb progress
 	start := time.Now()
 	for i := 0; i < iters; i++ {
 		switch {
@@ -244,35 +229,38 @@ func cmdPingpong(e *env, args []string) error {
 			if err := send(a, i); err != nil {
 				return err
 			}
-			if err := recvOnly(b, i); err != nil {
+			if err := until(b, &pb, func() bool { return pb.recvs > i }); err != nil {
 				return err
 			}
 			if err := send(b, i); err != nil {
 				return err
 			}
-			if err := await(b, i, false); err != nil {
-				return err
-			}
-			if err := await(a, i, true); err != nil {
+			if err := until(a, &pa, func() bool { return pa.recvs > i && pa.sends > i }); err != nil {
 				return err
 			}
 		case x.server():
-			if err := recvOnly(a, i); err != nil {
+			if err := until(a, &pa, func() bool { return pa.recvs > i }); err != nil {
 				return err
 			}
 			if err := send(a, i); err != nil {
-				return err
-			}
-			if err := await(a, i, false); err != nil {
 				return err
 			}
 		default:
 			if err := send(a, i); err != nil {
 				return err
 			}
-			if err := await(a, i, true); err != nil {
+			if err := until(a, &pa, func() bool { return pa.recvs > i && pa.sends > i }); err != nil {
 				return err
 			}
+		}
+	}
+	// The echoes' send completions.
+	if err := until(a, &pa, func() bool { return pa.sends >= iters }); err != nil {
+		return err
+	}
+	if b != nil {
+		if err := until(b, &pb, func() bool { return pb.sends >= iters }); err != nil {
+			return err
 		}
 	}
 	el := time.Since(start)

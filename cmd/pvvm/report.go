@@ -14,49 +14,66 @@ import (
 	"github.com/vfrdma/vfrdma/qemu/proto"
 )
 
-// runPvctl boots one VM running pvctl, prints its output as it comes and
-// returns its exit status.
+// runPvctl boots the VM(s) running pvctl, prints its output as it comes
+// (prefixed by the VM when there are several) and returns the first
+// non-zero exit status.
 func runPvctl(ctx context.Context, c *config, opt *qemu.Options) (int, error) {
-	if c.vms != 1 {
-		return 1, fmt.Errorf("-vms %d: pvctl runs in one VM (use -test for several)", c.vms)
-	}
+	var mu sync.Mutex
+	// One VM: its output as it comes. Several: each VM's output as a block
+	// once they are done, so the reports do not interleave.
+	held := make([][]string, c.vms)
 	opt.OnRecord = func(vm int, r proto.Record) {
+		mu.Lock()
+		defer mu.Unlock()
+		prefix := ""
+		if c.vms > 1 {
+			prefix = fmt.Sprintf("vm%d: ", vm)
+		}
 		switch {
+		case r.Event == proto.EventOut && isPvctl(r.Prog) && c.vms > 1:
+			held[vm] = append(held[vm], prefix+r.Line)
 		case r.Event == proto.EventOut && isPvctl(r.Prog):
-			fmt.Println(r.Line)
+			fmt.Println(prefix + r.Line)
 		case r.Event == proto.EventError:
-			fmt.Fprintf(os.Stderr, "pvvm: guest init: %s\n", r.Msg)
+			fmt.Fprintf(os.Stderr, "pvvm: %sguest init: %s\n", prefix, r.Msg)
 		case c.verbose && r.Event == proto.EventOut:
-			fmt.Fprintf(os.Stderr, "[%s] %s\n", r.Prog, r.Line)
+			fmt.Fprintf(os.Stderr, "%s[%s] %s\n", prefix, r.Prog, r.Line)
 		}
 	}
 	if c.verbose {
-		opt.OnConsole = func(vm int, line string) { fmt.Fprintln(os.Stderr, line) }
+		opt.OnConsole = func(vm int, line string) { fmt.Fprintf(os.Stderr, "vm%d console: %s\n", vm, line) }
 	}
-	res, err := qemu.Run(ctx, 1, opt)
+	res, err := qemu.Run(ctx, c.vms, opt)
+	for _, lines := range held {
+		for _, l := range lines {
+			fmt.Println(l)
+		}
+	}
 	if err != nil {
 		return 1, err
 	}
-	vm := res.VMs[0]
-	if vm.Err != nil {
-		return 1, vm.Err
-	}
-	for _, e := range vm.Errors() {
-		return 1, fmt.Errorf("guest init: %s", e.Msg)
-	}
-	exits := vm.Exits()
-	if len(exits) == 0 {
-		return 1, fmt.Errorf("the guest reported no exit status for pvctl; last console lines:\n  %s", strings.Join(vm.Tail, "\n  "))
-	}
-	for _, e := range exits {
-		if e.Code < 0 {
-			return 1, fmt.Errorf("%s did not finish: %s", e.Prog, e.Msg)
+	code := 0
+	for _, vm := range res.VMs {
+		if vm.Err != nil {
+			return 1, vm.Err
 		}
-		if e.Code != 0 {
-			return e.Code, nil
+		for _, e := range vm.Errors() {
+			return 1, fmt.Errorf("vm%d: guest init: %s", vm.Index, e.Msg)
+		}
+		exits := vm.Exits()
+		if len(exits) == 0 {
+			return 1, fmt.Errorf("vm%d reported no exit status for pvctl; last console lines:\n  %s", vm.Index, strings.Join(vm.Tail, "\n  "))
+		}
+		for _, e := range exits {
+			if e.Code < 0 {
+				return 1, fmt.Errorf("vm%d: %s did not finish: %s", vm.Index, e.Prog, e.Msg)
+			}
+			if e.Code != 0 && code == 0 {
+				code = e.Code
+			}
 		}
 	}
-	return 0, nil
+	return code, nil
 }
 
 func isPvctl(prog string) bool { return prog == "pvctl" || strings.HasPrefix(prog, "pvctl-") }
