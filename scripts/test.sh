@@ -12,7 +12,7 @@ TWO_VM_TESTS='^(TestGuest|TestMultiVM)'
 
 run_tier() {
   case $1 in
-    vet)       $GO vet ./... && $GO vet -tags guest ./... ;;
+    vet)       $GO vet ./... && $GO vet -tags guest ./... && $GO tool staticcheck ./... && $GO tool staticcheck -tags guest ./... ;;
     host)      $GO test -race -count=1 ./... ;;
     backend)   make -s -C qemu/softverbs test OUT="$SV_OUT" ;;
     guest)     $GO run ./cmd/pvvm -test all ;;

@@ -20,12 +20,14 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
 	"io/fs"
 	"log/slog"
 	"os"
+	"os/exec"
 	"os/signal"
 	"path/filepath"
 	"sort"
@@ -108,6 +110,10 @@ func run(ctx context.Context, c *config) (int, error) {
 	}
 	if c.debug {
 		opt.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	// The backend QEMU loads: make rebuilds it only when a source changed.
+	if err := buildBackend(ctx, root, opt.BackendDir); err != nil {
+		return 1, err
 	}
 	// Fail on a missing prerequisite before spending time on builds.
 	opt.Initrd = kernel.Vmlinuz // placeholder so Check looks at everything else
@@ -325,6 +331,20 @@ func isGuestFile(path string) bool {
 		}
 	}
 	return false
+}
+
+// buildBackend builds the software RDMA backend into dir with the
+// project's own make target; its error carries the compiler's output.
+func buildBackend(ctx context.Context, root, dir string) error {
+	cmd := exec.CommandContext(ctx, "make", "-s", "-C", filepath.Join(root, "qemu", "softverbs"), "OUT="+dir)
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		if errors.Is(err, exec.ErrNotFound) {
+			return fmt.Errorf("building the RDMA backend needs make and gcc: run `make setup`")
+		}
+		return fmt.Errorf("building the RDMA backend (make softverbs): %w\n%s", err, out)
+	}
+	return nil
 }
 
 func repoRoot() (string, error) {
