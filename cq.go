@@ -20,14 +20,6 @@ const CQESize = 64
 // at most firmware.MaxRingChunks pages, one of them the ring state.
 const maxCQEntries = 1 << 12 // 64 data pages; 127 fit, 4096 is the power of two below 8128
 
-// CQ pages: directory, table, ring state, then the CQE pages.
-const (
-	cqPgDir = iota
-	cqPgTable
-	cqPgState
-	cqPgData
-)
-
 // CQ is a completion queue: a ring of CQEs the device writes in DMA memory.
 // Poll, Arm and Wait are single-owner (one goroutine polls a CQ); Close is
 // safe for concurrent use with creation of other objects, not with Poll.
@@ -74,26 +66,12 @@ func (d *Device) CreateCQ(ctx context.Context, entries int) (*CQ, error) {
 	}
 	n := 1 << bits.Len(uint(entries-1))
 	dataPages := (n*CQESize + firmware.PageSize - 1) / firmware.PageSize
-	buf, err := d.vdev.Container().AllocDMA((cqPgData+dataPages)*firmware.PageSize, &vfio.MemOptions{HugePages: vfio.HugeNever})
+	buf, err := d.allocRing(dataPages)
 	if err != nil {
 		return nil, d.opErr(op, err)
 	}
-	page := func(i int) firmware.Page {
-		off := i * firmware.PageSize
-		return firmware.Page{DMA: buf.IOVA + uint64(off), Mem: buf.Mem[off : off+firmware.PageSize]}
-	}
-	data := make([]uint64, dataPages)
-	for i := range data {
-		data[i] = page(cqPgData + i).DMA
-	}
-	// The buffer is zeroed, so the ring counters start at 0 as the device
-	// expects (it never initialises them).
-	if err := firmware.WriteRingPageDir(page(cqPgDir), page(cqPgTable), page(cqPgState).DMA, data); err != nil {
-		buf.Close()
-		return nil, d.opErr(op, err)
-	}
 	resp, err := d.ch.CreateCQ(ctx, firmware.CreateCQRequest{
-		PDirDMA: page(cqPgDir).DMA,
+		PDirDMA: bufPage(buf, ringPgDir).DMA,
 		CQE:     uint32(n),
 		NChunks: uint32(1 + dataPages),
 	})
@@ -101,7 +79,7 @@ func (d *Device) CreateCQ(ctx context.Context, entries int) (*CQ, error) {
 		buf.Close()
 		return nil, d.opErr(op, err)
 	}
-	st, err := rings.NewState(page(cqPgState).Mem[8:16])
+	st, err := rings.NewState(bufPage(buf, ringPgState).Mem[8:16])
 	if err != nil {
 		d.ch.DestroyCQ(ctx, resp.CQHandle)
 		buf.Close()
@@ -115,7 +93,7 @@ func (d *Device) CreateCQ(ctx context.Context, entries int) (*CQ, error) {
 	}
 	cons.SetName(fmt.Sprintf("CQ %d", resp.CQHandle))
 	cq := &CQ{d: d, handle: resp.CQHandle, entries: n, buf: buf, cons: cons,
-		data: buf.Mem[cqPgData*firmware.PageSize:], wake: make(chan struct{}, 1)}
+		data: buf.Mem[ringPgData*firmware.PageSize:], wake: make(chan struct{}, 1)}
 	d.journal.add(kindCQ, cq.handle)
 	d.mu.Lock()
 	d.cqs[cq] = struct{}{}

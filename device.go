@@ -291,9 +291,41 @@ func (d *Device) mapDevice() error {
 	return nil
 }
 
-func (d *Device) ctlPage(i int) firmware.Page {
+func (d *Device) ctlPage(i int) firmware.Page { return bufPage(d.ctl, i) }
+
+// A ring object's pages (CQ, QP, SRQ): the directory, its one table, the
+// ring-state page, then the data pages. The device reads only the first
+// table of such an object.
+const (
+	ringPgDir = iota
+	ringPgTable
+	ringPgState
+	ringPgData
+)
+
+// allocRing allocates a ring object's pages, zeroed (so the ring counters
+// start at 0; the device never initialises them), and writes its
+// directory.
+func (d *Device) allocRing(dataPages int) (*vfio.DMABuffer, error) {
+	buf, err := d.vdev.Container().AllocDMA((ringPgData+dataPages)*firmware.PageSize, &vfio.MemOptions{HugePages: vfio.HugeNever})
+	if err != nil {
+		return nil, err
+	}
+	data := make([]uint64, dataPages)
+	for i := range data {
+		data[i] = bufPage(buf, ringPgData+i).DMA
+	}
+	if err := firmware.WriteRingPageDir(bufPage(buf, ringPgDir), bufPage(buf, ringPgTable), bufPage(buf, ringPgState).DMA, data); err != nil {
+		buf.Close()
+		return nil, err
+	}
+	return buf, nil
+}
+
+// bufPage returns page i of a DMA buffer: its device address and memory.
+func bufPage(buf *vfio.DMABuffer, i int) firmware.Page {
 	off := i * firmware.PageSize
-	return firmware.Page{DMA: d.ctl.IOVA + uint64(off), Mem: d.ctl.Mem[off : off+firmware.PageSize]}
+	return firmware.Page{DMA: buf.IOVA + uint64(off), Mem: buf.Mem[off : off+firmware.PageSize]}
 }
 
 // start opens the command channel and loads the DSR.

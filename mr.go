@@ -128,10 +128,7 @@ func (pd *PD) register(ctx context.Context, mem []byte, iova uint64, access Acce
 	for i := range pages {
 		pages[i] = iova + uint64(i*firmware.PageSize)
 	}
-	pg := func(i int) firmware.Page {
-		off := i * firmware.PageSize
-		return firmware.Page{DMA: pdir.IOVA + uint64(off), Mem: pdir.Mem[off : off+firmware.PageSize]}
-	}
+	pg := func(i int) firmware.Page { return bufPage(pdir, i) }
 	tables := make([]firmware.Page, ntables)
 	for i := range tables {
 		tables[i] = pg(1 + i)

@@ -146,15 +146,6 @@ func (w *workQueue) outstanding() int { return int(w.tail - w.head.Load()) }
 // outstandingP is the same count from the poller's side.
 func (w *workQueue) outstandingP() int { return int(w.tailP.Load() - w.head.Load()) }
 
-// QP pages: directory, table, the ring-state page (SQ state at 0, RQ at 8),
-// then the send pages and the receive pages.
-const (
-	qpPgDir = iota
-	qpPgTable
-	qpPgState
-	qpPgData
-)
-
 func pow2(n int) int { return 1 << bits.Len(uint(n-1)) }
 
 // CreateQP creates a queue pair in RESET; Init, ReadyToReceive and
@@ -172,24 +163,12 @@ func (pd *PD) CreateQP(ctx context.Context, cfg *QPConfig) (*QP, error) {
 	sqStride, rqStride := rings.SendStride(c.SendSGE), rings.RecvStride(c.RecvSGE)
 	sqPages := (c.SendDepth*sqStride + firmware.PageSize - 1) / firmware.PageSize
 	rqPages := (c.RecvDepth*rqStride + firmware.PageSize - 1) / firmware.PageSize
-	buf, err := d.vdev.Container().AllocDMA((qpPgData+sqPages+rqPages)*firmware.PageSize, &vfio.MemOptions{HugePages: vfio.HugeNever})
+	buf, err := d.allocRing(sqPages + rqPages)
 	if err != nil {
 		return nil, d.opErr(op, err)
 	}
-	page := func(i int) firmware.Page {
-		off := i * firmware.PageSize
-		return firmware.Page{DMA: buf.IOVA + uint64(off), Mem: buf.Mem[off : off+firmware.PageSize]}
-	}
-	data := make([]uint64, sqPages+rqPages)
-	for i := range data {
-		data[i] = page(qpPgData + i).DMA
-	}
-	if err := firmware.WriteRingPageDir(page(qpPgDir), page(qpPgTable), page(qpPgState).DMA, data); err != nil {
-		buf.Close()
-		return nil, d.opErr(op, err)
-	}
 	resp, err := d.ch.CreateQP(ctx, firmware.CreateQPRequest{
-		PDirDMA:      page(qpPgDir).DMA,
+		PDirDMA:      bufPage(buf, ringPgDir).DMA,
 		PDHandle:     pd.handle,
 		SendCQHandle: c.SendCQ.handle,
 		RecvCQHandle: c.RecvCQ.handle,
@@ -214,9 +193,11 @@ func (pd *PD) CreateQP(ctx context.Context, cfg *QPConfig) (*QP, error) {
 		buf.Close()
 		return nil, d.opErr(op, err)
 	}
-	state := page(qpPgState).Mem
-	sqBytes := buf.Mem[qpPgData*firmware.PageSize:][:sqPages*firmware.PageSize]
-	rqBytes := buf.Mem[(qpPgData+sqPages)*firmware.PageSize:][:rqPages*firmware.PageSize]
+	// The ring-state page holds the SQ state at 0 and the RQ state at 8;
+	// the send pages come first, then the receive pages.
+	state := bufPage(buf, ringPgState).Mem
+	sqBytes := buf.Mem[ringPgData*firmware.PageSize:][:sqPages*firmware.PageSize]
+	rqBytes := buf.Mem[(ringPgData+sqPages)*firmware.PageSize:][:rqPages*firmware.PageSize]
 	if err := qp.sq.init(qp, false, state[0:8], sqBytes, sqStride, c.SendDepth, c.SendSGE, doorbell.QPSend); err != nil {
 		return undo(err)
 	}

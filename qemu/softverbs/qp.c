@@ -662,6 +662,31 @@ int sv_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
 	return ret;
 }
 
+/*
+ * sv_rwqe_new checks a receive work request against a queue holding count
+ * of at most max_wr requests of at most max_sge SGEs, and copies it: 0, or
+ * EINVAL (too many SGEs) or ENOMEM (queue full, or no memory).
+ */
+int sv_rwqe_new(const struct ibv_recv_wr *wr, uint32_t max_sge, uint32_t count,
+		uint32_t max_wr, struct sv_rwqe **out)
+{
+	struct sv_rwqe *r;
+
+	if (wr->num_sge < 0 || (uint32_t)wr->num_sge > max_sge)
+		return EINVAL;
+	if (count >= max_wr)
+		return ENOMEM;
+	r = calloc(1, sizeof(*r));
+	if (!r)
+		return ENOMEM;
+	r->wr_id = wr->wr_id;
+	r->num_sge = wr->num_sge;
+	if (wr->num_sge)
+		memcpy(r->sge, wr->sg_list, sizeof(r->sge[0]) * wr->num_sge);
+	*out = r;
+	return 0;
+}
+
 int sv_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr,
 		 struct ibv_recv_wr **bad)
 {
@@ -674,23 +699,9 @@ int sv_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr,
 	for (; wr && !ret; wr = wr->next) {
 		struct sv_rwqe *r;
 
-		if (wr->num_sge < 0 || (uint32_t)wr->num_sge > qp->cap.max_recv_sge) {
-			ret = EINVAL;
+		ret = sv_rwqe_new(wr, qp->cap.max_recv_sge, qp->rq_count, qp->cap.max_recv_wr, &r);
+		if (ret)
 			break;
-		}
-		if (qp->rq_count >= qp->cap.max_recv_wr) {
-			ret = ENOMEM;
-			break;
-		}
-		r = calloc(1, sizeof(*r));
-		if (!r) {
-			ret = ENOMEM;
-			break;
-		}
-		r->wr_id = wr->wr_id;
-		r->num_sge = wr->num_sge;
-		if (wr->num_sge)
-			memcpy(r->sge, wr->sg_list, sizeof(r->sge[0]) * wr->num_sge);
 		sv_list_add_tail(&qp->rq, &r->link);
 		qp->rq_count++;
 	}

@@ -385,6 +385,8 @@ void sv_complete_send(struct sv_qp *qp, struct sv_swqe *w, enum ibv_wc_status st
 void sv_qp_free(struct sv_qp *qp);
 int sv_post_send(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad);
 int sv_post_recv(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad);
+int sv_rwqe_new(const struct ibv_recv_wr *wr, uint32_t max_sge, uint32_t count,
+		uint32_t max_wr, struct sv_rwqe **out);
 int sv_qp_can_receive(const struct sv_qp *qp);
 
 /* ---- fabric.c (progress thread, connections, frames) ---- */

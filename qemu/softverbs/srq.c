@@ -165,23 +165,9 @@ int sv_post_srq_recv(struct ibv_srq *ibsrq, struct ibv_recv_wr *wr,
 	for (; wr; wr = wr->next) {
 		struct sv_rwqe *r;
 
-		if (wr->num_sge < 0 || (uint32_t)wr->num_sge > srq->max_sge) {
-			ret = EINVAL;
+		ret = sv_rwqe_new(wr, srq->max_sge, srq->count, srq->max_wr, &r);
+		if (ret)
 			break;
-		}
-		if (srq->count >= srq->max_wr) {
-			ret = ENOMEM;
-			break;
-		}
-		r = calloc(1, sizeof(*r));
-		if (!r) {
-			ret = ENOMEM;
-			break;
-		}
-		r->wr_id = wr->wr_id;
-		r->num_sge = wr->num_sge;
-		if (wr->num_sge)
-			memcpy(r->sge, wr->sg_list, sizeof(r->sge[0]) * wr->num_sge);
 		sv_list_add_tail(&srq->wqes, &r->link);
 		srq->count++;
 	}
