@@ -236,6 +236,9 @@ func (cq *CQ) account(e *rings.CQE) bool {
 	w := &qp.sq
 	if e.Opcode&rings.WCRecv != 0 {
 		w = &qp.rq
+		if qp.srq != nil {
+			w = &qp.srq.wq
+		}
 	}
 	head := w.head.Load()
 	out := w.tailP.Load() - head

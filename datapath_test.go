@@ -33,7 +33,7 @@ func newFixture(t testing.TB, typ QPType, depth int) *fixture {
 		t.Fatal(err)
 	}
 	d := &Device{name: "fake", opt: (&Options{StateDir: "-"}).withDefaults(), uar: uar, emulated: true, udMax: 4096,
-		pds: map[*PD]struct{}{}, cqs: map[*CQ]struct{}{}, mrs: map[*MR]struct{}{}, qps: map[*QP]struct{}{}, binds: map[uint32]GID{}}
+		pds: map[*PD]struct{}{}, cqs: map[*CQ]struct{}{}, mrs: map[*MR]struct{}{}, qps: map[*QP]struct{}{}, srqs: map[*SRQ]struct{}{}, binds: map[uint32]GID{}}
 	d.gidSet.set(0, true)
 	f.d = d
 	f.pd = &PD{d: d, handle: 1}

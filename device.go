@@ -142,6 +142,7 @@ type Device struct {
 	cqs    map[*CQ]struct{}
 	mrs    map[*MR]struct{}
 	qps    map[*QP]struct{}
+	srqs   map[*SRQ]struct{}
 	binds  map[uint32]GID
 	lkeys  lkeyTable
 	qpns   qpTable
@@ -169,6 +170,7 @@ func Open(bdf string, opts *Options) (_ *Device, err error) {
 		cqs:   map[*CQ]struct{}{},
 		mrs:   map[*MR]struct{}{},
 		qps:   map[*QP]struct{}{},
+		srqs:  map[*SRQ]struct{}{},
 		binds: map[uint32]GID{},
 	}
 	d.journal.path = journalPath(o.StateDir, d.name)
@@ -536,8 +538,8 @@ func (d *Device) check() error {
 	return nil
 }
 
-// Close destroys every object the Device created (QPs, CQs, MRs, PDs, in
-// that order), unbinds its GIDs, quiesces the device and
+// Close destroys every object the Device created (QPs, SRQs, CQs, MRs, PDs,
+// in that order), unbinds its GIDs, quiesces the device and
 // releases the interrupts, DMA memory, mappings and VFIO handles, then gives
 // the group back if Open bound it. It is idempotent; the first call's error
 // is the one returned.
@@ -549,6 +551,7 @@ func (d *Device) Close() error {
 	}
 	d.closed = true
 	qps := mapKeys(d.qps)
+	srqs := mapKeys(d.srqs)
 	cqs := mapKeys(d.cqs)
 	mrs := mapKeys(d.mrs)
 	pds := mapKeys(d.pds)
@@ -557,10 +560,13 @@ func (d *Device) Close() error {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 4*d.opt.CommandTimeout)
 	defer cancel()
-	// Users before what they use: QPs, CQs, MRs, PDs, then the GIDs.
+	// Users before what they use: QPs, SRQs, CQs, MRs, PDs, then the GIDs.
 	var errs []error
 	for _, qp := range qps {
 		errs = append(errs, qp.destroy(ctx))
+	}
+	for _, s := range srqs {
+		errs = append(errs, s.destroy(ctx))
 	}
 	for _, cq := range cqs {
 		errs = append(errs, cq.destroy(ctx))

@@ -68,14 +68,14 @@ type RecvWR struct {
 // handed to the device); this one and the ones after it were not, and make
 // no completion.
 type PostError struct {
-	Index int    // the refused request's index in the call
+	Queue string // "QP 17", "SRQ 3"
+	Index int    // the refused request's index in the call (-1: the doorbell itself failed)
 	WRID  uint64 // its wr_id
-	QPN   uint32
 	Err   error
 }
 
 func (e *PostError) Error() string {
-	return fmt.Sprintf("vfrdma post on QP %d: work request %d (wr_id %#x): %v", e.QPN, e.Index, e.WRID, e.Err)
+	return fmt.Sprintf("vfrdma post on %s: work request %d (wr_id %#x): %v", e.Queue, e.Index, e.WRID, e.Err)
 }
 
 // Unwrap returns the cause.
@@ -95,10 +95,10 @@ var ErrQueueFull = errors.New("vfrdma: queue full")
 func (qp *QP) PostSend(wrs []SendWR, flags PostFlags) (int, error) {
 	w := &qp.sq
 	if qp.State() != StateRTS {
-		return 0, qp.postFail(w, wrs, nil, 0, fmt.Errorf("%w: sends need RTS, the QP is %v", ErrQPState, qp.State()))
+		return 0, w.fail(0, wrID(wrs, nil, 0), fmt.Errorf("%w: sends need RTS, the QP is %v", ErrQPState, qp.State()))
 	}
 	if _, err := w.prod.Free(); err != nil {
-		return 0, qp.postFail(w, wrs, nil, 0, err)
+		return 0, w.fail(0, wrID(wrs, nil, 0), err)
 	}
 	emulated := qp.d.emulated
 	var wqe rings.SendWQE
@@ -106,10 +106,10 @@ func (qp *QP) PostSend(wrs []SendWR, flags PostFlags) (int, error) {
 	for i := range wrs {
 		wr := &wrs[i]
 		if err := qp.checkSend(wr, emulated); err != nil {
-			return i, qp.postFail(w, wrs, nil, i, err)
+			return i, w.fail(i, wr.WRID, err)
 		}
 		if w.outstanding() >= len(w.wrids) {
-			return i, qp.postFail(w, wrs, nil, i, ErrQueueFull)
+			return i, w.fail(i, wr.WRID, ErrQueueFull)
 		}
 		wqe = rings.SendWQE{WRID: wr.WRID, Opcode: wireOpcode[wr.Opcode], Flags: uint32(wr.Flags), Imm: wr.Imm, SGEs: wr.SGEs, GIDIndex: qp.gidIdx}
 		if qp.typ == UD {
@@ -129,25 +129,30 @@ func (qp *QP) PostSend(wrs []SendWR, flags PostFlags) (int, error) {
 // bytes before the payload.
 func (qp *QP) PostRecv(wrs []RecvWR, flags PostFlags) (int, error) {
 	w := &qp.rq
+	if qp.srq != nil {
+		// No doorbell either: QEMU would index a receive ring that does
+		// not exist.
+		return 0, &PostError{Queue: w.name, WRID: wrID(nil, wrs, 0), Err: invalidf("the QP receives from SRQ %d: post receives there", qp.srq.handle)}
+	}
 	switch st := qp.State(); st {
 	case StateInit, StateRTR, StateRTS:
 	default:
-		return 0, qp.postFail(w, nil, wrs, 0, fmt.Errorf("%w: receives need INIT, RTR or RTS, the QP is %v", ErrQPState, st))
+		return 0, w.fail(0, wrID(nil, wrs, 0), fmt.Errorf("%w: receives need INIT, RTR or RTS, the QP is %v", ErrQPState, st))
 	}
 	if _, err := w.prod.Free(); err != nil {
-		return 0, qp.postFail(w, nil, wrs, 0, err)
+		return 0, w.fail(0, wrID(nil, wrs, 0), err)
 	}
 	for i := range wrs {
 		wr := &wrs[i]
-		total, err := qp.checkSGEs(wr.SGEs, w.maxSGE)
+		total, err := checkSGEs(qp.d, qp.pd, wr.SGEs, w.maxSGE)
 		if err == nil && qp.typ == UD && total < UDHeaderRoom {
 			err = invalidf("a UD receive of %d bytes cannot hold the %d-byte header room", total, UDHeaderRoom)
 		}
 		if err != nil {
-			return i, qp.postFail(w, nil, wrs, i, err)
+			return i, w.fail(i, wr.WRID, err)
 		}
 		if w.outstanding() >= len(w.wrids) {
-			return i, qp.postFail(w, nil, wrs, i, ErrQueueFull)
+			return i, w.fail(i, wr.WRID, ErrQueueFull)
 		}
 		w.write(nil, wr.SGEs, wr.WRID)
 	}
@@ -156,7 +161,11 @@ func (qp *QP) PostRecv(wrs []RecvWR, flags PostFlags) (int, error) {
 
 // Flush rings the doorbells of whatever deferred requests the QP holds.
 func (qp *QP) Flush() error {
-	return errors.Join(qp.sq.db.Flush(), qp.rq.db.Flush())
+	err := qp.sq.db.Flush()
+	if qp.rq.db != nil { // nil with an SRQ
+		err = errors.Join(err, qp.rq.db.Flush())
+	}
+	return err
 }
 
 // write puts one WQE in the next slot and records its wr_id.
@@ -178,27 +187,31 @@ func (w *workQueue) write(s *rings.SendWQE, recv []SGE, wrID uint64) {
 // end closes a post call that succeeded.
 func (w *workQueue) end(flags PostFlags) error {
 	if err := w.db.Post(flags&FlagDefer != 0); err != nil {
-		return &PostError{Index: -1, QPN: w.qp.qpn, Err: err}
+		return &PostError{Queue: w.name, Index: -1, Err: err}
 	}
 	return nil
 }
 
-// postFail closes a post call that refused request i: what is pending
+// fail closes a post call that refused request i: what is pending
 // (earlier deferred calls, this call's requests before i) goes to the
 // device.
-func (qp *QP) postFail(w *workQueue, swrs []SendWR, rwrs []RecvWR, i int, cause error) error {
-	var id uint64
-	switch {
-	case i < len(swrs):
-		id = swrs[i].WRID
-	case i < len(rwrs):
-		id = rwrs[i].WRID
-	}
-	err := &PostError{Index: i, WRID: id, QPN: qp.qpn, Err: cause}
+func (w *workQueue) fail(i int, id uint64, cause error) error {
+	err := &PostError{Queue: w.name, Index: i, WRID: id, Err: cause}
 	if derr := w.db.Fail(); derr != nil {
 		err.Err = errors.Join(cause, derr)
 	}
 	return err
+}
+
+// wrID returns the wr_id of request i of a call, or 0.
+func wrID(swrs []SendWR, rwrs []RecvWR, i int) uint64 {
+	switch {
+	case i < len(swrs):
+		return swrs[i].WRID
+	case i < len(rwrs):
+		return rwrs[i].WRID
+	}
+	return 0
 }
 
 func (qp *QP) checkSend(wr *SendWR, emulated bool) error {
@@ -211,7 +224,7 @@ func (qp *QP) checkSend(wr *SendWR, emulated bool) error {
 	default:
 		return fmt.Errorf("%w: opcode %d", ErrNotSupported, wr.Opcode)
 	}
-	total, err := qp.checkSGEs(wr.SGEs, qp.sq.maxSGE)
+	total, err := checkSGEs(qp.d, qp.pd, wr.SGEs, qp.sq.maxSGE)
 	if err != nil {
 		return err
 	}
@@ -232,20 +245,20 @@ func (qp *QP) checkSend(wr *SendWR, emulated bool) error {
 	return nil
 }
 
-// checkSGEs checks the SGE count and that every SGE lies in an MR of the
-// QP's PD; it returns the total length.
-func (qp *QP) checkSGEs(sges []SGE, maxSGE int) (int, error) {
+// checkSGEs checks the SGE count and that every SGE lies in an MR of pd;
+// it returns the total length.
+func checkSGEs(d *Device, pd *PD, sges []SGE, maxSGE int) (int, error) {
 	if len(sges) > maxSGE {
 		return 0, invalidf("%d SGEs: the queue takes at most %d", len(sges), maxSGE)
 	}
 	total := 0
 	for j := range sges {
 		s := &sges[j]
-		mr := qp.d.lkeys.lookup(s.LKey)
+		mr := d.lkeys.lookup(s.LKey)
 		switch {
 		case mr == nil:
 			return 0, invalidf("SGE %d: lkey %#x names no registered MR", j, s.LKey)
-		case mr.pd != qp.pd:
+		case mr.pd != pd:
 			return 0, invalidf("SGE %d: lkey %#x belongs to another PD", j, s.LKey)
 		case !mr.contains(s.Addr, s.Length):
 			return 0, invalidf("SGE %d: %d bytes at %#x fall outside the MR [%#x, %#x)", j, s.Length, s.Addr, mr.addr, mr.addr+uint64(len(mr.mem)))

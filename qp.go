@@ -88,6 +88,10 @@ type QPConfig struct {
 	QKey uint32
 	// GIDIndex is the source GID index (default 0, the GID Open binds).
 	GIDIndex int
+	// SRQ, if set, is where the QP's receives come from: the QP has no
+	// receive queue of its own (RecvDepth and RecvSGE are ignored) and
+	// PostRecv on it is refused.
+	SRQ *SRQ
 }
 
 // Remote addresses the other end of an RC QP.
@@ -108,6 +112,7 @@ type QP struct {
 	handle uint32
 	sendCQ *CQ
 	recvCQ *CQ
+	srq    *SRQ
 	buf    *vfio.DMABuffer
 	sq, rq workQueue
 	gidIdx uint8
@@ -121,11 +126,12 @@ type QP struct {
 	devicesQP bool // the device still has the QP
 }
 
-// workQueue is one side of a QP: its ring, doorbell and the FIFO of work
-// requests posted and not yet completed. The poster owns tail; the CQ
-// poller advances head.
+// workQueue is a QP's send or receive queue, or an SRQ: its ring,
+// doorbell and the FIFO of work requests posted and not yet completed. The
+// poster owns tail; the CQ poller advances head.
 type workQueue struct {
-	qp     *QP
+	name   string // "QP 17", "SRQ 3": for errors
+	qp     *QP    // nil for an SRQ
 	recv   bool
 	prod   *rings.Producer
 	db     *doorbell.Queue
@@ -163,8 +169,22 @@ func (pd *PD) CreateQP(ctx context.Context, cfg *QPConfig) (*QP, error) {
 	sqStride, rqStride := rings.SendStride(c.SendSGE), rings.RecvStride(c.RecvSGE)
 	sqPages := (c.SendDepth*sqStride + firmware.PageSize - 1) / firmware.PageSize
 	rqPages := (c.RecvDepth*rqStride + firmware.PageSize - 1) / firmware.PageSize
+	var srqHandle uint32
+	if c.SRQ != nil {
+		rqPages = 0 // no receive ring: the SRQ's
+		srqHandle = c.SRQ.handle
+		if err := c.SRQ.attach(c.RecvCQ); err != nil {
+			return nil, d.opErr(op, err)
+		}
+	}
+	detach := func() {
+		if c.SRQ != nil {
+			c.SRQ.detach()
+		}
+	}
 	buf, err := d.allocRing(sqPages + rqPages)
 	if err != nil {
+		detach()
 		return nil, d.opErr(op, err)
 	}
 	resp, err := d.ch.CreateQP(ctx, firmware.CreateQPRequest{
@@ -180,16 +200,20 @@ func (pd *PD) CreateQP(ctx context.Context, cfg *QPConfig) (*QP, error) {
 		TotalChunks:  uint16(1 + sqPages + rqPages),
 		SendChunks:   uint16(sqPages),
 		QPType:       firmware.QPType(c.Type),
+		IsSRQ:        c.SRQ != nil,
+		SRQHandle:    srqHandle,
 	})
 	if err != nil {
+		detach()
 		buf.Close()
 		return nil, d.opErr(op, err)
 	}
 	qp := &QP{pd: pd, d: d, typ: c.Type, qpn: resp.QPN, handle: resp.QPHandle,
-		sendCQ: c.SendCQ, recvCQ: c.RecvCQ, buf: buf, gidIdx: uint8(c.GIDIndex), qkey: c.QKey,
+		sendCQ: c.SendCQ, recvCQ: c.RecvCQ, srq: c.SRQ, buf: buf, gidIdx: uint8(c.GIDIndex), qkey: c.QKey,
 		udMax: d.udMax, devicesQP: true}
 	undo := func(err error) (*QP, error) {
 		d.ch.DestroyQP(ctx, qp.handle)
+		detach()
 		buf.Close()
 		return nil, d.opErr(op, err)
 	}
@@ -201,8 +225,12 @@ func (pd *PD) CreateQP(ctx context.Context, cfg *QPConfig) (*QP, error) {
 	if err := qp.sq.init(qp, false, state[0:8], sqBytes, sqStride, c.SendDepth, c.SendSGE, doorbell.QPSend); err != nil {
 		return undo(err)
 	}
-	if err := qp.rq.init(qp, true, state[8:16], rqBytes, rqStride, c.RecvDepth, c.RecvSGE, doorbell.QPRecv); err != nil {
-		return undo(err)
+	if c.SRQ == nil {
+		if err := qp.rq.init(qp, true, state[8:16], rqBytes, rqStride, c.RecvDepth, c.RecvSGE, doorbell.QPRecv); err != nil {
+			return undo(err)
+		}
+	} else {
+		qp.rq = workQueue{name: fmt.Sprintf("QP %d", qp.qpn), qp: qp, recv: true} // empty: the SRQ receives
 	}
 	qp.state.Store(uint32(StateReset))
 	d.journal.add(kindQP, qp.handle)
@@ -217,6 +245,16 @@ func (pd *PD) CreateQP(ctx context.Context, cfg *QPConfig) (*QP, error) {
 }
 
 func (w *workQueue) init(qp *QP, recv bool, state, data []byte, stride, depth, maxSGE int, bit uint32) error {
+	if err := w.initQueue(fmt.Sprintf("QP %d", qp.qpn), qp.d, state, data, stride, depth, maxSGE, doorbell.OffsetQP, bit|qp.handle&doorbell.HandleMask); err != nil {
+		return err
+	}
+	w.qp, w.recv = qp, recv
+	return nil
+}
+
+// initQueue sets up a work queue over its ring state and data, ringing
+// value at offset of the device's doorbell page.
+func (w *workQueue) initQueue(name string, d *Device, state, data []byte, stride, depth, maxSGE, offset int, value uint32) error {
 	st, err := rings.NewState(state)
 	if err != nil {
 		return err
@@ -225,11 +263,12 @@ func (w *workQueue) init(qp *QP, recv bool, state, data []byte, stride, depth, m
 	if err != nil {
 		return err
 	}
-	db, err := doorbell.NewQueue(qp.d.uar, doorbell.OffsetQP, bit|qp.handle&doorbell.HandleMask, prod)
+	prod.SetName(name)
+	db, err := doorbell.NewQueue(d.uar, offset, value, prod)
 	if err != nil {
 		return err
 	}
-	*w = workQueue{qp: qp, recv: recv, prod: prod, db: db, data: data, stride: stride, maxSGE: maxSGE,
+	*w = workQueue{name: name, prod: prod, db: db, data: data, stride: stride, maxSGE: maxSGE,
 		wrids: make([]uint64, depth), mask: uint32(depth - 1)}
 	return nil
 }
@@ -276,6 +315,12 @@ func (d *Device) qpGeometry(pd *PD, cfg *QPConfig) (QPConfig, error) {
 	if !d.gidBound(c.GIDIndex) {
 		return c, invalidf("source GID index %d is not bound (BindGID)", c.GIDIndex)
 	}
+	if c.SRQ != nil {
+		if c.SRQ.pd != pd {
+			return c, invalidf("the SRQ belongs to another PD")
+		}
+		c.RecvDepth, c.RecvSGE = 1, 1
+	}
 	return c, nil
 }
 
@@ -288,10 +333,10 @@ func (qp *QP) Type() QPType { return qp.typ }
 // State returns the QP's state as the driver knows it.
 func (qp *QP) State() QPState { return QPState(qp.state.Load()) }
 
-// SendDepth and RecvDepth return the queue sizes.
+// SendDepth returns the send queue's size.
 func (qp *QP) SendDepth() int { return len(qp.sq.wrids) }
 
-// RecvDepth returns the receive queue's size.
+// RecvDepth returns the receive queue's size (0 for a QP with an SRQ).
 func (qp *QP) RecvDepth() int { return len(qp.rq.wrids) }
 
 // Outstanding returns how many sends and receives were posted and have not
@@ -299,8 +344,13 @@ func (qp *QP) RecvDepth() int { return len(qp.rq.wrids) }
 func (qp *QP) Outstanding() (send, recv int) { return qp.sq.outstanding(), qp.rq.outstanding() }
 
 // DoorbellStats returns the send and receive queues' post and doorbell
-// counts.
-func (qp *QP) DoorbellStats() (send, recv doorbell.Stats) { return qp.sq.db.Stats(), qp.rq.db.Stats() }
+// counts (receive: zero with an SRQ; see SRQ.DoorbellStats).
+func (qp *QP) DoorbellStats() (send, recv doorbell.Stats) {
+	if qp.rq.db != nil {
+		recv = qp.rq.db.Stats()
+	}
+	return qp.sq.db.Stats(), recv
+}
 
 // attrs returns a complete attribute block: QEMU takes the values it needs
 // from it whatever the mask says, so every call fills every field.
@@ -508,6 +558,9 @@ func (qp *QP) destroy(ctx context.Context) error {
 	qp.pd.hold(-1)
 	qp.sendCQ.hold(-1)
 	qp.recvCQ.hold(-1)
+	if qp.srq != nil {
+		qp.srq.detach()
+	}
 	// The rings are the device's no more; the FIFOs live on in the CQs'
 	// flush lists until drained.
 	return qp.buf.Close()

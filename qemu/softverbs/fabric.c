@@ -16,6 +16,11 @@
  *   NAK NOT_READY  no such QP, the QP is not receiving, or the sender is
  *              not its connected peer: the sender retries every
  *              transport timeout, retry_cnt times;
+ *   NAK NOT_YET    the QP exists and is still in RESET or INIT: its peer
+ *              is connecting it. The sender retries every 10 ms for up to
+ *              10 s, whatever retry_cnt says: on a loaded host a peer can
+ *              take longer than retry_cnt timeouts to reach RTR, and on
+ *              one host "not yet connected" is told apart from "gone";
  *   NAK INV_REQ / REM_OP  receive too small / receiver protection error.
  * Failing to resolve the destination GID or to reach the node, or losing
  * the connection while waiting, also counts as a transport retry, so a
@@ -375,6 +380,12 @@ static void sv_rc_rx(struct sv_conn *c, const struct sv_hdr *h, struct sv_buf *b
 	struct sv_qp *qp = sv_qp_find(h->dst_qpn);
 	enum sv_rx r;
 
+	if (qp && qp->ibv.qp_type == IBV_QPT_RC &&
+	    (qp->attr.qp_state == IBV_QPS_RESET || qp->attr.qp_state == IBV_QPS_INIT)) {
+		sv_send_reply(c->id, SV_F_NAK, SV_NAK_NOT_YET, h->src_qpn,
+			      h->dst_qpn, h->seq, 0);
+		return;
+	}
 	if (!qp || qp->ibv.qp_type != IBV_QPT_RC || !sv_qp_can_receive(qp) ||
 	    !sv_from_peer(qp, h)) {
 		sv_send_reply(c->id, SV_F_NAK, SV_NAK_NOT_READY, h->src_qpn,
@@ -434,9 +445,20 @@ static void sv_reply_in(const struct sv_hdr *h)
 		qp->retry_left = qp->attr.retry_cnt;
 		qp->rnr_left = qp->attr.rnr_retry;
 		qp->retry_at = 0;
+		qp->not_yet_until = 0;
 		return;
 	}
 	switch (h->syndrome) {
+	case SV_NAK_NOT_YET:
+		if (qp->not_yet_until == 0)
+			qp->not_yet_until = now + 10000000000ull;
+		if (now > qp->not_yet_until) {
+			sv_qp_fail(qp, w, IBV_WC_RETRY_EXC_ERR);
+			break;
+		}
+		w->state = SV_WQE_QUEUED;
+		qp->retry_at = now + 10000000ull;
+		break;
 	case SV_NAK_RNR:
 		sv_rc_retry(qp, w, 1, sv_rnr_us[h->rnr_timer & 31] * 1000ull, now);
 		break;

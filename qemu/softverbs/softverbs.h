@@ -231,6 +231,7 @@ struct sv_qp {
 	uint32_t sq_count, rq_count;
 	uint64_t retry_at;            /* RC: monotonic ns before which the head waits */
 	int retry_left, rnr_left;
+	uint64_t not_yet_until; /* while the peer QP is still connecting: give up after this */
 };
 
 /* ---- wire format between nodes ---- */
@@ -248,6 +249,7 @@ enum sv_frame_flags {
 enum sv_nak {
 	SV_NAK_RNR = 1,       /* no receive posted; rnr_timer says how long to wait */
 	SV_NAK_NOT_READY,     /* no such QP, or not able to receive: transport retry */
+	SV_NAK_NOT_YET,       /* the QP exists and is still being connected (RESET/INIT) */
 	SV_NAK_INV_REQ,       /* receive too small */
 	SV_NAK_REM_OP,        /* receiver failed locally (e.g. protection error) */
 };

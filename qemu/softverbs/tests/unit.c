@@ -1961,6 +1961,50 @@ out:
 		ibv_close_device(c);
 }
 
+/*
+ * A send to a peer QP that is still being connected (INIT) waits for it,
+ * longer than retry_cnt transport timeouts would allow: the peer reaches
+ * RTR 300 ms later, where retry_cnt 1 with a 10 ms timeout gave up after
+ * 20 ms. A peer that does not exist still fails after retry_cnt timeouts.
+ */
+static void t_rc_peer_late(void)
+{
+	struct conn_opts o = { 7, 1, 1, 1 };
+	struct pair p;
+	struct ibv_qp *x = NULL, *y = NULL;
+	struct ibv_wc wc[2];
+	uint64_t t0;
+
+	CHECK(pair_open(&p, IBV_QPT_RC, 4096, &o) == 0);
+	x = make_qp(p.pd, p.cq[0], IBV_QPT_RC, NULL, 16);
+	y = make_qp(p.pd, p.cq[1], IBV_QPT_RC, NULL, 16);
+	CHECK(x && y && qp_init(x) == 0 && qp_init(y) == 0);
+	CHECK(qp_connect(x, &p.gid, y->qp_num, &o) == 0);
+	memcpy(p.buf, "late", 4);
+	CHECK(post_send(x, 1, p.buf, 4, p.mr->lkey, IBV_SEND_SIGNALED, NULL, 0) == 0);
+	CHECK(poll_n(p.cq[0], wc, 1, 300) == 0); /* still waiting, not failed */
+	CHECK(post_recv(y, 2, p.buf + 100, 100, p.mr->lkey) == 0);
+	CHECK(qp_connect(y, &p.gid, x->qp_num, &o) == 0);
+	CHECK(poll_n(p.cq[0], wc, 1, 3000) == 1 && wc[0].wr_id == 1 &&
+	      wc[0].status == IBV_WC_SUCCESS);
+	CHECK(poll_n(p.cq[1], wc, 1, 3000) == 1 && wc[0].wr_id == 2 &&
+	      memcmp(p.buf + 100, "late", 4) == 0);
+	/* No such QP: retry_cnt timeouts, then RETRY_EXC_ERR. */
+	CHECK(ibv_destroy_qp(y) == 0);
+	y = NULL;
+	t0 = now_ms();
+	CHECK(post_send(x, 3, p.buf, 4, p.mr->lkey, IBV_SEND_SIGNALED, NULL, 0) == 0);
+	CHECK(poll_n(p.cq[0], wc, 1, 3000) == 1 && wc[0].wr_id == 3 &&
+	      wc[0].status == IBV_WC_RETRY_EXC_ERR);
+	CHECK(now_ms() - t0 < 1000);
+out:
+	if (x)
+		ibv_destroy_qp(x);
+	if (y)
+		ibv_destroy_qp(y);
+	pair_close(&p);
+}
+
 int main(int argc, char **argv)
 {
 	const char *f = getenv("SOFTVERBS_FABRIC");
@@ -1992,6 +2036,7 @@ int main(int argc, char **argv)
 	run("rc_inline", t_rc_inline);
 	run("rc_rnr_hold", t_rc_rnr_hold);
 	run("rc_rnr_exceeded", t_rc_rnr_exceeded);
+	run("rc_peer_late", t_rc_peer_late);
 	run("rc_stray_sender", t_rc_stray_sender);
 	run("uc_loopback", t_uc_loopback);
 	run("ud_loopback", t_ud_loopback);
