@@ -1,6 +1,6 @@
 module github.com/vfrdma/vfrdma
 
-go 1.26.8
+go 1.26.0
 
 require (
 	github.com/u-root/u-root v0.16.0

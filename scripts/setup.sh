@@ -20,7 +20,7 @@ pkgs=(
 
 die() { echo "setup: $*" >&2; exit 1; }
 [ "$(id -u)" = 0 ] || die "must run as root (apt-get, VFIO and QEMU need it); run: sudo make setup"
-command -v go >/dev/null || die "go is not on PATH: install Go 1.22 or newer"
+command -v go >/dev/null || die "go is not on PATH: install Go 1.26 or newer (go.mod needs it)"
 
 missing=()
 for p in "${pkgs[@]}"; do
