@@ -110,9 +110,7 @@ func (cq *CQ) Entries() int { return cq.entries }
 
 // Close destroys the CQ and frees its ring. It is idempotent.
 func (cq *CQ) Close() error {
-	ctx, cancel := context.WithTimeout(context.Background(), cq.d.opt.CommandTimeout)
-	defer cancel()
-	return cq.d.opErr("destroy CQ", cq.destroy(ctx))
+	return cq.d.closeObject("destroy CQ", cq.destroy)
 }
 
 func (cq *CQ) destroy(ctx context.Context) error {

@@ -529,6 +529,14 @@ func (d *Device) GIDs() map[int]GID {
 	return m
 }
 
+// closeObject runs an object's destroy with the command timeout, for its
+// Close.
+func (d *Device) closeObject(op string, destroy func(context.Context) error) error {
+	ctx, cancel := context.WithTimeout(context.Background(), d.opt.CommandTimeout)
+	defer cancel()
+	return d.opErr(op, destroy(ctx))
+}
+
 func (d *Device) check() error {
 	d.mu.Lock()
 	defer d.mu.Unlock()

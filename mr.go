@@ -196,9 +196,7 @@ func (mr *MR) contains(addr uint64, n uint32) bool {
 // mapping (RegisterMR's). It is idempotent. Work requests still naming the
 // MR must have completed.
 func (mr *MR) Close() error {
-	ctx, cancel := context.WithTimeout(context.Background(), mr.pd.d.opt.CommandTimeout)
-	defer cancel()
-	return mr.pd.d.opErr("deregister MR", mr.destroy(ctx))
+	return mr.pd.d.closeObject("deregister MR", mr.destroy)
 }
 
 func (mr *MR) destroy(ctx context.Context) error {

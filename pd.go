@@ -55,9 +55,7 @@ func (pd *PD) Handle() uint32 { return pd.handle }
 // Close destroys the PD. It is idempotent. A PD whose MRs or QPs are still
 // open is not destroyed: that is ErrBusy.
 func (pd *PD) Close() error {
-	ctx, cancel := context.WithTimeout(context.Background(), pd.d.opt.CommandTimeout)
-	defer cancel()
-	return pd.d.opErr("destroy PD", pd.destroy(ctx))
+	return pd.d.closeObject("destroy PD", pd.destroy)
 }
 
 func (pd *PD) destroy(ctx context.Context) error {

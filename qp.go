@@ -537,9 +537,7 @@ func (qp *QP) startFlush() {
 // WR_FLUSH_ERR on their CQs (poll them after Close); the CQs keep what
 // they need for that. It is idempotent.
 func (qp *QP) Close() error {
-	ctx, cancel := context.WithTimeout(context.Background(), qp.d.opt.CommandTimeout)
-	defer cancel()
-	return qp.d.opErr("destroy QP", qp.destroy(ctx))
+	return qp.d.closeObject("destroy QP", qp.destroy)
 }
 
 func (qp *QP) destroy(ctx context.Context) error {

@@ -171,9 +171,7 @@ func (s *SRQ) Flush() error { return s.wq.db.Flush() }
 // otherwise). As with verbs, receives still posted are discarded: they make
 // no completion. It is idempotent.
 func (s *SRQ) Close() error {
-	ctx, cancel := context.WithTimeout(context.Background(), s.d.opt.CommandTimeout)
-	defer cancel()
-	return s.d.opErr("destroy SRQ", s.destroy(ctx))
+	return s.d.closeObject("destroy SRQ", s.destroy)
 }
 
 func (s *SRQ) destroy(ctx context.Context) error {
