@@ -11,6 +11,7 @@ import (
 	"github.com/vfrdma/vfrdma/firmware"
 	"github.com/vfrdma/vfrdma/rings"
 	"github.com/vfrdma/vfrdma/vfio"
+	"github.com/vfrdma/vfrdma/wq"
 )
 
 // CQESize is the size of one completion-queue element.
@@ -35,7 +36,7 @@ type CQ struct {
 
 	flushPending atomic.Bool
 	fmu          sync.Mutex
-	flushing     []*workQueue // queues whose rest this CQ completes with WR_FLUSH_ERR
+	flushing     []flushSource // queues whose rest this CQ completes with WR_FLUSH_ERR
 
 	mu     sync.Mutex
 	closed bool
@@ -223,43 +224,52 @@ func (cq *CQ) Poll(wcs []WC) (int, error) {
 	return n, nil
 }
 
-// account pops the completed request from its queue's FIFO. It reports
-// false for a completion of nothing outstanding: a late one for a request
-// already flushed, or one for no QP of this driver.
+// account removes the completed request from what its queue has
+// outstanding. It reports false for a completion of nothing outstanding: a
+// late one for a request already flushed, or one for no QP of this driver.
 func (cq *CQ) account(e *rings.CQE) bool {
-	qp := cq.d.qpns.lookup(uint32(e.QP))
+	qp := cq.d.qpns.Lookup(uint32(e.QP))
 	if qp == nil {
 		return false
 	}
-	w := &qp.sq
-	if e.Opcode&rings.WCRecv != 0 {
-		w = &qp.rq
-		if qp.srq != nil {
-			w = &qp.srq.wq
-		}
+	if e.Opcode&rings.WCRecv == 0 {
+		return qp.sq.Complete(e.WRID)
 	}
-	head := w.head.Load()
-	out := w.tailP.Load() - head
-	for k := uint32(0); k < out; k++ {
-		if w.wrids[(head+k)&w.mask] == e.WRID {
-			// In order, k is 0. Otherwise keep the FIFO dense: the
-			// completed one trades places with the head.
-			if k != 0 {
-				i, j := (head+k)&w.mask, head&w.mask
-				w.wrids[i], w.wrids[j] = w.wrids[j], w.wrids[i]
-			}
-			w.head.Store(head + 1)
-			return true
-		}
+	if qp.srqm != nil {
+		return qp.srq.q.Complete(qp.srqm, e.WRID)
 	}
-	return false
+	return qp.rq.Complete(e.WRID)
 }
 
-// addFlush makes the CQ complete w's outstanding requests with
+// flushSource is a queue whose outstanding requests a CQ completes with
+// WR_FLUSH_ERR: a destroyed (or failed) QP's send or receive queue, or a
+// destroyed SRQ's receives (srq set, qp nil).
+type flushSource struct {
+	qp  *QP
+	w   *wq.Queue
+	srq *SRQ
+	op  WCOpcode
+}
+
+func (f *flushSource) pop() (uint64, bool) {
+	if f.srq != nil {
+		return f.srq.q.PopFlush()
+	}
+	return f.w.PopFlush()
+}
+
+func (f *flushSource) remaining() int {
+	if f.srq != nil {
+		return f.srq.q.Available()
+	}
+	return f.w.OutstandingP()
+}
+
+// addFlush makes the CQ complete f's outstanding requests with
 // WR_FLUSH_ERR.
-func (cq *CQ) addFlush(w *workQueue) {
+func (cq *CQ) addFlush(f flushSource) {
 	cq.fmu.Lock()
-	cq.flushing = append(cq.flushing, w)
+	cq.flushing = append(cq.flushing, f)
 	cq.fmu.Unlock()
 	cq.flushPending.Store(true)
 	cq.d.notify.signal(cq) // a waiter has something to poll
@@ -271,23 +281,26 @@ func (cq *CQ) emitFlushes(wcs []WC) int {
 	defer cq.fmu.Unlock()
 	n := 0
 	for len(cq.flushing) > 0 && n < len(wcs) {
-		w := cq.flushing[0]
-		for w.outstandingP() > 0 && n < len(wcs) {
-			head := w.head.Load()
-			op := WCSend
-			if w.recv {
-				op = WCRecv
+		f := &cq.flushing[0]
+		var qpn uint32
+		if f.qp != nil {
+			qpn = f.qp.qpn
+		}
+		for n < len(wcs) {
+			id, ok := f.pop()
+			if !ok {
+				break
 			}
-			wcs[n] = WC{WRID: w.wrids[head&w.mask], Status: WCFlushErr, Opcode: op, QPN: w.qp.qpn}
-			w.head.Store(head + 1)
+			wcs[n] = WC{WRID: id, Status: WCFlushErr, Opcode: f.op, QPN: qpn}
 			n++
 		}
-		if w.outstandingP() > 0 {
+		if f.remaining() > 0 {
 			break
 		}
+		qp := f.qp
 		cq.flushing = cq.flushing[1:]
-		if w.qp.sq.outstandingP() == 0 && w.qp.rq.outstandingP() == 0 && w.qp.State() == StateErr {
-			cq.d.forgetQPN(w.qp)
+		if qp != nil && qp.sq.OutstandingP() == 0 && qp.rq.OutstandingP() == 0 && qp.State() == StateErr {
+			cq.d.forgetQPN(qp)
 		}
 	}
 	if len(cq.flushing) == 0 {

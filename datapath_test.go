@@ -2,12 +2,15 @@ package vfrdma
 
 import (
 	"encoding/binary"
-	"errors"
 	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/vfrdma/vfrdma/doorbell"
 	"github.com/vfrdma/vfrdma/mmio"
 	"github.com/vfrdma/vfrdma/rings"
+	"github.com/vfrdma/vfrdma/wq"
 )
 
 // fixture is a QP and a CQ over ordinary memory, with a fake device that
@@ -29,25 +32,19 @@ func newFixture(t testing.TB, typ QPType, depth int) *fixture {
 	t.Helper()
 	f := &fixture{uarMem: make([]byte, 4096)}
 	uar, err := mmio.New(f.uarMem)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	d := &Device{name: "fake", opt: (&Options{StateDir: "-"}).withDefaults(), uar: uar, emulated: true, udMax: 4096,
 		pds: map[*PD]struct{}{}, cqs: map[*CQ]struct{}{}, mrs: map[*MR]struct{}{}, qps: map[*QP]struct{}{}, srqs: map[*SRQ]struct{}{}, binds: map[uint32]GID{}}
 	d.gidSet.set(0, true)
 	f.d = d
 	f.pd = &PD{d: d, handle: 1}
-	f.mr = &MR{pd: f.pd, handle: 3, lkey: 0x77, addr: 0x100000, mem: make([]byte, 1<<16)}
-	if err := d.addMR(f.mr); err != nil {
-		t.Fatal(err)
-	}
+	f.mr = &MR{pd: f.pd, handle: 3, lkey: 0x77, access: AccessLocalWrite, addr: 0x100000, mem: make([]byte, 1<<16)}
+	require.NoError(t, d.addMR(f.mr))
 
 	f.cqState = make([]byte, 16)
 	st, _ := rings.NewState(f.cqState[8:16])
 	cons, err := rings.NewConsumer(st, 4*depth)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	f.cqProd, _ = rings.NewProducer(st, 4*depth)
 	f.cq = &CQ{d: d, handle: 5, entries: 4 * depth, cons: cons, data: make([]byte, 4*depth*CQESize), wake: make(chan struct{}, 1)}
 
@@ -55,16 +52,10 @@ func newFixture(t testing.TB, typ QPType, depth int) *fixture {
 	qp := &QP{pd: f.pd, d: d, typ: typ, qpn: 0x42, handle: 0x42, sendCQ: f.cq, recvCQ: f.cq, udMax: d.udMax, qkey: 9}
 	sq := make([]byte, depth*rings.SendStride(4))
 	rq := make([]byte, depth*rings.RecvStride(4))
-	if err := qp.sq.init(qp, false, qpState[0:8], sq, rings.SendStride(4), depth, 4, doorbell.QPSend); err != nil {
-		t.Fatal(err)
-	}
-	if err := qp.rq.init(qp, true, qpState[8:16], rq, rings.RecvStride(4), depth, 4, doorbell.QPRecv); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, qp.initQueue(&qp.sq, qpState[0:8], sq, rings.SendStride(4), depth, 4, doorbell.QPSend))
+	require.NoError(t, qp.initQueue(&qp.rq, qpState[8:16], rq, rings.RecvStride(4), depth, 4, doorbell.QPRecv))
 	qp.state.Store(uint32(StateRTS))
-	if err := d.addQP(qp); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, d.addQP(qp))
 	f.qp = qp
 	s1, _ := rings.NewState(qpState[0:8])
 	s2, _ := rings.NewState(qpState[8:16])
@@ -84,17 +75,14 @@ func (f *fixture) device(t testing.TB, st uint32) int {
 	n := 0
 	var e rings.CQE
 	for _, q := range []struct {
-		c      *rings.Consumer
-		data   []byte
-		stride int
-		recv   bool
-	}{{f.sqCons, f.qp.sq.data, f.qp.sq.stride, false}, {f.rqCons, f.qp.rq.data, f.qp.rq.stride, true}} {
+		c    *rings.Consumer
+		w    *wq.Queue
+		recv bool
+	}{{f.sqCons, &f.qp.sq, false}, {f.rqCons, &f.qp.rq, true}} {
 		ready, err := q.c.Ready()
-		if err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, err)
 		for i := 0; i < ready; i++ {
-			slot := q.data[q.c.Slot(i)*q.stride:]
+			slot := q.w.Slot(q.c.Slot(i))
 			e = rings.CQE{WRID: binary.LittleEndian.Uint64(slot), QP: uint64(f.qp.qpn), Status: st}
 			if q.recv {
 				e.Opcode = rings.WCRecv
@@ -123,31 +111,23 @@ func TestDataPathAllocs(t *testing.T) {
 	rwrs := []RecvWR{{WRID: 1000, SGEs: sges[:1]}}
 	wcs := make([]WC, 64)
 	allocs := testing.AllocsPerRun(200, func() {
-		if _, err := f.qp.PostSend(wrs, 0); err != nil {
-			t.Fatal(err)
-		}
-		if _, err := f.qp.PostRecv(rwrs, FlagDefer); err != nil {
-			t.Fatal(err)
-		}
-		if err := f.qp.Flush(); err != nil {
-			t.Fatal(err)
-		}
+		_, err := f.qp.PostSend(wrs, 0)
+		require.NoError(t, err)
+		_, err = f.qp.PostRecv(rwrs, FlagDefer)
+		require.NoError(t, err)
+		require.NoError(t, f.qp.Flush())
 		f.device(t, 0)
 		total := 0
 		for total < 33 {
 			n, err := f.cq.Poll(wcs)
-			if err != nil || n == 0 {
-				t.Fatalf("poll: %d, %v", n, err)
-			}
+			require.NoError(t, err)
+			require.NotZero(t, n, "poll found nothing")
 			total += n
 		}
-		if n, _ := f.cq.Poll(wcs); n != 0 { // the empty poll, too
-			t.Fatal("extra completions")
-		}
+		n, _ := f.cq.Poll(wcs) // the empty poll, too
+		require.Zero(t, n, "extra completions")
 	})
-	if allocs != 0 {
-		t.Fatalf("post+poll allocates %v times per round", allocs)
-	}
+	assert.Zero(t, allocs, "post+poll allocations per round")
 }
 
 // Every request is checked before it touches the ring; a refused one stops
@@ -156,62 +136,67 @@ func TestPostValidation(t *testing.T) {
 	f := newFixture(t, RC, 8)
 	good := []SGE{f.sge(0, 16)}
 	other := &MR{pd: &PD{d: f.d, handle: 2}, lkey: 0x99, addr: 0x900000, mem: make([]byte, 4096)}
-	f.d.addMR(other)
+	require.NoError(t, f.d.addMR(other))
 	for _, tc := range []struct {
 		name string
 		wr   SendWR
 		want error
 	}{
-		{"bad lkey", SendWR{SGEs: []SGE{{Addr: f.mr.Addr(), Length: 8, LKey: 0x1234}}}, ErrInvalid},
+		{"bad lkey", SendWR{SGEs: []SGE{{Addr: f.mr.Addr(), Length: 8, LKey: 0x1234}}}, ErrPrivileges},
 		{"outside the MR", SendWR{SGEs: []SGE{f.sge(1<<16-8, 16)}}, ErrInvalid},
 		{"before the MR", SendWR{SGEs: []SGE{{Addr: f.mr.Addr() - 1, Length: 8, LKey: f.mr.LKey()}}}, ErrInvalid},
-		{"another PD's MR", SendWR{SGEs: []SGE{{Addr: other.addr, Length: 8, LKey: other.lkey}}}, ErrInvalid},
+		{"another PD's MR", SendWR{SGEs: []SGE{{Addr: other.addr, Length: 8, LKey: other.lkey}}}, ErrProtection},
 		{"five SGEs", SendWR{SGEs: []SGE{good[0], good[0], good[0], good[0], good[0]}}, ErrInvalid},
 		{"RDMA write on QEMU", SendWR{Opcode: OpRDMAWrite, SGEs: good}, ErrNotSupported},
 		{"unknown opcode", SendWR{Opcode: 77, SGEs: good}, ErrNotSupported},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			before := f.qp.sq.tail
+			before := f.qp.sq.Posted()
 			wrs := []SendWR{{WRID: 1, SGEs: good}, tc.wr}
 			wrs[1].WRID = 2
 			n, err := f.qp.PostSend(wrs, FlagDefer)
+			assert.Equal(t, 1, n, "requests posted")
 			var pe *PostError
-			if n != 1 || !errors.As(err, &pe) || pe.Index != 1 || pe.WRID != 2 || !errors.Is(err, tc.want) {
-				t.Fatalf("PostSend = %d, %v; want 1 posted and a PostError for request 1 wrapping %v", n, err, tc.want)
-			}
-			if f.qp.sq.tail != before+1 {
-				t.Fatalf("%d WQEs written, want 1", f.qp.sq.tail-before)
-			}
+			require.ErrorAs(t, err, &pe)
+			assert.Equal(t, 1, pe.Index)
+			assert.Equal(t, uint64(2), pe.WRID)
+			assert.ErrorIs(t, err, tc.want)
+			assert.Equal(t, before+1, f.qp.sq.Posted(), "WQEs written")
 			// The deferred request went to the device with the failure.
-			if f.qp.sq.db.Pending() != 0 || f.lastDoorbell() != doorbell.QPSend|0x42 {
-				t.Fatalf("after the failure: %d pending, doorbell %#x", f.qp.sq.db.Pending(), f.lastDoorbell())
-			}
-			if got := f.device(t, 0); got != 1 {
-				t.Fatalf("the device got %d WQEs, want 1", got)
-			}
+			assert.Zero(t, f.qp.sq.Doorbell().Pending(), "pending after the failure")
+			assert.Equal(t, uint32(doorbell.QPSend|0x42), f.lastDoorbell())
+			require.Equal(t, 1, f.device(t, 0), "WQEs the device got")
 			wcs := make([]WC, 4)
-			if n, _ := f.cq.Poll(wcs); n != 1 || wcs[0].WRID != 1 {
-				t.Fatalf("completions %+v", wcs[:n])
-			}
+			n, _ = f.cq.Poll(wcs)
+			require.Equal(t, 1, n)
+			assert.Equal(t, uint64(1), wcs[0].WRID)
 		})
 	}
+	// A receive needs local write on its MR; a send does not.
+	ro := &MR{pd: f.pd, lkey: 0x55, addr: 0x700000, mem: make([]byte, 4096)}
+	require.NoError(t, f.d.addMR(ro))
+	_, err := f.qp.PostRecv([]RecvWR{{SGEs: []SGE{ro.SGE(0, 64)}}}, 0)
+	assert.ErrorIs(t, err, ErrPrivileges, "receive into an MR without local write")
+	_, err = f.qp.PostSend([]SendWR{{WRID: 7, SGEs: []SGE{ro.SGE(0, 64)}}}, 0)
+	assert.NoError(t, err, "send from an MR without local write")
+	f.device(t, 0)
+	n, _ := f.cq.Poll(make([]WC, 4))
+	require.Equal(t, 1, n)
 	// State and room.
 	f.qp.state.Store(uint32(StateInit))
-	if _, err := f.qp.PostSend([]SendWR{{SGEs: good}}, 0); !errors.Is(err, ErrQPState) {
-		t.Fatalf("send in INIT: %v", err)
-	}
+	_, err = f.qp.PostSend([]SendWR{{SGEs: good}}, 0)
+	assert.ErrorIs(t, err, ErrQPState, "send in INIT")
 	f.qp.state.Store(uint32(StateRTS))
 	wrs := make([]SendWR, 9)
 	for i := range wrs {
 		wrs[i] = SendWR{WRID: uint64(100 + i), SGEs: good}
 	}
-	if n, err := f.qp.PostSend(wrs, 0); n != 8 || !errors.Is(err, ErrQueueFull) {
-		t.Fatalf("nine sends into a queue of eight: %d, %v", n, err)
-	}
+	n, err = f.qp.PostSend(wrs, 0)
+	assert.Equal(t, 8, n, "nine sends into a queue of eight")
+	assert.ErrorIs(t, err, ErrQueueFull)
 	f.qp.state.Store(uint32(StateErr))
-	if _, err := f.qp.PostRecv([]RecvWR{{SGEs: good}}, 0); !errors.Is(err, ErrQPState) {
-		t.Fatalf("receive in ERR: %v", err)
-	}
+	_, err = f.qp.PostRecv([]RecvWR{{SGEs: good}}, 0)
+	assert.ErrorIs(t, err, ErrQPState, "receive in ERR")
 }
 
 // Flushed requests complete once each, after the device's own completions;
@@ -220,9 +205,8 @@ func TestFlushExactlyOnce(t *testing.T) {
 	f := newFixture(t, RC, 16)
 	good := []SGE{f.sge(0, 16)}
 	for i := 0; i < 6; i++ {
-		if _, err := f.qp.PostSend([]SendWR{{WRID: uint64(i), SGEs: good}}, 0); err != nil {
-			t.Fatal(err)
-		}
+		_, err := f.qp.PostSend([]SendWR{{WRID: uint64(i), SGEs: good}}, 0)
+		require.NoError(t, err)
 	}
 	// The device completes the first two; then the QP is destroyed.
 	var e rings.CQE
@@ -236,29 +220,25 @@ func TestFlushExactlyOnce(t *testing.T) {
 	f.qp.startFlush()
 	wcs := make([]WC, 16)
 	n, err := f.cq.Poll(wcs)
-	if err != nil || n != 6 {
-		t.Fatalf("poll after the flush: %d, %v", n, err)
-	}
+	require.NoError(t, err)
+	require.Equal(t, 6, n, "completions after the flush")
 	for i, wc := range wcs[:n] {
 		wantSt := WCSuccess
 		if i >= 2 {
 			wantSt = WCFlushErr
 		}
-		if wc.WRID != uint64(i) || wc.Status != wantSt {
-			t.Fatalf("completion %d: %+v, want wr_id %d %v", i, wc, i, wantSt)
-		}
+		assert.Equal(t, uint64(i), wc.WRID, "completion %d", i)
+		assert.Equal(t, wantSt, wc.Status, "completion %d", i)
 	}
 	// A late completion of a flushed request: dropped, counted.
 	e = rings.CQE{WRID: 4, QP: uint64(f.qp.qpn)}
 	rings.PutCQE(f.cq.data[f.cqProd.Next(0)*CQESize:], &e)
 	f.cqProd.Advance(1)
 	f.cqProd.Publish()
-	if n, _ := f.cq.Poll(wcs); n != 0 || f.cq.Stats().Dropped != 1 {
-		t.Fatalf("late completion: %d returned, stats %+v", n, f.cq.Stats())
-	}
-	if f.d.qpns.lookup(f.qp.qpn) != nil {
-		t.Fatal("the drained QP is still in the QPN table")
-	}
+	n, _ = f.cq.Poll(wcs)
+	assert.Zero(t, n, "a late completion is not returned")
+	assert.Equal(t, uint64(1), f.cq.Stats().Dropped, "late completions dropped")
+	assert.Nil(t, f.d.qpns.Lookup(f.qp.qpn), "the drained QP is still in the QPN table")
 }
 
 // A device index out of range is a typed fault, and nothing is consumed.
@@ -266,9 +246,8 @@ func TestPollDeviceFault(t *testing.T) {
 	f := newFixture(t, RC, 8)
 	// Corrupt prod_tail: far beyond the ring.
 	binary.LittleEndian.PutUint32(f.cqState[8:], 0xdead)
-	if _, err := f.cq.Poll(make([]WC, 4)); !errors.Is(err, ErrDeviceFault) {
-		t.Fatalf("poll of a corrupt index: %v, want ErrDeviceFault", err)
-	}
+	_, err := f.cq.Poll(make([]WC, 4))
+	assert.ErrorIs(t, err, ErrDeviceFault, "poll of a corrupt index")
 }
 
 // BenchmarkPostPoll times the driver's whole data path per message on

@@ -8,6 +8,7 @@ import (
 
 	"github.com/vfrdma/vfrdma/firmware"
 	"github.com/vfrdma/vfrdma/vfio"
+	"github.com/vfrdma/vfrdma/wq"
 )
 
 // Access are the rights an MR grants.
@@ -31,11 +32,13 @@ type MR struct {
 	handle uint32
 	lkey   uint32
 	rkey   uint32
+	access Access
 	addr   uint64 // the MR's address space base (its IOVA)
 	mem    []byte
 	own    *vfio.DMABuffer // AllocMR's memory, or nil
 	mapped bool            // RegisterMR mapped mem at addr itself
 	pdir   *vfio.DMABuffer // directory and tables
+	region wq.Region       // what the post path checks SGEs against
 
 	mu     sync.Mutex
 	closed bool
@@ -149,7 +152,7 @@ func (pd *PD) register(ctx context.Context, mem []byte, iova uint64, access Acce
 		pdir.Close()
 		return nil, err
 	}
-	mr := &MR{pd: pd, handle: resp.MRHandle, lkey: resp.LKey, rkey: resp.RKey, addr: iova, mem: mem, pdir: pdir}
+	mr := &MR{pd: pd, handle: resp.MRHandle, lkey: resp.LKey, rkey: resp.RKey, access: access, addr: iova, mem: mem, pdir: pdir}
 	d.journal.add(kindMR, mr.handle)
 	if err := d.addMR(mr); err != nil {
 		d.ch.DestroyMR(ctx, mr.handle)
@@ -185,11 +188,6 @@ func (mr *MR) Handle() uint32 { return mr.handle }
 // MR. It does not check the range; posting does.
 func (mr *MR) SGE(off, n int) SGE {
 	return SGE{Addr: mr.addr + uint64(off), Length: uint32(n), LKey: mr.lkey}
-}
-
-// contains reports whether [addr, addr+n) lies inside the MR.
-func (mr *MR) contains(addr uint64, n uint32) bool {
-	return addr >= mr.addr && addr-mr.addr <= uint64(len(mr.mem)) && uint64(n) <= uint64(len(mr.mem))-(addr-mr.addr)
 }
 
 // Close deregisters the MR and releases its memory (AllocMR's) or its IOMMU

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/vfrdma/vfrdma/rings"
+	"github.com/vfrdma/vfrdma/wq"
 )
 
 // Opcode is a send work request's operation.
@@ -57,33 +58,14 @@ type SendWR struct {
 	RemoteQKey uint32
 }
 
-// RecvWR is a receive work request.
-type RecvWR struct {
-	WRID uint64
-	SGEs []SGE
-}
+// RecvWR is a receive work request. No SGEs is a zero-size receive.
+type RecvWR = wq.RecvWR
 
 // PostError is the error of a post that refused a work request: the ones
 // before it in the call were posted (and, with every earlier deferred one,
 // handed to the device); this one and the ones after it were not, and make
 // no completion.
-type PostError struct {
-	Queue string // "QP 17", "SRQ 3"
-	Index int    // the refused request's index in the call (-1: the doorbell itself failed)
-	WRID  uint64 // its wr_id
-	Err   error
-}
-
-func (e *PostError) Error() string {
-	return fmt.Sprintf("vfrdma post on %s: work request %d (wr_id %#x): %v", e.Queue, e.Index, e.WRID, e.Err)
-}
-
-// Unwrap returns the cause.
-func (e *PostError) Unwrap() error { return e.Err }
-
-// ErrQueueFull reports a work queue with no room: as many requests are
-// outstanding (posted and not yet polled from the CQ) as it holds.
-var ErrQueueFull = errors.New("vfrdma: queue full")
+type PostError = wq.PostError
 
 // PostSend posts wrs to the send queue, in order, as one chain: unless
 // flags has FlagDefer, one doorbell hands the chain, and every request
@@ -95,10 +77,10 @@ var ErrQueueFull = errors.New("vfrdma: queue full")
 func (qp *QP) PostSend(wrs []SendWR, flags PostFlags) (int, error) {
 	w := &qp.sq
 	if qp.State() != StateRTS {
-		return 0, w.fail(0, wrID(wrs, nil, 0), fmt.Errorf("%w: sends need RTS, the QP is %v", ErrQPState, qp.State()))
+		return 0, w.Fail(0, wrID(wrs, nil, 0), fmt.Errorf("%w: sends need RTS, the QP is %v", ErrQPState, qp.State()))
 	}
-	if _, err := w.prod.Free(); err != nil {
-		return 0, w.fail(0, wrID(wrs, nil, 0), err)
+	if err := w.CheckRing(); err != nil {
+		return 0, w.Fail(0, wrID(wrs, nil, 0), err)
 	}
 	emulated := qp.d.emulated
 	var wqe rings.SendWQE
@@ -106,10 +88,10 @@ func (qp *QP) PostSend(wrs []SendWR, flags PostFlags) (int, error) {
 	for i := range wrs {
 		wr := &wrs[i]
 		if err := qp.checkSend(wr, emulated); err != nil {
-			return i, w.fail(i, wr.WRID, err)
+			return i, w.Fail(i, wr.WRID, err)
 		}
-		if w.outstanding() >= len(w.wrids) {
-			return i, w.fail(i, wr.WRID, ErrQueueFull)
+		if w.Outstanding() >= w.Slots() {
+			return i, w.Fail(i, wr.WRID, ErrQueueFull)
 		}
 		wqe = rings.SendWQE{WRID: wr.WRID, Opcode: wireOpcode[wr.Opcode], Flags: uint32(wr.Flags), Imm: wr.Imm, SGEs: wr.SGEs, GIDIndex: qp.gidIdx}
 		if qp.typ == UD {
@@ -119,9 +101,9 @@ func (qp *QP) PostSend(wrs []SendWR, flags PostFlags) (int, error) {
 			wqe.UD = &ud
 			wqe.GIDIndex = ah.sgidIndex
 		}
-		w.write(&wqe, nil, wr.WRID)
+		w.PutSend(&wqe)
 	}
-	return len(wrs), w.end(flags)
+	return len(wrs), w.End(flags&FlagDefer != 0)
 }
 
 // PostRecv posts wrs to the receive queue as one chain, like PostSend.
@@ -132,75 +114,36 @@ func (qp *QP) PostRecv(wrs []RecvWR, flags PostFlags) (int, error) {
 	if qp.srq != nil {
 		// No doorbell either: QEMU would index a receive ring that does
 		// not exist.
-		return 0, &PostError{Queue: w.name, WRID: wrID(nil, wrs, 0), Err: invalidf("the QP receives from SRQ %d: post receives there", qp.srq.handle)}
+		return 0, &PostError{Queue: w.Name(), WRID: wrID(nil, wrs, 0), Err: invalidf("the QP receives from SRQ %d: post receives there", qp.srq.handle)}
 	}
 	switch st := qp.State(); st {
 	case StateInit, StateRTR, StateRTS:
 	default:
-		return 0, w.fail(0, wrID(nil, wrs, 0), fmt.Errorf("%w: receives need INIT, RTR or RTS, the QP is %v", ErrQPState, st))
+		return 0, w.Fail(0, wrID(nil, wrs, 0), fmt.Errorf("%w: receives need INIT, RTR or RTS, the QP is %v", ErrQPState, st))
 	}
-	if _, err := w.prod.Free(); err != nil {
-		return 0, w.fail(0, wrID(nil, wrs, 0), err)
+	if err := w.CheckRing(); err != nil {
+		return 0, w.Fail(0, wrID(nil, wrs, 0), err)
 	}
 	for i := range wrs {
 		wr := &wrs[i]
-		total, err := checkSGEs(qp.d, qp.pd, wr.SGEs, w.maxSGE)
+		total, err := wq.CheckSGEs(&qp.d.lkeys, qp.pd.handle, wr.SGEs, w.MaxSGE(), true)
 		if err == nil && qp.typ == UD && total < UDHeaderRoom {
 			err = invalidf("a UD receive of %d bytes cannot hold the %d-byte header room", total, UDHeaderRoom)
 		}
 		if err != nil {
-			return i, w.fail(i, wr.WRID, err)
+			return i, w.Fail(i, wr.WRID, err)
 		}
-		if w.outstanding() >= len(w.wrids) {
-			return i, w.fail(i, wr.WRID, ErrQueueFull)
+		if w.Outstanding() >= w.Slots() {
+			return i, w.Fail(i, wr.WRID, ErrQueueFull)
 		}
-		w.write(nil, wr.SGEs, wr.WRID)
+		w.PutRecv(wr.WRID, wr.SGEs)
 	}
-	return len(wrs), w.end(flags)
+	return len(wrs), w.End(flags&FlagDefer != 0)
 }
 
 // Flush rings the doorbells of whatever deferred requests the QP holds.
 func (qp *QP) Flush() error {
-	err := qp.sq.db.Flush()
-	if qp.rq.db != nil { // nil with an SRQ
-		err = errors.Join(err, qp.rq.db.Flush())
-	}
-	return err
-}
-
-// write puts one WQE in the next slot and records its wr_id.
-func (w *workQueue) write(s *rings.SendWQE, recv []SGE, wrID uint64) {
-	slot := w.prod.Next(0)
-	b := w.data[slot*w.stride : (slot+1)*w.stride]
-	if s != nil {
-		rings.PutSendWQE(b, s)
-	} else {
-		rings.PutRecvWQE(b, wrID, recv)
-	}
-	w.wrids[w.tail&w.mask] = wrID
-	w.tail++
-	w.tailP.Store(w.tail)
-	w.prod.Advance(1)
-	w.db.Added(1)
-}
-
-// end closes a post call that succeeded.
-func (w *workQueue) end(flags PostFlags) error {
-	if err := w.db.Post(flags&FlagDefer != 0); err != nil {
-		return &PostError{Queue: w.name, Index: -1, Err: err}
-	}
-	return nil
-}
-
-// fail closes a post call that refused request i: what is pending
-// (earlier deferred calls, this call's requests before i) goes to the
-// device.
-func (w *workQueue) fail(i int, id uint64, cause error) error {
-	err := &PostError{Queue: w.name, Index: i, WRID: id, Err: cause}
-	if derr := w.db.Fail(); derr != nil {
-		err.Err = errors.Join(cause, derr)
-	}
-	return err
+	return errors.Join(qp.sq.Flush(), qp.rq.Flush())
 }
 
 // wrID returns the wr_id of request i of a call, or 0.
@@ -224,7 +167,7 @@ func (qp *QP) checkSend(wr *SendWR, emulated bool) error {
 	default:
 		return fmt.Errorf("%w: opcode %d", ErrNotSupported, wr.Opcode)
 	}
-	total, err := checkSGEs(qp.d, qp.pd, wr.SGEs, qp.sq.maxSGE)
+	total, err := wq.CheckSGEs(&qp.d.lkeys, qp.pd.handle, wr.SGEs, qp.sq.MaxSGE(), false)
 	if err != nil {
 		return err
 	}
@@ -243,27 +186,4 @@ func (qp *QP) checkSend(wr *SendWR, emulated bool) error {
 		return invalidf("the QP's source GID index %d is no longer bound", qp.gidIdx)
 	}
 	return nil
-}
-
-// checkSGEs checks the SGE count and that every SGE lies in an MR of pd;
-// it returns the total length.
-func checkSGEs(d *Device, pd *PD, sges []SGE, maxSGE int) (int, error) {
-	if len(sges) > maxSGE {
-		return 0, invalidf("%d SGEs: the queue takes at most %d", len(sges), maxSGE)
-	}
-	total := 0
-	for j := range sges {
-		s := &sges[j]
-		mr := d.lkeys.lookup(s.LKey)
-		switch {
-		case mr == nil:
-			return 0, invalidf("SGE %d: lkey %#x names no registered MR", j, s.LKey)
-		case mr.pd != pd:
-			return 0, invalidf("SGE %d: lkey %#x belongs to another PD", j, s.LKey)
-		case !mr.contains(s.Addr, s.Length):
-			return 0, invalidf("SGE %d: %d bytes at %#x fall outside the MR [%#x, %#x)", j, s.Length, s.Addr, mr.addr, mr.addr+uint64(len(mr.mem)))
-		}
-		total += int(s.Length)
-	}
-	return total, nil
 }

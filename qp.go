@@ -11,7 +11,9 @@ import (
 	"github.com/vfrdma/vfrdma/doorbell"
 	"github.com/vfrdma/vfrdma/firmware"
 	"github.com/vfrdma/vfrdma/rings"
+	"github.com/vfrdma/vfrdma/srq"
 	"github.com/vfrdma/vfrdma/vfio"
+	"github.com/vfrdma/vfrdma/wq"
 )
 
 // QPType is a queue pair's transport.
@@ -113,8 +115,9 @@ type QP struct {
 	sendCQ *CQ
 	recvCQ *CQ
 	srq    *SRQ
+	srqm   *srq.Member // its place in the SRQ's accounting
 	buf    *vfio.DMABuffer
-	sq, rq workQueue
+	sq, rq wq.Queue // rq is the empty queue with an SRQ
 	gidIdx uint8
 	qkey   uint32
 	udMax  int // UD payload limit
@@ -125,32 +128,6 @@ type QP struct {
 	closed    bool
 	devicesQP bool // the device still has the QP
 }
-
-// workQueue is a QP's send or receive queue, or an SRQ: its ring,
-// doorbell and the FIFO of work requests posted and not yet completed. The
-// poster owns tail; the CQ poller advances head.
-type workQueue struct {
-	name   string // "QP 17", "SRQ 3": for errors
-	qp     *QP    // nil for an SRQ
-	recv   bool
-	prod   *rings.Producer
-	db     *doorbell.Queue
-	data   []byte
-	stride int
-	maxSGE int
-	wrids  []uint64 // FIFO of outstanding wr_ids, len = ring size
-	mask   uint32
-	tail   uint32        // pushes (poster); published through tailPub
-	tailP  atomic.Uint32 // tail as the poller sees it
-	head   atomic.Uint32 // pops (poller)
-	flush  atomic.Bool   // the device will not complete the rest: flush it
-}
-
-// outstanding counts requests posted and not completed; the poster's view.
-func (w *workQueue) outstanding() int { return int(w.tail - w.head.Load()) }
-
-// outstandingP is the same count from the poller's side.
-func (w *workQueue) outstandingP() int { return int(w.tailP.Load() - w.head.Load()) }
 
 func pow2(n int) int { return 1 << bits.Len(uint(n-1)) }
 
@@ -173,18 +150,12 @@ func (pd *PD) CreateQP(ctx context.Context, cfg *QPConfig) (*QP, error) {
 	if c.SRQ != nil {
 		rqPages = 0 // no receive ring: the SRQ's
 		srqHandle = c.SRQ.handle
-		if err := c.SRQ.attach(c.RecvCQ); err != nil {
+		if err := c.SRQ.checkAttach(c.RecvCQ); err != nil {
 			return nil, d.opErr(op, err)
-		}
-	}
-	detach := func() {
-		if c.SRQ != nil {
-			c.SRQ.detach()
 		}
 	}
 	buf, err := d.allocRing(sqPages + rqPages)
 	if err != nil {
-		detach()
 		return nil, d.opErr(op, err)
 	}
 	resp, err := d.ch.CreateQP(ctx, firmware.CreateQPRequest{
@@ -204,7 +175,6 @@ func (pd *PD) CreateQP(ctx context.Context, cfg *QPConfig) (*QP, error) {
 		SRQHandle:    srqHandle,
 	})
 	if err != nil {
-		detach()
 		buf.Close()
 		return nil, d.opErr(op, err)
 	}
@@ -213,7 +183,9 @@ func (pd *PD) CreateQP(ctx context.Context, cfg *QPConfig) (*QP, error) {
 		udMax: d.udMax, devicesQP: true}
 	undo := func(err error) (*QP, error) {
 		d.ch.DestroyQP(ctx, qp.handle)
-		detach()
+		if qp.srqm != nil {
+			qp.srqm.Detach()
+		}
 		buf.Close()
 		return nil, d.opErr(op, err)
 	}
@@ -222,15 +194,20 @@ func (pd *PD) CreateQP(ctx context.Context, cfg *QPConfig) (*QP, error) {
 	state := bufPage(buf, ringPgState).Mem
 	sqBytes := buf.Mem[ringPgData*firmware.PageSize:][:sqPages*firmware.PageSize]
 	rqBytes := buf.Mem[(ringPgData+sqPages)*firmware.PageSize:][:rqPages*firmware.PageSize]
-	if err := qp.sq.init(qp, false, state[0:8], sqBytes, sqStride, c.SendDepth, c.SendSGE, doorbell.QPSend); err != nil {
+	if err := qp.initQueue(&qp.sq, state[0:8], sqBytes, sqStride, c.SendDepth, c.SendSGE, doorbell.QPSend); err != nil {
 		return undo(err)
 	}
 	if c.SRQ == nil {
-		if err := qp.rq.init(qp, true, state[8:16], rqBytes, rqStride, c.RecvDepth, c.RecvSGE, doorbell.QPRecv); err != nil {
+		if err := qp.initQueue(&qp.rq, state[8:16], rqBytes, rqStride, c.RecvDepth, c.RecvSGE, doorbell.QPRecv); err != nil {
 			return undo(err)
 		}
 	} else {
-		qp.rq = workQueue{name: fmt.Sprintf("QP %d", qp.qpn), qp: qp, recv: true} // empty: the SRQ receives
+		qp.rq.SetName(fmt.Sprintf("QP %d", qp.qpn)) // empty: the SRQ receives
+		m, err := c.SRQ.attach(qp)
+		if err != nil {
+			return undo(err)
+		}
+		qp.srqm = m
 	}
 	qp.state.Store(uint32(StateReset))
 	d.journal.add(kindQP, qp.handle)
@@ -244,33 +221,9 @@ func (pd *PD) CreateQP(ctx context.Context, cfg *QPConfig) (*QP, error) {
 	return qp, nil
 }
 
-func (w *workQueue) init(qp *QP, recv bool, state, data []byte, stride, depth, maxSGE int, bit uint32) error {
-	if err := w.initQueue(fmt.Sprintf("QP %d", qp.qpn), qp.d, state, data, stride, depth, maxSGE, doorbell.OffsetQP, bit|qp.handle&doorbell.HandleMask); err != nil {
-		return err
-	}
-	w.qp, w.recv = qp, recv
-	return nil
-}
-
-// initQueue sets up a work queue over its ring state and data, ringing
-// value at offset of the device's doorbell page.
-func (w *workQueue) initQueue(name string, d *Device, state, data []byte, stride, depth, maxSGE, offset int, value uint32) error {
-	st, err := rings.NewState(state)
-	if err != nil {
-		return err
-	}
-	prod, err := rings.NewProducer(st, depth)
-	if err != nil {
-		return err
-	}
-	prod.SetName(name)
-	db, err := doorbell.NewQueue(d.uar, offset, value, prod)
-	if err != nil {
-		return err
-	}
-	*w = workQueue{name: name, prod: prod, db: db, data: data, stride: stride, maxSGE: maxSGE,
-		wrids: make([]uint64, depth), mask: uint32(depth - 1)}
-	return nil
+// initQueue sets one of the QP's queues up over its ring.
+func (qp *QP) initQueue(w *wq.Queue, state, data []byte, stride, depth, maxSGE int, bit uint32) error {
+	return w.Init(fmt.Sprintf("QP %d", qp.qpn), qp.d.uar, state, data, stride, depth, maxSGE, doorbell.OffsetQP, bit|qp.handle&doorbell.HandleMask)
 }
 
 // qpGeometry validates cfg and fills in the defaults.
@@ -334,22 +287,55 @@ func (qp *QP) Type() QPType { return qp.typ }
 func (qp *QP) State() QPState { return QPState(qp.state.Load()) }
 
 // SendDepth returns the send queue's size.
-func (qp *QP) SendDepth() int { return len(qp.sq.wrids) }
+func (qp *QP) SendDepth() int { return qp.sq.Slots() }
 
 // RecvDepth returns the receive queue's size (0 for a QP with an SRQ).
-func (qp *QP) RecvDepth() int { return len(qp.rq.wrids) }
+func (qp *QP) RecvDepth() int { return qp.rq.Slots() }
 
 // Outstanding returns how many sends and receives were posted and have not
-// completed yet (polled from their CQ).
-func (qp *QP) Outstanding() (send, recv int) { return qp.sq.outstanding(), qp.rq.outstanding() }
+// completed yet (polled from their CQ). With an SRQ, recv is 0: see
+// RecvQuery.
+func (qp *QP) Outstanding() (send, recv int) { return qp.sq.Outstanding(), qp.rq.Outstanding() }
 
 // DoorbellStats returns the send and receive queues' post and doorbell
 // counts (receive: zero with an SRQ; see SRQ.DoorbellStats).
 func (qp *QP) DoorbellStats() (send, recv doorbell.Stats) {
-	if qp.rq.db != nil {
-		recv = qp.rq.db.Stats()
+	if db := qp.rq.Doorbell(); db != nil {
+		recv = db.Stats()
 	}
-	return qp.sq.db.Stats(), recv
+	return qp.sq.Doorbell().Stats(), recv
+}
+
+// Unknown is the value of a count the device cannot tell
+// (DAT_VALUE_UNKNOWN).
+const Unknown = srq.Unknown
+
+// RecvQuery is a QP's receive accounting (uDAPL dat_ep_recv_query).
+type RecvQuery struct {
+	// Allocated counts receive buffers the QP holds whose completions are
+	// not yet generated: without an SRQ, those posted and not completed;
+	// with an SRQ, Unknown (the device names a QP only in the completion).
+	Allocated int
+	// Span is how many more completions the QP can generate if every
+	// message it is receiving completes. It is never less than Allocated;
+	// Unknown with an SRQ.
+	Span int
+}
+
+// CanQueryRecv reports whether RecvQuery answers with counts rather than
+// Unknown: true for a QP with its own receive queue, false for a QP of an
+// SRQ (SRQ.Query has what each of those consumed).
+func (qp *QP) CanQueryRecv() bool { return qp.srq == nil }
+
+// RecvQuery returns the QP's receive accounting from one read of its
+// counters. Without an SRQ a buffer is allocated when posted; receives
+// complete in order, so the span is the allocation.
+func (qp *QP) RecvQuery() RecvQuery {
+	if qp.srq != nil {
+		return RecvQuery{Allocated: Unknown, Span: Unknown}
+	}
+	n := qp.rq.OutstandingP()
+	return RecvQuery{Allocated: n, Span: n}
 }
 
 // attrs returns a complete attribute block: QEMU takes the values it needs
@@ -370,8 +356,8 @@ func (qp *QP) attrs(state QPState, r *Remote, sqPSN uint32) firmware.QPAttr {
 		MaxRDAtomic:     1,
 		MaxDestRDAtomic: 1,
 		Cap: firmware.QPCap{
-			MaxSendWR: uint32(len(qp.sq.wrids)), MaxRecvWR: uint32(len(qp.rq.wrids)),
-			MaxSendSGE: uint32(qp.sq.maxSGE), MaxRecvSGE: uint32(qp.rq.maxSGE),
+			MaxSendWR: uint32(qp.sq.Slots()), MaxRecvWR: uint32(qp.rq.Slots()),
+			MaxSendSGE: uint32(qp.sq.MaxSGE()), MaxRecvSGE: uint32(qp.rq.MaxSGE()),
 		},
 		AH: firmware.AHAttr{
 			GRH:     firmware.GlobalRoute{SGIDIndex: qp.gidIdx, HopLimit: 1},
@@ -527,10 +513,10 @@ func (qp *QP) destroyOnDevice(ctx context.Context) error {
 // complete them with WR_FLUSH_ERR once the device's own completions for
 // the QP have been polled.
 func (qp *QP) startFlush() {
-	qp.sq.flush.Store(true)
-	qp.rq.flush.Store(true)
-	qp.sendCQ.addFlush(&qp.sq)
-	qp.recvCQ.addFlush(&qp.rq)
+	qp.sendCQ.addFlush(flushSource{qp: qp, w: &qp.sq, op: WCSend})
+	if qp.srq == nil {
+		qp.recvCQ.addFlush(flushSource{qp: qp, w: &qp.rq, op: WCRecv})
+	}
 }
 
 // Close destroys the QP. Work requests still outstanding complete with
@@ -556,8 +542,8 @@ func (qp *QP) destroy(ctx context.Context) error {
 	qp.pd.hold(-1)
 	qp.sendCQ.hold(-1)
 	qp.recvCQ.hold(-1)
-	if qp.srq != nil {
-		qp.srq.detach()
+	if qp.srqm != nil {
+		qp.srqm.Detach()
 	}
 	// The rings are the device's no more; the FIFOs live on in the CQs'
 	// flush lists until drained.

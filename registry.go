@@ -1,43 +1,10 @@
 package vfrdma
 
 import (
-	"maps"
 	"sync/atomic"
+
+	"github.com/vfrdma/vfrdma/wq"
 )
-
-// cowTable maps device keys (lkeys, QPNs) to objects for the hot paths:
-// readers load the current map without a lock and without allocating;
-// writers (control path) copy it, under the device mutex.
-type cowTable[V comparable] struct {
-	m atomic.Pointer[map[uint32]V]
-}
-
-func (t *cowTable[V]) lookup(k uint32) V {
-	if m := t.m.Load(); m != nil {
-		return (*m)[k]
-	}
-	var zero V
-	return zero
-}
-
-// set maps k to v; the caller holds the device mutex.
-func (t *cowTable[V]) set(k uint32, v V) {
-	next := map[uint32]V{}
-	if cur := t.m.Load(); cur != nil {
-		next = maps.Clone(*cur)
-	}
-	next[k] = v
-	t.m.Store(&next)
-}
-
-// remove drops k if it still maps to v; the caller holds the device mutex.
-func (t *cowTable[V]) remove(k uint32, v V) {
-	if cur := t.m.Load(); cur != nil && (*cur)[k] == v {
-		next := maps.Clone(*cur)
-		delete(next, k)
-		t.m.Store(&next)
-	}
-}
 
 func (d *Device) addMR(mr *MR) error {
 	d.mu.Lock()
@@ -45,7 +12,8 @@ func (d *Device) addMR(mr *MR) error {
 	if d.closed {
 		return ErrClosed
 	}
-	d.lkeys.set(mr.lkey, mr)
+	mr.region = wq.Region{PD: mr.pd.handle, Addr: mr.addr, Len: uint64(len(mr.mem)), Access: uint32(mr.access)}
+	d.lkeys.Set(mr.lkey, &mr.region)
 	d.mrs[mr] = struct{}{}
 	return nil
 }
@@ -53,7 +21,7 @@ func (d *Device) addMR(mr *MR) error {
 func (d *Device) removeMR(mr *MR) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.lkeys.remove(mr.lkey, mr)
+	d.lkeys.Remove(mr.lkey, &mr.region)
 	delete(d.mrs, mr)
 }
 
@@ -63,7 +31,7 @@ func (d *Device) addQP(qp *QP) error {
 	if d.closed {
 		return ErrClosed
 	}
-	d.qpns.set(qp.qpn, qp)
+	d.qpns.Set(qp.qpn, qp)
 	d.qps[qp] = struct{}{}
 	return nil
 }
@@ -80,7 +48,7 @@ func (d *Device) removeQP(qp *QP) {
 func (d *Device) forgetQPN(qp *QP) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	d.qpns.remove(qp.qpn, qp)
+	d.qpns.Remove(qp.qpn, qp)
 }
 
 // gidBits marks the bound GID indices for the post path.

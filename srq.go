@@ -8,18 +8,65 @@ import (
 	"github.com/vfrdma/vfrdma/doorbell"
 	"github.com/vfrdma/vfrdma/firmware"
 	"github.com/vfrdma/vfrdma/rings"
+	"github.com/vfrdma/vfrdma/srq"
 	"github.com/vfrdma/vfrdma/vfio"
 )
 
 // SRQConfig describes a shared receive queue. Zero fields mean defaults.
 type SRQConfig struct {
-	Depth int // receive entries (rounded up to a power of two; default 64)
-	SGE   int // SGEs per receive (1 to the device's max_srq_sge; default 1)
+	// Depth is how many receives it accepts, posted and not consumed
+	// (default 64). Resize changes it.
+	Depth int
+	// MaxDepth is the most Resize may grow it to: the ring the driver
+	// reserves at creation, rounded up to a power of two (default: Depth).
+	// The device cannot resize an SRQ (QEMU refuses MODIFY_SRQ max_wr, and
+	// so does Linux), so the ring is reserved whole up front.
+	MaxDepth int
+	// SGE is the SGEs per receive (1 to the device's max_srq_sge; default 1).
+	SGE int
+	// LowWatermark arms the low watermark at creation (0: disarmed); see
+	// SRQ.SetLowWatermark.
+	LowWatermark int
+	// OnLowWatermark, if set, receives each low-watermark event, on the
+	// goroutine whose CQ.Poll reaped the completion that crossed the line
+	// (or that armed it). It must not block. SRQ.LowWatermarkEvents is the
+	// channel alternative.
+	OnLowWatermark func(SRQEvent)
+	// CQ is the CQ of the SRQ's receive completions, where its flush
+	// completions go when it is closed (default: the receive CQ of the
+	// first QP created with it). On QEMU 7.2 every QP of the SRQ must use
+	// it as its receive CQ.
+	CQ *CQ
 }
 
-// SRQ is a shared receive queue: receives posted once, consumed by any QP
-// created with it (QPConfig.SRQ). PostRecv is single-owner; Close is safe
-// for concurrent use with other objects' methods.
+// SRQEvent is a low-watermark event: the receives available dropped below
+// the watermark.
+type SRQEvent = srq.Event
+
+// SRQSnapshot is a consistent view of an SRQ (uDAPL dat_srq_query): depth,
+// ring size, SGEs, watermark, receives available, and what each QP
+// consumed.
+type SRQSnapshot = srq.Snapshot
+
+// SRQQPView is one QP's part of an SRQSnapshot.
+type SRQQPView = srq.QPView
+
+// SRQ is a shared receive queue (uDAPL's SRQ semantics): receives posted
+// once, consumed by any QP created with it (QPConfig.SRQ); each QP's
+// receives complete in the order of its peer's sends, with no order across
+// QPs. Every receive posted completes exactly once: consumed by a QP, or
+// flushed (WR_FLUSH_ERR, QPN 0) on the SRQ's CQ when the SRQ is closed. A
+// QP of the SRQ that goes to ERR or is closed leaves the receives it did
+// not take on the SRQ, for the other QPs.
+//
+// An SRQ is safe for concurrent use: many goroutines may post to it while
+// CQ pollers report its completions.
+//
+// The low watermark is raised by the driver from its own counts, on every
+// device, when the CQ poll that reaps the crossing completion runs: QEMU
+// 7.2 never sends the device's SRQ-limit event, and the driver's counts are
+// exact. The device's own limit is not armed, so the event comes once per
+// arming whatever the device does.
 //
 // QEMU 7.2 stamps the receiving CQ into each SRQ receive when it is posted,
 // taking it from the most recently created QP of the SRQ. So on QEMU
@@ -30,12 +77,11 @@ type SRQ struct {
 	d      *Device
 	handle uint32
 	buf    *vfio.DMABuffer
-	wq     workQueue
+	q      *srq.Queue
 
 	mu     sync.Mutex
 	closed bool
-	qps    int // QPs using it
-	recvCQ *CQ // their receive CQ
+	cq     *CQ // the CQ of its receive completions, held; nil until known
 }
 
 // CreateSRQ creates a shared receive queue.
@@ -55,6 +101,9 @@ func (pd *PD) CreateSRQ(ctx context.Context, cfg *SRQConfig) (*SRQ, error) {
 	if c.Depth == 0 {
 		c.Depth = DefaultQueueDepth
 	}
+	if c.MaxDepth == 0 {
+		c.MaxDepth = c.Depth
+	}
 	if c.SGE == 0 {
 		c.SGE = 1
 	}
@@ -63,11 +112,20 @@ func (pd *PD) CreateSRQ(ctx context.Context, cfg *SRQConfig) (*SRQ, error) {
 	}
 	stride := rings.RecvStride(c.SGE)
 	limit := min(int(d.caps.MaxSRQWR), (maxQueuePages-1)*firmware.PageSize/stride)
-	if c.Depth < 1 || c.Depth > limit {
-		return nil, d.opErr(op, invalidf("SRQ depth %d: want 1 to %d", c.Depth, limit))
+	if c.MaxDepth < 1 || pow2(c.MaxDepth) > limit {
+		return nil, d.opErr(op, invalidf("SRQ maximum depth %d: want 1 to %d", c.MaxDepth, limit))
 	}
-	c.Depth = pow2(c.Depth)
-	pages := (c.Depth*stride + firmware.PageSize - 1) / firmware.PageSize
+	if c.Depth < 1 || c.Depth > c.MaxDepth {
+		return nil, d.opErr(op, invalidf("SRQ depth %d: want 1 to the maximum depth, %d", c.Depth, c.MaxDepth))
+	}
+	if c.LowWatermark < 0 || c.LowWatermark > c.Depth {
+		return nil, d.opErr(op, invalidf("low watermark %d: want 0 to the depth, %d", c.LowWatermark, c.Depth))
+	}
+	if c.CQ != nil && c.CQ.d != d {
+		return nil, d.opErr(op, invalidf("the CQ belongs to another device"))
+	}
+	slots := pow2(c.MaxDepth)
+	pages := (slots*stride + firmware.PageSize - 1) / firmware.PageSize
 	buf, err := d.allocRing(pages)
 	if err != nil {
 		return nil, d.opErr(op, err)
@@ -76,100 +134,144 @@ func (pd *PD) CreateSRQ(ctx context.Context, cfg *SRQConfig) (*SRQ, error) {
 		PDirDMA:  bufPage(buf, ringPgDir).DMA,
 		PDHandle: pd.handle,
 		NChunks:  uint32(1 + pages),
-		Attr:     firmware.SRQAttr{MaxWR: uint32(c.Depth), MaxSGE: uint32(c.SGE)},
+		Attr:     firmware.SRQAttr{MaxWR: uint32(slots), MaxSGE: uint32(c.SGE)},
 	})
 	if err != nil {
 		buf.Close()
 		return nil, d.opErr(op, err)
 	}
-	s := &SRQ{pd: pd, d: d, handle: h, buf: buf}
-	// The SRQ's ring state sits at offset 8 of its state page.
-	state := bufPage(buf, ringPgState).Mem[8:16]
-	data := buf.Mem[ringPgData*firmware.PageSize:][:pages*firmware.PageSize]
-	if err := s.wq.initQueue(fmt.Sprintf("SRQ %d", h), d, state, data, stride, c.Depth, c.SGE, doorbell.OffsetSRQ, doorbell.SRQRecv|h&doorbell.HandleMask); err != nil {
+	name := fmt.Sprintf("SRQ %d", h)
+	q, err := srq.New(srq.Config{
+		Name: name,
+		// The SRQ's ring state sits at offset 8 of its state page.
+		State:          bufPage(buf, ringPgState).Mem[8:16],
+		Data:           buf.Mem[ringPgData*firmware.PageSize:][:pages*firmware.PageSize],
+		Stride:         stride,
+		Slots:          slots,
+		Register:       d.uar,
+		Offset:         doorbell.OffsetSRQ,
+		Value:          doorbell.SRQRecv | h&doorbell.HandleMask,
+		Depth:          c.Depth,
+		MaxSGE:         c.SGE,
+		PD:             pd.handle,
+		Keys:           &d.lkeys,
+		NeedMember:     d.emulated || c.CQ == nil,
+		OnLowWatermark: c.OnLowWatermark,
+	})
+	if err == nil {
+		err = q.SetLowWatermark(c.LowWatermark)
+	}
+	if err != nil {
 		d.ch.DestroySRQ(ctx, h)
 		buf.Close()
 		return nil, d.opErr(op, err)
 	}
-	s.wq.recv = true
+	s := &SRQ{pd: pd, d: d, handle: h, buf: buf, q: q, cq: c.CQ}
 	d.journal.add(kindSRQ, h)
 	d.mu.Lock()
 	d.srqs[s] = struct{}{}
 	d.mu.Unlock()
 	pd.hold(+1)
+	if s.cq != nil {
+		s.cq.hold(+1)
+	}
 	return s, nil
 }
 
 // Handle returns the device's handle of the SRQ.
 func (s *SRQ) Handle() uint32 { return s.handle }
 
-// Depth returns the number of receives the SRQ holds.
-func (s *SRQ) Depth() int { return len(s.wq.wrids) }
+// Depth returns how many receives the SRQ accepts.
+func (s *SRQ) Depth() int { return s.q.Depth() }
 
-// Outstanding returns how many receives are posted and not yet completed.
-func (s *SRQ) Outstanding() int { return s.wq.outstanding() }
+// MaxDepth returns the most Resize allows: the ring reserved at creation.
+func (s *SRQ) MaxDepth() int { return s.q.Slots() }
+
+// Outstanding returns the receives posted and not yet consumed (the
+// receives available to the SRQ's QPs).
+func (s *SRQ) Outstanding() int { return s.q.Available() }
 
 // DoorbellStats returns the SRQ's post and doorbell counts.
-func (s *SRQ) DoorbellStats() doorbell.Stats { return s.wq.db.Stats() }
+func (s *SRQ) DoorbellStats() doorbell.Stats { return s.q.Doorbell() }
 
-// attach records a QP created with the SRQ; see the type's doc for QEMU's
-// rule on receive CQs.
-func (s *SRQ) attach(cq *CQ) error {
+// Query returns a snapshot of the SRQ, taken under one lock. Each QP's
+// Allocated and Span are Unknown (QP.CanQueryRecv): the device names the QP
+// that took a receive only in its completion.
+func (s *SRQ) Query() SRQSnapshot { return s.q.Query() }
+
+// SetLowWatermark arms the low watermark at n receives (0 disarms it). When
+// the receives available drop below n, one SRQEvent is raised (to
+// SRQConfig.OnLowWatermark and LowWatermarkEvents) and the watermark
+// disarms: it must be set again to fire again. If fewer than n are
+// available already, the event is raised at once.
+func (s *SRQ) SetLowWatermark(n int) error {
+	return s.d.opErr("set SRQ low watermark", s.q.SetLowWatermark(n))
+}
+
+// LowWatermarkEvents returns the channel of low-watermark events. It holds
+// one: read it before arming the watermark again.
+func (s *SRQ) LowWatermarkEvents() <-chan SRQEvent { return s.q.LowWatermarkEvents() }
+
+// Resize sets how many receives the SRQ accepts, from 1 to MaxDepth (the
+// ring reserved at creation: the device itself cannot resize). Shrinking
+// below the receives outstanding is refused with an error wrapping ErrBusy.
+func (s *SRQ) Resize(n int) error {
+	return s.d.opErr("resize SRQ", s.q.Resize(n))
+}
+
+// checkAttach checks that a QP with receive CQ cq may use the SRQ; see the
+// type's doc for QEMU's rule on receive CQs.
+func (s *SRQ) checkAttach(cq *CQ) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.closed {
 		return ErrClosed
 	}
-	if s.d.emulated && s.qps > 0 && s.recvCQ != cq {
-		return fmt.Errorf("%w: the QPs of SRQ %d must share a receive CQ on QEMU 7.2 (it sends every SRQ completion to the CQ of the newest QP)", ErrNotSupported, s.handle)
+	if s.d.emulated && s.cq != nil && s.cq != cq {
+		return fmt.Errorf("%w: the QPs of SRQ %d must use its receive CQ %d on QEMU 7.2 (it sends every SRQ completion to the CQ of the newest QP)", ErrNotSupported, s.handle, s.cq.handle)
 	}
-	s.qps++
-	s.recvCQ = cq
 	return nil
 }
 
-func (s *SRQ) detach() {
+// attach records a QP created with the SRQ.
+func (s *SRQ) attach(qp *QP) (*srq.Member, error) {
+	if err := s.checkAttach(qp.recvCQ); err != nil {
+		return nil, err
+	}
 	s.mu.Lock()
-	s.qps--
-	s.mu.Unlock()
+	defer s.mu.Unlock()
+	m, err := s.q.Attach(qp.qpn)
+	if err != nil {
+		return nil, err
+	}
+	if s.cq == nil {
+		s.cq = qp.recvCQ
+		s.cq.hold(+1)
+	}
+	return m, nil
 }
 
 // PostRecv posts receives to the SRQ as one chain, like QP.PostRecv: each
-// is checked before it touches the ring, and unless flags has FlagDefer
-// one doorbell hands the chain to the device.
+// is checked before it touches the ring, and unless flags has FlagDefer one
+// doorbell hands the chain to the device. A refused receive stops the call
+// with a *PostError wrapping a distinct sentinel: ErrClosed (a closed SRQ),
+// ErrQueueFull (Depth receives outstanding), ErrInvalid (too many SGEs, a
+// segment outside its MR, no QP yet), ErrProtection (an MR of another PD),
+// ErrPrivileges (an unknown lkey, an MR without local write); it makes no
+// completion, and what came before it still goes to the device. A receive
+// with no SGEs takes a zero-size message. Segments are filled in order:
+// front ones whole, at most one in part, the rest untouched. PostRecv does
+// not allocate.
 func (s *SRQ) PostRecv(wrs []RecvWR, flags PostFlags) (int, error) {
-	w := &s.wq
-	s.mu.Lock()
-	closed, qps := s.closed, s.qps
-	s.mu.Unlock()
-	switch {
-	case closed:
-		return 0, w.fail(0, wrID(nil, wrs, 0), ErrClosed)
-	case s.d.emulated && qps == 0:
-		return 0, w.fail(0, wrID(nil, wrs, 0), invalidf("no QP uses SRQ %d yet: QEMU 7.2 takes the receiving CQ from its newest QP when a receive is posted", s.handle))
-	}
-	if _, err := w.prod.Free(); err != nil {
-		return 0, w.fail(0, wrID(nil, wrs, 0), err)
-	}
-	for i := range wrs {
-		wr := &wrs[i]
-		if _, err := checkSGEs(s.d, s.pd, wr.SGEs, w.maxSGE); err != nil {
-			return i, w.fail(i, wr.WRID, err)
-		}
-		if w.outstanding() >= len(w.wrids) {
-			return i, w.fail(i, wr.WRID, ErrQueueFull)
-		}
-		w.write(nil, wr.SGEs, wr.WRID)
-	}
-	return len(wrs), w.end(flags)
+	return s.q.Post(wrs, flags&FlagDefer != 0)
 }
 
 // Flush rings the doorbell for receives posted with FlagDefer.
-func (s *SRQ) Flush() error { return s.wq.db.Flush() }
+func (s *SRQ) Flush() error { return s.q.Flush() }
 
 // Close destroys the SRQ. The QPs using it must be closed first (ErrBusy
-// otherwise). As with verbs, receives still posted are discarded: they make
-// no completion. It is idempotent.
+// otherwise). The receives still posted complete with WR_FLUSH_ERR on the
+// SRQ's CQ (poll them after Close). It is idempotent.
 func (s *SRQ) Close() error {
 	return s.d.closeObject("destroy SRQ", s.destroy)
 }
@@ -180,17 +282,24 @@ func (s *SRQ) destroy(ctx context.Context) error {
 	if s.closed {
 		return nil
 	}
-	if s.qps > 0 {
-		return fmt.Errorf("%w: %d QPs still use SRQ %d; close them first", ErrBusy, s.qps, s.handle)
+	if n := s.q.Members(); n > 0 {
+		return fmt.Errorf("%w: %d QPs still use SRQ %d; close them first", ErrBusy, n, s.handle)
 	}
 	if err := s.d.ch.DestroySRQ(ctx, s.handle); err != nil {
 		return err
 	}
 	s.closed = true
+	left := s.q.Close()
 	s.d.journal.remove(kindSRQ, s.handle)
 	s.d.mu.Lock()
 	delete(s.d.srqs, s)
 	s.d.mu.Unlock()
 	s.pd.hold(-1)
+	if s.cq != nil {
+		if left > 0 {
+			s.cq.addFlush(flushSource{srq: s, op: WCRecv})
+		}
+		s.cq.hold(-1)
+	}
 	return s.buf.Close()
 }

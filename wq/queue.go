@@ -1,0 +1,185 @@
+package wq
+
+import (
+	"errors"
+	"sync/atomic"
+
+	"github.com/vfrdma/vfrdma/doorbell"
+	"github.com/vfrdma/vfrdma/rings"
+)
+
+// Queue is one work queue: a QP's send or receive queue, or an SRQ's ring.
+// It holds the ring, its doorbell, and the work requests posted and not yet
+// completed, as a multiset of wr_ids in a ring of their own (dense from the
+// oldest outstanding to the newest). The zero Queue is an empty queue
+// without a ring (a QP that receives from an SRQ): it holds nothing and
+// takes no posts.
+//
+// The poster owns the post side, the poller the completion side; see the
+// package documentation.
+type Queue struct {
+	name   string // "QP 17", "SRQ 3": for errors
+	prod   *rings.Producer
+	db     *doorbell.Queue
+	data   []byte
+	stride int
+	maxSGE int
+	wrids  []uint64 // outstanding wr_ids; len is the ring size
+	mask   uint32
+	tail   uint32        // pushes (poster); published through tailP
+	tailP  atomic.Uint32 // tail as the poller sees it
+	head   atomic.Uint32 // pops (poller)
+}
+
+// Init sets the queue up over its ring: state is the ring's 8-byte state
+// (producer tail, consumer head), data its slots of stride bytes, depth
+// slots (a power of two); maxSGE is the SGE limit of its requests. Posts
+// ring value at offset of reg.
+func (w *Queue) Init(name string, reg doorbell.Register, state, data []byte, stride, depth, maxSGE, offset int, value uint32) error {
+	if len(data) < depth*stride {
+		return Invalidf("%s: %d bytes of ring data hold fewer than %d slots of %d bytes", name, len(data), depth, stride)
+	}
+	st, err := rings.NewState(state)
+	if err != nil {
+		return err
+	}
+	prod, err := rings.NewProducer(st, depth)
+	if err != nil {
+		return err
+	}
+	prod.SetName(name)
+	db, err := doorbell.NewQueue(reg, offset, value, prod)
+	if err != nil {
+		return err
+	}
+	*w = Queue{name: name, prod: prod, db: db, data: data, stride: stride, maxSGE: maxSGE,
+		wrids: make([]uint64, depth), mask: uint32(depth - 1)}
+	return nil
+}
+
+// SetName names the queue in errors (an empty queue, or a renamed one).
+func (w *Queue) SetName(name string) { w.name = name }
+
+// Name returns the queue's name.
+func (w *Queue) Name() string { return w.name }
+
+// Slots returns the ring size: the most requests it can hold (0 for the
+// empty queue).
+func (w *Queue) Slots() int { return len(w.wrids) }
+
+// MaxSGE returns the SGE limit of the queue's requests.
+func (w *Queue) MaxSGE() int { return w.maxSGE }
+
+// Doorbell returns the queue's doorbell (nil for the empty queue).
+func (w *Queue) Doorbell() *doorbell.Queue { return w.db }
+
+// Posted returns how many requests were ever written (the poster's count).
+func (w *Queue) Posted() uint32 { return w.tail }
+
+// Outstanding counts requests posted and not completed: the poster's view.
+func (w *Queue) Outstanding() int { return int(w.tail - w.head.Load()) }
+
+// OutstandingP is the same count from the poller's side. It reads the
+// completions first, then the posts, so that it is never negative, whatever
+// runs meanwhile.
+func (w *Queue) OutstandingP() int {
+	head := w.head.Load()
+	return int(w.tailP.Load() - head)
+}
+
+// CheckRing checks the device's consumer index before a post: an index out
+// of range is a device fault, and nothing is posted.
+func (w *Queue) CheckRing() error {
+	_, err := w.prod.Free()
+	return err
+}
+
+// PutSend writes a send WQE in the next slot and records its wr_id.
+func (w *Queue) PutSend(s *rings.SendWQE) {
+	rings.PutSendWQE(w.next(), s)
+	w.push(s.WRID)
+}
+
+// PutRecv writes a receive WQE in the next slot and records its wr_id.
+func (w *Queue) PutRecv(wrID uint64, sges []SGE) {
+	rings.PutRecvWQE(w.next(), wrID, sges)
+	w.push(wrID)
+}
+
+func (w *Queue) next() []byte { return w.Slot(w.prod.Next(0)) }
+
+func (w *Queue) push(wrID uint64) {
+	w.wrids[w.tail&w.mask] = wrID
+	w.tail++
+	w.tailP.Store(w.tail)
+	w.prod.Advance(1)
+	w.db.Added(1)
+}
+
+// End closes a post call that succeeded: unless deferred, one doorbell
+// hands everything pending to the device.
+func (w *Queue) End(deferred bool) error {
+	if err := w.db.Post(deferred); err != nil {
+		return &PostError{Queue: w.name, Index: -1, Err: err}
+	}
+	return nil
+}
+
+// Fail closes a post call that refused request i (wr_id id) for cause:
+// what is pending (earlier deferred calls, this call's requests before i)
+// still goes to the device. It returns the *PostError.
+func (w *Queue) Fail(i int, id uint64, cause error) error {
+	err := &PostError{Queue: w.name, Index: i, WRID: id, Err: cause}
+	if w.db == nil {
+		return err
+	}
+	if derr := w.db.Fail(); derr != nil {
+		err.Err = errors.Join(cause, derr)
+	}
+	return err
+}
+
+// Flush rings the doorbell for deferred requests, if any.
+func (w *Queue) Flush() error {
+	if w.db == nil {
+		return nil
+	}
+	return w.db.Flush()
+}
+
+// Complete removes one outstanding request with wr_id id and reports
+// whether there was one: false for a completion of nothing outstanding (a
+// late one for a request already flushed, say). Completions may come in
+// any order; the oldest is found at once, others by a scan from it, and the
+// record stays dense: the completed entry trades places with the oldest.
+// Poller side.
+func (w *Queue) Complete(id uint64) bool {
+	head := w.head.Load()
+	out := w.tailP.Load() - head
+	for k := uint32(0); k < out; k++ {
+		if w.wrids[(head+k)&w.mask] == id {
+			if k != 0 {
+				i, j := (head+k)&w.mask, head&w.mask
+				w.wrids[i], w.wrids[j] = w.wrids[j], w.wrids[i]
+			}
+			w.head.Store(head + 1)
+			return true
+		}
+	}
+	return false
+}
+
+// PopFlush removes the oldest outstanding request, for a flush completion
+// once the device will complete no more of them. Poller side.
+func (w *Queue) PopFlush() (uint64, bool) {
+	head := w.head.Load()
+	if w.tailP.Load() == head {
+		return 0, false
+	}
+	id := w.wrids[head&w.mask]
+	w.head.Store(head + 1)
+	return id, true
+}
+
+// Slot returns the bytes of ring slot i (what a device reads there).
+func (w *Queue) Slot(i int) []byte { return w.data[i*w.stride : (i+1)*w.stride] }
