@@ -145,8 +145,8 @@ type Device struct {
 	qps    map[*QP]struct{}
 	srqs   map[*SRQ]struct{}
 	binds  map[uint32]GID
-	lkeys  wq.Keys          // local key → MR region, for posting
-	qpns   wq.Table[*QP]    // QPN → QP, for polling; a destroyed QP stays until its flush is drained
+	lkeys  wq.Keys       // local key → MR region, for posting
+	qpns   wq.Table[*QP] // QPN → QP, for polling; a destroyed QP stays until its flush is drained
 	gidSet gidBits
 	udMax  int // UD payload limit: the port's active MTU
 	notify notifier
