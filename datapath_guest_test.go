@@ -8,6 +8,9 @@ import (
 	"fmt"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 // pair is two connected QPs of one device with their CQs and buffers.
@@ -257,9 +260,8 @@ func TestDeferredPosts(t *testing.T) {
 	d := openGuest(t)
 	p := newPair(t, d, RC, 64, 256)
 	for s := 0; s < 32; s++ {
-		if _, err := p.b.PostRecv([]RecvWR{{WRID: uint64(s), SGEs: []SGE{p.bmr.SGE(s*256, 256)}}}, 0); err != nil {
-			t.Fatal(err)
-		}
+		_, err := p.b.PostRecv([]RecvWR{{WRID: uint64(s), SGEs: []SGE{p.bmr.SGE(s*256, 256)}}}, 0)
+		require.NoError(t, err)
 	}
 	send := func(id uint64, flags PostFlags, sges []SGE) error {
 		_, err := p.a.PostSend([]SendWR{{WRID: id, SGEs: sges}}, flags)
@@ -270,66 +272,42 @@ func TestDeferredPosts(t *testing.T) {
 
 	// Ten deferred posts ring nothing; the eleventh rings once for all.
 	for i := 0; i < 10; i++ {
-		if err := send(uint64(i), FlagDefer, ok); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, send(uint64(i), FlagDefer, ok))
 	}
-	if db := doorbells(); db != 0 {
-		t.Fatalf("%d doorbells after ten deferred posts, want 0", db)
-	}
-	if err := send(10, 0, ok); err != nil {
-		t.Fatal(err)
-	}
-	if db := doorbells(); db != 1 {
-		t.Fatalf("%d doorbells after the chain ended, want 1", db)
-	}
+	assert.Zero(t, doorbells(), "doorbells after ten deferred posts")
+	require.NoError(t, send(10, 0, ok))
+	assert.Equal(t, uint64(1), doorbells(), "doorbells after the chain ended")
 	// Deferred posts, then one that fails inline: the deferred ones still
 	// go (one doorbell); the failed one is not posted.
 	for i := 11; i < 14; i++ {
-		if err := send(uint64(i), FlagDefer, ok); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, send(uint64(i), FlagDefer, ok))
 	}
 	bad := []SGE{{Addr: p.amr.Addr(), Length: 16, LKey: p.amr.LKey() ^ 0x5a5a}}
 	err := send(99, 0, bad)
 	var pe *PostError
-	if !errors.As(err, &pe) || !errors.Is(err, ErrInvalid) || pe.WRID != 99 {
-		t.Fatalf("post with a bad key: %v, want a PostError for wr_id 99 wrapping ErrInvalid", err)
-	}
-	if db := doorbells(); db != 2 {
-		t.Fatalf("%d doorbells after the failed post, want 2", db)
-	}
+	require.ErrorAs(t, err, &pe, "post with a bad key")
+	assert.ErrorIs(t, err, ErrPrivileges, "a key no MR has")
+	assert.Equal(t, uint64(99), pe.WRID)
+	assert.Equal(t, uint64(2), doorbells(), "doorbells after the failed post")
 	// Too many SGEs: refused before the ring.
 	five := []SGE{ok[0], ok[0], ok[0], ok[0], ok[0]}
-	if err := send(98, 0, five); !errors.Is(err, ErrInvalid) {
-		t.Fatalf("five SGEs: %v", err)
-	}
+	assert.ErrorIs(t, send(98, 0, five), ErrInvalid, "five SGEs")
 	// A deferred post and Flush.
-	if err := send(14, FlagDefer, ok); err != nil {
-		t.Fatal(err)
-	}
-	if err := p.a.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	if db := doorbells(); db != 3 {
-		t.Fatalf("%d doorbells after Flush, want 3", db)
-	}
+	require.NoError(t, send(14, FlagDefer, ok))
+	require.NoError(t, p.a.Flush())
+	assert.Equal(t, uint64(3), doorbells(), "doorbells after Flush")
 	// Exactly 15 sends complete, 0..14, in order; 98 and 99 never do.
 	wcs := make([]WC, 32)
 	got := 0
 	for got < 15 {
 		n := pollWait(t, p.acq, wcs)
 		for _, wc := range wcs[:n] {
-			if wc.Status != WCSuccess || wc.WRID != uint64(got) {
-				t.Fatalf("completion %+v, want success of wr_id %d", wc, got)
-			}
+			require.Equal(t, WCSuccess, wc.Status, "%+v", wc)
+			require.Equal(t, uint64(got), wc.WRID, "completion order")
 			got++
 		}
 	}
-	time.Sleep(100 * time.Millisecond)
-	if n, _ := p.acq.Poll(wcs); n != 0 {
-		t.Fatalf("extra completions: %+v", wcs[:n])
-	}
+	quiet(t, p.acq)
 }
 
 // Every posted request completes exactly once, through a receive too small,

@@ -28,9 +28,8 @@ type SRQConfig struct {
 	// SRQ.SetLowWatermark.
 	LowWatermark int
 	// OnLowWatermark, if set, receives each low-watermark event, on the
-	// goroutine whose CQ.Poll reaped the completion that crossed the line
-	// (or that armed it). It must not block. SRQ.LowWatermarkEvents is the
-	// channel alternative.
+	// goroutine whose CQ.Poll reaped the completion that crossed the line.
+	// It must not block. SRQ.LowWatermarkEvents is the channel alternative.
 	OnLowWatermark func(SRQEvent)
 	// CQ is the CQ of the SRQ's receive completions, where its flush
 	// completions go when it is closed (default: the receive CQ of the
@@ -199,11 +198,12 @@ func (s *SRQ) DoorbellStats() doorbell.Stats { return s.q.Doorbell() }
 // that took a receive only in its completion.
 func (s *SRQ) Query() SRQSnapshot { return s.q.Query() }
 
-// SetLowWatermark arms the low watermark at n receives (0 disarms it). When
-// the receives available drop below n, one SRQEvent is raised (to
-// SRQConfig.OnLowWatermark and LowWatermarkEvents) and the watermark
-// disarms: it must be set again to fire again. If fewer than n are
-// available already, the event is raised at once.
+// SetLowWatermark arms the low watermark at n receives (0 disarms it). The
+// completion that leaves fewer than n receives available raises one
+// SRQEvent (to SRQConfig.OnLowWatermark and LowWatermarkEvents), when
+// CQ.Poll reaps it, and disarms the watermark: it must be set again to fire
+// again. Armed while fewer than n are available, it fires with the next
+// completion, as a device's SRQ limit does.
 func (s *SRQ) SetLowWatermark(n int) error {
 	return s.d.opErr("set SRQ low watermark", s.q.SetLowWatermark(n))
 }

@@ -67,8 +67,7 @@ type Config struct {
 
 	// OnLowWatermark, if set, is called with each low-watermark event, on
 	// the goroutine that reported the completion that crossed the line (a
-	// CQ's poller) or that armed the watermark. It must not block; it may
-	// call the Queue's methods.
+	// CQ's poller). It must not block; it may call the Queue's methods.
 	OnLowWatermark func(Event)
 }
 
@@ -267,26 +266,21 @@ func (q *Queue) raise(ev Event) {
 // Config.OnLowWatermark).
 func (q *Queue) LowWatermarkEvents() <-chan Event { return q.lwC }
 
-// SetLowWatermark arms the low watermark at n receives (0 disarms it): when
-// the receives available drop below n, one event is raised and the
-// watermark disarms; it must be set again to fire again. If fewer than n
-// are available already, the event is raised at once.
+// SetLowWatermark arms the low watermark at n receives (0 disarms it): the
+// completion that leaves fewer than n receives available raises one event
+// and disarms the watermark; it must be set again to fire again. As with a
+// device's SRQ limit, the event comes with a consumption: armed while fewer
+// than n are available, it fires with the next completion.
 func (q *Queue) SetLowWatermark(n int) error {
 	q.mu.Lock()
+	defer q.mu.Unlock()
 	if n < 0 || n > q.depth {
-		q.mu.Unlock()
 		return wq.Invalidf("%s: low watermark %d: want 0 to the depth, %d", q.w.Name(), n, q.depth)
 	}
 	if q.closed {
-		q.mu.Unlock()
 		return wq.ErrClosed
 	}
 	q.lw = n
-	ev, fire := q.checkLW()
-	q.mu.Unlock()
-	if fire {
-		q.raise(ev)
-	}
 	return nil
 }
 
