@@ -24,6 +24,17 @@
 // A Device is safe for concurrent use: commands are serialised by the
 // command channel. Objects document their own rules.
 //
+// # Shared receive queues
+//
+// An SRQ (PD.CreateSRQ, QPConfig.SRQ) follows uDAPL's rules: receives
+// posted once are consumed by any of its QPs, segments filled in order;
+// posting is safe from many goroutines and refused inline with a distinct
+// error; the SRQ counts what each QP consumed (SRQ.Query), raises a low
+// watermark once per arming, resizes within a ring reserved at creation,
+// and completes every receive exactly once, flushing what is left when it
+// is closed. The semantics live in package srq, the ring and checks it
+// shares with QPs in package wq.
+//
 // # Errors
 //
 // Errors are *OpError values that name the operation and the device and wrap
