@@ -34,6 +34,11 @@ type CQ struct {
 	wake    chan struct{} // the notifier's signal: a CQE arrived while armed
 	stats   CQStats
 
+	// The queues whose completions this poll counted, to publish once at
+	// its end (wq.Queue.PublishHead).
+	touched  [8]*wq.Queue
+	nTouched int
+
 	flushPending atomic.Bool
 	fmu          sync.Mutex
 	flushing     []flushSource // queues whose rest this CQ completes with WR_FLUSH_ERR
@@ -211,6 +216,7 @@ func (cq *CQ) Poll(wcs []WC) (int, error) {
 			QPN: uint32(e.QP), SrcQP: e.SrcQP, Flags: e.WCFlags, VendorErr: e.VendorErr, Imm: e.Imm}
 		n++
 	}
+	cq.publishHeads()
 	if take > 0 {
 		cq.cons.Consume(take)
 		cq.stats.CQEs += uint64(take)
@@ -232,13 +238,42 @@ func (cq *CQ) account(e *rings.CQE) bool {
 	if qp == nil {
 		return false
 	}
-	if e.Opcode&rings.WCRecv == 0 {
-		return qp.sq.Complete(e.WRID)
+	w := &qp.sq
+	if e.Opcode&rings.WCRecv != 0 {
+		if qp.srqm != nil {
+			return qp.srq.q.Complete(qp.srqm, e.WRID) // shared: published under its lock
+		}
+		w = &qp.rq
 	}
-	if qp.srqm != nil {
-		return qp.srq.q.Complete(qp.srqm, e.WRID)
+	if !w.Complete(e.WRID) {
+		return false
 	}
-	return qp.rq.Complete(e.WRID)
+	cq.touch(w)
+	return true
+}
+
+// touch notes a queue whose completions the poll counted. A poll usually
+// touches one or two; past the room kept, the oldest is published now.
+func (cq *CQ) touch(w *wq.Queue) {
+	for i := 0; i < cq.nTouched; i++ {
+		if cq.touched[i] == w {
+			return
+		}
+	}
+	if cq.nTouched == len(cq.touched) {
+		cq.publishHeads()
+	}
+	cq.touched[cq.nTouched] = w
+	cq.nTouched++
+}
+
+// publishHeads shows the posters of the touched queues their completions.
+func (cq *CQ) publishHeads() {
+	for i := 0; i < cq.nTouched; i++ {
+		cq.touched[i].PublishHead()
+		cq.touched[i] = nil
+	}
+	cq.nTouched = 0
 }
 
 // flushSource is a queue whose outstanding requests a CQ completes with

@@ -76,29 +76,36 @@ type PostError = wq.PostError
 // It returns how many requests were posted. It does not allocate.
 func (qp *QP) PostSend(wrs []SendWR, flags PostFlags) (int, error) {
 	w := &qp.sq
-	if qp.State() != StateRTS {
-		return 0, w.Fail(0, wrID(wrs, nil, 0), fmt.Errorf("%w: sends need RTS, the QP is %v", ErrQPState, qp.State()))
+	if st := qp.State(); st != StateRTS {
+		return 0, w.Fail(0, wrID(wrs, nil, 0), fmt.Errorf("%w: sends need RTS, the QP is %v", ErrQPState, st))
 	}
 	if err := w.CheckRing(); err != nil {
 		return 0, w.Fail(0, wrID(wrs, nil, 0), err)
 	}
+	// What holds for the whole chain is checked once.
+	if qp.typ == RC && !qp.d.gidBound(int(qp.gidIdx)) {
+		return 0, w.Fail(0, wrID(wrs, nil, 0), invalidf("the QP's source GID index %d is no longer bound", qp.gidIdx))
+	}
+	room := w.Room()
 	emulated := qp.d.emulated
-	var wqe rings.SendWQE
+	wqe := rings.SendWQE{GIDIndex: qp.gidIdx}
 	var ud rings.UDAddr
+	if qp.typ == UD {
+		ud.PortPD = rings.PortPD(qp.pd.handle, 1)
+		wqe.UD = &ud
+	}
 	for i := range wrs {
 		wr := &wrs[i]
 		if err := qp.checkSend(wr, emulated); err != nil {
 			return i, w.Fail(i, wr.WRID, err)
 		}
-		if w.Outstanding() >= w.Slots() {
+		if i >= room {
 			return i, w.Fail(i, wr.WRID, ErrQueueFull)
 		}
-		wqe = rings.SendWQE{WRID: wr.WRID, Opcode: wireOpcode[wr.Opcode], Flags: uint32(wr.Flags), Imm: wr.Imm, SGEs: wr.SGEs, GIDIndex: qp.gidIdx}
-		if qp.typ == UD {
-			ah := wr.AH
-			ud = rings.UDAddr{RemoteQPN: wr.RemoteQPN, RemoteQKey: wr.RemoteQKey, PortPD: rings.PortPD(qp.pd.handle, 1),
-				DGID: ah.dgid, GIDIndex: ah.sgidIndex, HopLimit: ah.hopLimit, TrafficClass: ah.trafficClass, FlowLabel: ah.flowLabel}
-			wqe.UD = &ud
+		wqe.WRID, wqe.Opcode, wqe.Flags, wqe.Imm, wqe.SGEs = wr.WRID, wireOpcode[wr.Opcode], uint32(wr.Flags), wr.Imm, wr.SGEs
+		if ah := wr.AH; qp.typ == UD {
+			ud.RemoteQPN, ud.RemoteQKey = wr.RemoteQPN, wr.RemoteQKey
+			ud.DGID, ud.GIDIndex, ud.HopLimit, ud.TrafficClass, ud.FlowLabel = ah.dgid, ah.sgidIndex, ah.hopLimit, ah.trafficClass, ah.flowLabel
 			wqe.GIDIndex = ah.sgidIndex
 		}
 		w.PutSend(&wqe)
@@ -124,6 +131,7 @@ func (qp *QP) PostRecv(wrs []RecvWR, flags PostFlags) (int, error) {
 	if err := w.CheckRing(); err != nil {
 		return 0, w.Fail(0, wrID(nil, wrs, 0), err)
 	}
+	room := w.Room()
 	for i := range wrs {
 		wr := &wrs[i]
 		total, err := wq.CheckSGEs(&qp.d.lkeys, qp.pd.handle, wr.SGEs, w.MaxSGE(), true)
@@ -133,7 +141,7 @@ func (qp *QP) PostRecv(wrs []RecvWR, flags PostFlags) (int, error) {
 		if err != nil {
 			return i, w.Fail(i, wr.WRID, err)
 		}
-		if w.Outstanding() >= w.Slots() {
+		if i >= room {
 			return i, w.Fail(i, wr.WRID, ErrQueueFull)
 		}
 		w.PutRecv(wr.WRID, wr.SGEs)
@@ -182,8 +190,6 @@ func (qp *QP) checkSend(wr *SendWR, emulated bool) error {
 		case total > qp.udMax:
 			return invalidf("a UD message of %d bytes exceeds the path MTU of %d", total, qp.udMax)
 		}
-	} else if !qp.d.gidBound(int(qp.gidIdx)) {
-		return invalidf("the QP's source GID index %d is no longer bound", qp.gidIdx)
 	}
 	return nil
 }

@@ -146,12 +146,13 @@ func (q *Queue) Post(wrs []wq.RecvWR, deferred bool) (int, error) {
 	if err := w.CheckRing(); err != nil {
 		return 0, w.Fail(0, firstID(wrs), err)
 	}
+	room := q.depth - w.Outstanding()
 	for i := range wrs {
 		wr := &wrs[i]
 		if _, err := wq.CheckSGEs(q.keys, q.pd, wr.SGEs, w.MaxSGE(), true); err != nil {
 			return i, w.Fail(i, wr.WRID, err)
 		}
-		if w.Outstanding() >= q.depth {
+		if i >= room {
 			return i, w.Fail(i, wr.WRID, wq.ErrQueueFull)
 		}
 		w.PutRecv(wr.WRID, wr.SGEs)
@@ -227,6 +228,7 @@ func (q *Queue) Complete(m *Member, id uint64) bool {
 		q.mu.Unlock()
 		return false
 	}
+	q.w.PublishHead()
 	m.consumed++
 	q.consumed++
 	ev, fire := q.checkLW()

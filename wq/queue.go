@@ -2,6 +2,7 @@ package wq
 
 import (
 	"errors"
+	"math/bits"
 	"sync/atomic"
 
 	"github.com/vfrdma/vfrdma/doorbell"
@@ -27,8 +28,11 @@ type Queue struct {
 	wrids  []uint64 // outstanding wr_ids; len is the ring size
 	mask   uint32
 	tail   uint32        // pushes (poster); published through tailP
-	tailP  atomic.Uint32 // tail as the poller sees it
-	head   atomic.Uint32 // pops (poller)
+	inCall int           // pushes of the post call under way, not yet advanced
+	tailP  atomic.Uint32 // tail as the poller sees it: stored once per post call
+	headC  uint32        // pops, the poller's own count; published through head
+	head   atomic.Uint32 // pops as the poster sees them: stored once per poll
+	shift  uint          // log2(stride)
 }
 
 // Init sets the queue up over its ring: state is the ring's 8-byte state
@@ -52,8 +56,11 @@ func (w *Queue) Init(name string, reg doorbell.Register, state, data []byte, str
 	if err != nil {
 		return err
 	}
+	if stride&(stride-1) != 0 {
+		return Invalidf("%s: WQE stride %d is not a power of two", name, stride)
+	}
 	*w = Queue{name: name, prod: prod, db: db, data: data, stride: stride, maxSGE: maxSGE,
-		wrids: make([]uint64, depth), mask: uint32(depth - 1)}
+		wrids: make([]uint64, depth), mask: uint32(depth - 1), shift: uint(bits.TrailingZeros(uint(stride)))}
 	return nil
 }
 
@@ -79,9 +86,10 @@ func (w *Queue) Posted() uint32 { return w.tail }
 // Outstanding counts requests posted and not completed: the poster's view.
 func (w *Queue) Outstanding() int { return int(w.tail - w.head.Load()) }
 
-// OutstandingP is the same count from the poller's side. It reads the
-// completions first, then the posts, so that it is never negative, whatever
-// runs meanwhile.
+// OutstandingP is the same count from the published counters, readable
+// from any goroutine: posts as of the last post call, completions as of
+// the last PublishHead. It reads the completions first, then the posts, so
+// that it is never negative, whatever runs meanwhile.
 func (w *Queue) OutstandingP() int {
 	head := w.head.Load()
 	return int(w.tailP.Load() - head)
@@ -106,19 +114,34 @@ func (w *Queue) PutRecv(wrID uint64, sges []SGE) {
 	w.push(wrID)
 }
 
-func (w *Queue) next() []byte { return w.Slot(w.prod.Next(0)) }
+func (w *Queue) next() []byte { return w.Slot(w.prod.Next(w.inCall)) }
 
 func (w *Queue) push(wrID uint64) {
 	w.wrids[w.tail&w.mask] = wrID
 	w.tail++
-	w.tailP.Store(w.tail)
-	w.prod.Advance(1)
-	w.db.Added(1)
+	w.inCall++
 }
 
-// End closes a post call that succeeded: unless deferred, one doorbell
-// hands everything pending to the device.
+// endCall hands the call's WQEs to the ring and the doorbell's count, and
+// shows them to the poller: once per post call.
+func (w *Queue) endCall() {
+	if w.inCall > 0 {
+		w.prod.Advance(w.inCall)
+		w.db.Added(w.inCall)
+		w.inCall = 0
+	}
+	w.tailP.Store(w.tail)
+}
+
+// Room returns how many more requests the queue takes now: its slots less
+// those outstanding. A post call reads it once.
+func (w *Queue) Room() int { return len(w.wrids) - w.Outstanding() }
+
+// End closes a post call that succeeded: the poller is shown the call's
+// requests (one store, before the device can see them), then, unless
+// deferred, one doorbell hands everything pending to the device.
 func (w *Queue) End(deferred bool) error {
+	w.endCall()
 	if err := w.db.Post(deferred); err != nil {
 		return &PostError{Queue: w.name, Index: -1, Err: err}
 	}
@@ -133,6 +156,7 @@ func (w *Queue) Fail(i int, id uint64, cause error) error {
 	if w.db == nil {
 		return err
 	}
+	w.endCall()
 	if derr := w.db.Fail(); derr != nil {
 		err.Err = errors.Join(cause, derr)
 	}
@@ -153,8 +177,11 @@ func (w *Queue) Flush() error {
 // any order; the oldest is found at once, others by a scan from it, and the
 // record stays dense: the completed entry trades places with the oldest.
 // Poller side.
+//
+// The poster learns of it at the next PublishHead: the poller calls that
+// once per poll rather than paying an atomic store for each completion.
 func (w *Queue) Complete(id uint64) bool {
-	head := w.head.Load()
+	head := w.headC
 	out := w.tailP.Load() - head
 	for k := uint32(0); k < out; k++ {
 		if w.wrids[(head+k)&w.mask] == id {
@@ -162,24 +189,30 @@ func (w *Queue) Complete(id uint64) bool {
 				i, j := (head+k)&w.mask, head&w.mask
 				w.wrids[i], w.wrids[j] = w.wrids[j], w.wrids[i]
 			}
-			w.head.Store(head + 1)
+			w.headC = head + 1
 			return true
 		}
 	}
 	return false
 }
 
+// PublishHead shows the poster (Outstanding, Room) and OutstandingP the
+// completions counted since the last call. Poller side. Until it runs the
+// poster sees fewer free slots than there are, never more.
+func (w *Queue) PublishHead() { w.head.Store(w.headC) }
+
 // PopFlush removes the oldest outstanding request, for a flush completion
 // once the device will complete no more of them. Poller side.
 func (w *Queue) PopFlush() (uint64, bool) {
-	head := w.head.Load()
+	head := w.headC
 	if w.tailP.Load() == head {
 		return 0, false
 	}
 	id := w.wrids[head&w.mask]
+	w.headC = head + 1
 	w.head.Store(head + 1)
 	return id, true
 }
 
 // Slot returns the bytes of ring slot i (what a device reads there).
-func (w *Queue) Slot(i int) []byte { return w.data[i*w.stride : (i+1)*w.stride] }
+func (w *Queue) Slot(i int) []byte { return w.data[i<<w.shift:][:w.stride] }

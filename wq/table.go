@@ -1,42 +1,96 @@
 package wq
 
-import (
-	"maps"
-	"sync/atomic"
-)
+import "sync/atomic"
 
 // Table maps the device's small keys (local keys, QP numbers) to objects
-// for the hot paths: readers load the current map without a lock and
-// without allocating; writers (the control path) copy it, and must be
-// serialised by the caller.
+// for the hot paths. It is an open-addressed array, indexed by a
+// multiplicative hash of the key: a lookup is one load of the current
+// array and, almost always, one probe, with no lock and no allocation.
+// Writers (the control path, a few times per object) build a new array
+// and publish it; they must be serialised by the caller.
 type Table[V comparable] struct {
-	m atomic.Pointer[map[uint32]V]
+	t atomic.Pointer[table[V]]
 }
+
+type table[V comparable] struct {
+	slots []entry[V]
+	mask  uint32
+	shift uint32 // 32 - log2(len(slots))
+	n     int
+}
+
+type entry[V comparable] struct {
+	key  uint32
+	full bool
+	val  V
+}
+
+// home returns a key's first slot: Fibonacci hashing, so that keys that
+// differ in their high bits (QPNs) spread as well as small ones (lkeys).
+func (t *table[V]) home(k uint32) uint32 { return (k * 0x9E3779B9) >> t.shift }
 
 // Lookup returns what k maps to, or the zero V.
 func (t *Table[V]) Lookup(k uint32) V {
-	if m := t.m.Load(); m != nil {
-		return (*m)[k]
-	}
 	var zero V
-	return zero
+	tb := t.t.Load()
+	if tb == nil {
+		return zero
+	}
+	for i := tb.home(k); ; i = (i + 1) & tb.mask {
+		e := &tb.slots[i]
+		if !e.full {
+			return zero
+		}
+		if e.key == k {
+			return e.val
+		}
+	}
+}
+
+// Len returns the number of keys mapped.
+func (t *Table[V]) Len() int {
+	if tb := t.t.Load(); tb != nil {
+		return tb.n
+	}
+	return 0
 }
 
 // Set maps k to v.
 func (t *Table[V]) Set(k uint32, v V) {
-	next := map[uint32]V{}
-	if cur := t.m.Load(); cur != nil {
-		next = maps.Clone(*cur)
-	}
-	next[k] = v
-	t.m.Store(&next)
+	t.rebuild(func(key uint32, _ V) bool { return key != k }, &entry[V]{key: k, full: true, val: v})
 }
 
 // Remove drops k if it still maps to v.
 func (t *Table[V]) Remove(k uint32, v V) {
-	if cur := t.m.Load(); cur != nil && (*cur)[k] == v {
-		next := maps.Clone(*cur)
-		delete(next, k)
-		t.m.Store(&next)
+	t.rebuild(func(key uint32, val V) bool { return key != k || val != v }, nil)
+}
+
+// rebuild publishes a new array with the current entries that keep
+// accepts, plus add.
+func (t *Table[V]) rebuild(keep func(uint32, V) bool, add *entry[V]) {
+	var kept []entry[V]
+	if cur := t.t.Load(); cur != nil {
+		for _, e := range cur.slots {
+			if e.full && keep(e.key, e.val) {
+				kept = append(kept, e)
+			}
+		}
 	}
+	if add != nil {
+		kept = append(kept, *add)
+	}
+	// At most a quarter full: probes stay short.
+	size, bitsN := uint32(16), uint32(4)
+	for int(size) < 4*len(kept) {
+		size, bitsN = size*2, bitsN+1
+	}
+	nt := &table[V]{slots: make([]entry[V], size), mask: size - 1, shift: 32 - bitsN, n: len(kept)}
+	for _, e := range kept {
+		i := nt.home(e.key)
+		for nt.slots[i].full {
+			i = (i + 1) & nt.mask
+		}
+		nt.slots[i] = e
+	}
+	t.t.Store(nt)
 }
