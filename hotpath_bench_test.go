@@ -60,7 +60,7 @@ func BenchmarkPostSend(b *testing.B) {
 	for _, typ := range []QPType{RC, UD} {
 		for _, batch := range []int{1, 32} {
 			b.Run(typ.String()+"/batch"+strconv.Itoa(batch), func(b *testing.B) {
-				const depth = 4096
+				const depth = 1024
 				f := newFixture(b, typ, depth)
 				ah := &AH{pd: f.pd, dgid: GID{0xfe, 0x80}}
 				wrs := make([]SendWR, batch)

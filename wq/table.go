@@ -2,18 +2,24 @@ package wq
 
 import "sync/atomic"
 
-// Table maps the device's small keys (local keys, QP numbers) to objects
-// for the hot paths. It is an open-addressed array, indexed by a
-// multiplicative hash of the key: a lookup is one load of the current
-// array and, almost always, one probe, with no lock and no allocation.
+// Table maps the device's keys (local keys, QP numbers) to objects for the
+// hot paths. Keys below directKeys (QEMU's lkeys are MR handles from 0)
+// index an array; others go to an open-addressed array indexed by a
+// multiplicative hash of the key. A lookup is one load of the current
+// table and one index or, almost always, one probe, with no lock and no
+// allocation.
 // Writers (the control path, a few times per object) build a new array
 // and publish it; they must be serialised by the caller.
 type Table[V comparable] struct {
 	t atomic.Pointer[table[V]]
 }
 
+// directKeys bounds the keys a Table indexes directly.
+const directKeys = 1024
+
 type table[V comparable] struct {
-	slots []entry[V]
+	direct []V // by key, for keys < len(direct)
+	slots  []entry[V]
 	mask  uint32
 	shift uint32 // 32 - log2(len(slots))
 	n     int
@@ -35,6 +41,9 @@ func (t *Table[V]) Lookup(k uint32) V {
 	tb := t.t.Load()
 	if tb == nil {
 		return zero
+	}
+	if k < uint32(len(tb.direct)) {
+		return tb.direct[k]
 	}
 	for i := tb.home(k); ; i = (i + 1) & tb.mask {
 		e := &tb.slots[i]
@@ -69,7 +78,13 @@ func (t *Table[V]) Remove(k uint32, v V) {
 // accepts, plus add.
 func (t *Table[V]) rebuild(keep func(uint32, V) bool, add *entry[V]) {
 	var kept []entry[V]
+	var zero V
 	if cur := t.t.Load(); cur != nil {
+		for k, v := range cur.direct {
+			if v != zero && keep(uint32(k), v) {
+				kept = append(kept, entry[V]{key: uint32(k), full: true, val: v})
+			}
+		}
 		for _, e := range cur.slots {
 			if e.full && keep(e.key, e.val) {
 				kept = append(kept, e)
@@ -86,6 +101,13 @@ func (t *Table[V]) rebuild(keep func(uint32, V) bool, add *entry[V]) {
 	}
 	nt := &table[V]{slots: make([]entry[V], size), mask: size - 1, shift: 32 - bitsN, n: len(kept)}
 	for _, e := range kept {
+		if e.key < directKeys {
+			if int(e.key) >= len(nt.direct) {
+				nt.direct = append(nt.direct, make([]V, int(e.key)+1-len(nt.direct))...)
+			}
+			nt.direct[e.key] = e.val
+			continue
+		}
 		i := nt.home(e.key)
 		for nt.slots[i].full {
 			i = (i + 1) & nt.mask
