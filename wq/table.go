@@ -20,9 +20,9 @@ const directKeys = 1024
 type table[V comparable] struct {
 	direct []V // by key, for keys < len(direct)
 	slots  []entry[V]
-	mask  uint32
-	shift uint32 // 32 - log2(len(slots))
-	n     int
+	mask   uint32
+	shift  uint32 // 32 - log2(len(slots))
+	n      int
 }
 
 type entry[V comparable] struct {
