@@ -3,6 +3,7 @@ package vfrdma
 import (
 	"context"
 	"fmt"
+	"math/bits"
 	"sync"
 
 	"github.com/vfrdma/vfrdma/doorbell"
@@ -110,8 +111,8 @@ func (pd *PD) CreateSRQ(ctx context.Context, cfg *SRQConfig) (*SRQ, error) {
 		return nil, d.opErr(op, invalidf("%d SGEs per receive: want 1 to %d", c.SGE, d.caps.MaxSRQSGE))
 	}
 	stride := rings.RecvStride(c.SGE)
-	limit := min(int(d.caps.MaxSRQWR), (maxQueuePages-1)*firmware.PageSize/stride)
-	if c.MaxDepth < 1 || pow2(c.MaxDepth) > limit {
+	limit := d.MaxSRQDepth(c.SGE)
+	if c.MaxDepth < 1 || c.MaxDepth > limit {
 		return nil, d.opErr(op, invalidf("SRQ maximum depth %d: want 1 to %d", c.MaxDepth, limit))
 	}
 	if c.Depth < 1 || c.Depth > c.MaxDepth {
@@ -175,6 +176,17 @@ func (pd *PD) CreateSRQ(ctx context.Context, cfg *SRQConfig) (*SRQ, error) {
 		s.cq.hold(+1)
 	}
 	return s, nil
+}
+
+// MaxSRQDepth returns the largest SRQ ring the driver creates for receives
+// of sge SGEs: the device's max_srq_wr, within the pages one SRQ ring may
+// span (127 data pages on QEMU 7.2), as a power of two.
+func (d *Device) MaxSRQDepth(sge int) int {
+	n := min(int(d.caps.MaxSRQWR), (maxQueuePages-1)*firmware.PageSize/rings.RecvStride(sge))
+	if n < 1 {
+		return 0
+	}
+	return 1 << (bits.Len(uint(n)) - 1)
 }
 
 // Handle returns the device's handle of the SRQ.

@@ -11,11 +11,13 @@ $GO run ./cmd/pvvm -- \
   list + info + \
   pingpong --rc --iters 1000 --size 4096 + \
   pingpong --ud --iters 1000 --size 2048 + \
+  pingpong --srq 4 --iters 500 --size 4096 + \
   bench --rc --messages 10000
 
 section "Two VMs on one fabric: traffic between the VMs"
 $GO run ./cmd/pvvm -vms 2 -- \
   pingpong --vm --rc --iters 500 --size 4096 + \
+  pingpong --vm --tag srq --srq 4 --iters 300 --size 4096 + \
   bench --vm --tag bench --rc --messages 5000 --batches 1,32
 
 cat <<'TXT'

@@ -20,6 +20,18 @@ type infoDoc struct {
 	Port      vfrdma.PortAttr `json:"port"`
 	Quirks    vfrdma.Quirks   `json:"quirks"`
 	Recovered int             `json:"recovered_objects,omitempty"`
+	SRQ       srqInfo         `json:"srq"`
+}
+
+// srqInfo is what matters to a user of shared receive queues.
+type srqInfo struct {
+	MaxSRQs int `json:"max_srqs"`
+	// MaxDepth is the largest SRQ the driver creates, by SGEs per receive
+	// (index 0: 1 SGE).
+	MaxDepth []int `json:"max_depth_by_sge"`
+	MaxSGE   int   `json:"max_sge"`
+	// LimitEvents says who raises low-watermark events.
+	LimitEvents string `json:"low_watermark_events"`
 }
 
 var portStates = []string{"NOP", "DOWN", "INIT", "ARMED", "ACTIVE", "ACTIVE_DEFER"}
@@ -54,6 +66,13 @@ func cmdInfo(e *env, args []string) error {
 		BDF: d.Name(), Version: d.Version(), FWVer: c.FWVersion(),
 		NodeGUID: guid(c.NodeGUID), GID: d.GID().String(),
 		Caps: c, Port: port, Quirks: d.Quirks(), Recovered: d.Recovered(),
+		SRQ: srqInfo{MaxSRQs: int(c.MaxSRQ), MaxSGE: int(c.MaxSRQSGE), LimitEvents: "the driver, from its own counts"},
+	}
+	if d.Quirks().NoAsyncEvents {
+		doc.SRQ.LimitEvents += " (the device sends none)"
+	}
+	for sge := 1; sge <= int(c.MaxSRQSGE); sge++ {
+		doc.SRQ.MaxDepth = append(doc.SRQ.MaxDepth, d.MaxSRQDepth(sge))
 	}
 	if err := d.Close(); err != nil {
 		return err
@@ -110,6 +129,9 @@ func printInfo(w io.Writer, d *infoDoc) {
 		{"port 1 active_width", p.ActiveWidth},
 		{"port 1 active_speed", p.ActiveSpeed},
 		{"port 1 GID[0]", d.GID},
+		{"srq max_srqs", d.SRQ.MaxSRQs},
+		{"srq max depth", fmt.Sprintf("%v (by SGEs per receive, 1 to %d)", d.SRQ.MaxDepth, d.SRQ.MaxSGE)},
+		{"srq low watermark", "raised by " + d.SRQ.LimitEvents},
 		{"quirks", fmt.Sprintf("emulated=%v cq_arm_both=%v no_async_events=%v", d.Quirks.Emulated, d.Quirks.CQArmBoth, d.Quirks.NoAsyncEvents)},
 	}
 	for _, r := range rows {

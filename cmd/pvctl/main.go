@@ -7,7 +7,7 @@
 //	pvctl unbind [BDF]               give the group back to its earlier drivers
 //	pvctl info [BDF]                 capabilities and port, like ibv_devinfo -v
 //	pvctl regs [BDF]                 dump the BAR1 registers
-//	pvctl pingpong [FLAGS] [BDF]     RC/UD ping-pong with every byte checked
+//	pvctl pingpong [FLAGS] [BDF]     RC/UD ping-pong with every byte checked (--srq N: N QPs on one SRQ)
 //	pvctl bench [FLAGS] [BDF]        message rate, latency, doorbells per message
 //
 // BDF defaults to the only pvrdma function present. --json prints one JSON
@@ -46,7 +46,7 @@ func commands() []command {
 		{"unbind", "[BDF]", "give the group back to the drivers it had before bind", cmdUnbind, false},
 		{"info", "[BDF]", "open the device and show its capabilities and port (like ibv_devinfo -v)", cmdInfo, false},
 		{"regs", "[BDF]", "dump the BAR1 device registers (takes the device through VFIO)", cmdRegs, false},
-		{"pingpong", "[FLAGS] [BDF]", "bounce messages and check every byte (--rc/--ud, --size, --iters; --listen/--connect/--vm for two hosts)", cmdPingpong, true},
+		{"pingpong", "[FLAGS] [BDF]", "bounce messages and check every byte (--rc/--ud, --size, --iters, --srq N; --listen/--connect/--vm for two hosts)", cmdPingpong, true},
 		{"bench", "[FLAGS] [BDF]", "send message rate and latency for batch sizes 1-256 (--rc/--ud, --size, --messages, --batches)", cmdBench, true},
 	}
 }

@@ -20,6 +20,7 @@ type peerInfo struct {
 	QPN  uint32     `json:"qpn"`
 	GID  vfrdma.GID `json:"gid"`
 	QKey uint32     `json:"qkey"`
+	QPNs []uint32   `json:"qpns,omitempty"` // pingpong --srq: one per connection
 }
 
 // exchanger swaps peerInfo with the other end: over TCP (like

@@ -124,6 +124,7 @@ func checkPattern(b []byte, seq int) error {
 
 type pingpongResult struct {
 	Transport   string  `json:"transport"`
+	SRQQPs      int     `json:"srq_qps,omitempty"`
 	Size        int     `json:"size"`
 	Iters       int     `json:"iters"`
 	Seconds     float64 `json:"seconds"`
@@ -136,11 +137,15 @@ type pingpongResult struct {
 // the spirit of ibv_rc_pingpong.
 func cmdPingpong(e *env, args []string) error {
 	var t trafficFlags
-	var iters int
+	var iters, srqs int
 	fs := flag.NewFlagSet("pingpong", flag.ContinueOnError)
 	t.register(fs, 4096)
 	fs.IntVar(&iters, "iters", 1000, "round trips")
+	fs.IntVar(&srqs, "srq", 0, "N RC connections per side whose receives come from one shared receive queue per side")
 	if err := t.parse(e, fs, args); err != nil {
+		return err
+	}
+	if err := checkSRQFlags(&t, srqs); err != nil {
 		return err
 	}
 	d, err := t.openDevice(e)
@@ -150,6 +155,9 @@ func cmdPingpong(e *env, args []string) error {
 	defer d.Close()
 	ctx, cancel := withTimeout(5 * time.Minute)
 	defer cancel()
+	if srqs > 0 {
+		return srqPingpong(ctx, e, &t, d, srqs, iters)
+	}
 	a, b, x, err := t.setup(ctx, d, 4, t.size)
 	if err != nil {
 		return err
