@@ -4,9 +4,12 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/vfrdma/vfrdma"
+	"github.com/vfrdma/vfrdma/firmware"
+	"github.com/vfrdma/vfrdma/rings"
 )
 
 // infoDoc is what `pvctl info --json` prints.
@@ -26,12 +29,53 @@ type infoDoc struct {
 // srqInfo is what matters to a user of shared receive queues.
 type srqInfo struct {
 	MaxSRQs int `json:"max_srqs"`
-	// MaxDepth is the largest SRQ the driver creates, by SGEs per receive
-	// (index 0: 1 SGE).
+	// MaxSRQWR is the device's max_srq_wr.
+	MaxSRQWR int `json:"max_srq_wr"`
+	// RingLimit is the driver's ring limit by SGEs per receive (index 0:
+	// 1 SGE): an SRQ ring spans at most MaxRingChunks-1 data pages, so
+	// (128-1)*4096/stride entries, stride = rings.RecvStride(sge).
+	RingLimit []int `json:"ring_limit_by_sge"`
+	// MaxDepth is the largest SRQ the driver creates, by SGEs per receive:
+	// the lower of max_srq_wr and the ring limit, rounded down to a power
+	// of two.
 	MaxDepth []int `json:"max_depth_by_sge"`
 	MaxSGE   int   `json:"max_sge"`
 	// LimitEvents says who raises low-watermark events.
 	LimitEvents string `json:"low_watermark_events"`
+}
+
+func newSRQInfo(d *vfrdma.Device) srqInfo {
+	c := d.Caps()
+	s := srqInfo{MaxSRQs: int(c.MaxSRQ), MaxSRQWR: int(c.MaxSRQWR), MaxSGE: int(c.MaxSRQSGE), LimitEvents: "the driver, from its own counts"}
+	if d.Quirks().NoAsyncEvents {
+		s.LimitEvents += " (the device sends none)"
+	}
+	for sge := 1; sge <= s.MaxSGE; sge++ {
+		s.RingLimit = append(s.RingLimit, (firmware.MaxRingChunks-1)*firmware.PageSize/rings.RecvStride(sge))
+		s.MaxDepth = append(s.MaxDepth, d.MaxSRQDepth(sge))
+	}
+	return s
+}
+
+// depthText lists MaxDepth by SGEs per receive, for the text output.
+func (s *srqInfo) depthText() string {
+	if len(s.MaxDepth) == 0 {
+		return "none (no SRQ SGEs)"
+	}
+	parts := make([]string, len(s.MaxDepth))
+	for i, n := range s.MaxDepth {
+		parts[i] = fmt.Sprintf("%d (%d SGE)", n, i+1)
+		if i > 0 {
+			parts[i] = fmt.Sprintf("%d (%d SGEs)", n, i+1)
+		}
+	}
+	return strings.Join(parts, ", ")
+}
+
+// limitText says what MaxDepth is made of, for the text output.
+func (s *srqInfo) limitText() string {
+	return fmt.Sprintf("the lower of max_srq_wr %d and the driver's ring, (%d-1)*%d/stride = %v entries, rounded down to a power of two",
+		s.MaxSRQWR, firmware.MaxRingChunks, firmware.PageSize, s.RingLimit)
 }
 
 var portStates = []string{"NOP", "DOWN", "INIT", "ARMED", "ACTIVE", "ACTIVE_DEFER"}
@@ -66,13 +110,7 @@ func cmdInfo(e *env, args []string) error {
 		BDF: d.Name(), Version: d.Version(), FWVer: c.FWVersion(),
 		NodeGUID: guid(c.NodeGUID), GID: d.GID().String(),
 		Caps: c, Port: port, Quirks: d.Quirks(), Recovered: d.Recovered(),
-		SRQ: srqInfo{MaxSRQs: int(c.MaxSRQ), MaxSGE: int(c.MaxSRQSGE), LimitEvents: "the driver, from its own counts"},
-	}
-	if d.Quirks().NoAsyncEvents {
-		doc.SRQ.LimitEvents += " (the device sends none)"
-	}
-	for sge := 1; sge <= int(c.MaxSRQSGE); sge++ {
-		doc.SRQ.MaxDepth = append(doc.SRQ.MaxDepth, d.MaxSRQDepth(sge))
+		SRQ: newSRQInfo(d),
 	}
 	if err := d.Close(); err != nil {
 		return err
@@ -130,7 +168,9 @@ func printInfo(w io.Writer, d *infoDoc) {
 		{"port 1 active_speed", p.ActiveSpeed},
 		{"port 1 GID[0]", d.GID},
 		{"srq max_srqs", d.SRQ.MaxSRQs},
-		{"srq max depth", fmt.Sprintf("%v (by SGEs per receive, 1 to %d)", d.SRQ.MaxDepth, d.SRQ.MaxSGE)},
+		{"srq max_sge", fmt.Sprintf("%d per receive", d.SRQ.MaxSGE)},
+		{"srq max depth", d.SRQ.depthText()},
+		{"srq depth limit", d.SRQ.limitText()},
 		{"srq low watermark", "raised by " + d.SRQ.LimitEvents},
 		{"quirks", fmt.Sprintf("emulated=%v cq_arm_both=%v no_async_events=%v", d.Quirks.Emulated, d.Quirks.CQArmBoth, d.Quirks.NoAsyncEvents)},
 	}

@@ -79,32 +79,52 @@ func (t *trafficFlags) setup(ctx context.Context, d *vfrdma.Device, depth, size 
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	if a, err = newEndpoint(ctx, d, pd, typ, depth, size); err != nil {
-		return nil, nil, nil, err
+	return pair(ctx, &t.peerFlags, d, func() (*endpoint, error) {
+		return newEndpoint(ctx, d, pd, typ, depth, size)
+	})
+}
+
+// end is one end of a connection as pair connects it: an endpoint, or
+// the QPs of one side of pingpong --srq.
+type end interface {
+	info(d *vfrdma.Device) peerInfo
+	connect(ctx context.Context, peer peerInfo) error
+}
+
+// pair makes the local end(s) with mk and connects them: two ends to each
+// other in loopback (x nil), otherwise one end to the peer's, whose info
+// the returned exchanger swapped (b is then the zero E).
+func pair[E end](ctx context.Context, p *peerFlags, d *vfrdma.Device, mk func() (E, error)) (a, b E, x exchanger, err error) {
+	var none E
+	if a, err = mk(); err != nil {
+		return none, none, nil, err
 	}
-	if t.loopback() {
-		if b, err = newEndpoint(ctx, d, pd, typ, depth, size); err != nil {
-			return nil, nil, nil, err
+	if p.loopback() {
+		if b, err = mk(); err != nil {
+			return none, none, nil, err
 		}
 		if err := a.connect(ctx, b.info(d)); err != nil {
-			return nil, nil, nil, err
+			return none, none, nil, err
 		}
-		return a, b, nil, b.connect(ctx, a.info(d))
+		if err := b.connect(ctx, a.info(d)); err != nil {
+			return none, none, nil, err
+		}
+		return a, b, nil, nil
 	}
-	if x, err = t.open(ctx); err != nil {
-		return nil, nil, nil, err
+	if x, err = p.open(ctx); err != nil {
+		return none, none, nil, err
 	}
 	peer, err := x.swap(ctx, a.info(d))
+	if err == nil {
+		err = a.connect(ctx, peer)
+	}
 	if err != nil {
 		x.close()
-		return nil, nil, nil, err
+		return none, none, nil, err
 	}
-	if err := a.connect(ctx, peer); err != nil {
-		x.close()
-		return nil, nil, nil, err
-	}
-	// Both ends in RTR (receives posted by the caller next) before traffic.
-	return a, nil, x, nil
+	// This end is connected; the caller posts its receives (if mk did
+	// not) and meets the peer at a barrier before traffic.
+	return a, none, x, nil
 }
 
 func pattern(b []byte, seq int) {
@@ -131,6 +151,9 @@ type pingpongResult struct {
 	RoundTripUS float64 `json:"round_trip_us"`
 	MbitPerSec  float64 `json:"mbit_per_s"`
 	Checked     bool    `json:"data_checked"`
+	// SRQDoorbellsPerRecv is pingpong --srq's SRQ doorbells per receive
+	// consumed (below 1: receives reposted in chains).
+	SRQDoorbellsPerRecv float64 `json:"srq_doorbells_per_recv,omitempty"`
 }
 
 // cmdPingpong bounces a message back and forth and checks every byte, in
@@ -145,8 +168,13 @@ func cmdPingpong(e *env, args []string) error {
 	if err := t.parse(e, fs, args); err != nil {
 		return err
 	}
-	if err := checkSRQFlags(&t, srqs); err != nil {
+	srqGiven := false
+	fs.Visit(func(f *flag.Flag) { srqGiven = srqGiven || f.Name == "srq" })
+	if err := checkSRQFlags(&t, srqs, srqGiven); err != nil {
 		return err
+	}
+	if iters < 1 {
+		return fmt.Errorf("--iters %d: want 1 or more round trips", iters)
 	}
 	d, err := t.openDevice(e)
 	if err != nil {

@@ -178,14 +178,14 @@ func (s *srqSide) allPast(k int) bool {
 	return true
 }
 
-// checkSRQFlags checks --srq against the other flags before any device is
-// touched.
-func checkSRQFlags(t *trafficFlags, n int) error {
+// checkSRQFlags checks --srq (n, given says whether it was on the command
+// line) against the other flags before any device is touched.
+func checkSRQFlags(t *trafficFlags, n int, given bool) error {
 	switch {
-	case n < 0:
+	case given && n < 1:
 		return fmt.Errorf("--srq %d: want a number of connections, 1 or more", n)
-	case n > 0 && t.ud:
-		return errors.New("--srq needs RC QPs (--ud given): an SRQ here serves connected QPs")
+	case given && t.ud:
+		return errors.New("--srq needs RC QPs (--ud given): the SRQ ping-pong runs over connected QPs, like ibv_srq_pingpong")
 	}
 	return nil
 }
@@ -198,37 +198,18 @@ func srqPingpong(ctx context.Context, e *env, t *trafficFlags, d *vfrdma.Device,
 	if err != nil {
 		return err
 	}
-	client, err := newSRQSide(ctx, d, pd, n, t.size)
+	client, server, x, err := pair(ctx, &t.peerFlags, d, func() (*srqSide, error) {
+		return newSRQSide(ctx, d, pd, n, t.size)
+	})
 	if err != nil {
 		return err
 	}
-	var server *srqSide
-	var x exchanger
-	if t.loopback() {
-		if server, err = newSRQSide(ctx, d, pd, n, t.size); err != nil {
-			return err
-		}
-		if err := client.connect(ctx, server.info(d)); err != nil {
-			return err
-		}
-		if err := server.connect(ctx, client.info(d)); err != nil {
-			return err
-		}
-	} else {
-		if x, err = t.open(ctx); err != nil {
-			return err
-		}
+	if x != nil {
 		defer x.close()
-		peer, err := x.swap(ctx, client.info(d))
-		if err != nil {
-			return err
-		}
-		if err := client.connect(ctx, peer); err != nil {
-			return err
-		}
 		if x.server() {
 			client, server = nil, client
 		}
+		// The receives are posted (newSRQSide): both sides may send.
 		if err := x.barrier(ctx, "srq-pingpong-ready"); err != nil {
 			return err
 		}
@@ -264,25 +245,40 @@ func srqPingpong(ctx context.Context, e *env, t *trafficFlags, d *vfrdma.Device,
 		}
 	}
 	el := time.Since(start)
-	var consumed uint64
-	side := client
-	if side == nil {
-		side = server
-	}
-	for _, v := range side.srq.Query().QPs {
-		consumed += v.Consumed
-	}
-	if consumed != uint64(n*iters) {
-		return fmt.Errorf("the SRQ counted %d receives consumed, want %d", consumed, n*iters)
+	// Every receive came from this process's SRQs, n*iters per side, and
+	// what they rang is the doorbells of the chained reposts.
+	var doorbells uint64
+	sides := 0
+	for _, s := range []*srqSide{client, server} {
+		if s == nil {
+			continue
+		}
+		var consumed uint64
+		for _, v := range s.srq.Query().QPs {
+			consumed += v.Consumed
+		}
+		if consumed != uint64(n*iters) {
+			return fmt.Errorf("SRQ %d counted %d receives consumed, want %d", s.srq.Handle(), consumed, n*iters)
+		}
+		doorbells += s.srq.DoorbellStats().Doorbells
+		sides++
 	}
 	r := pingpongResult{Transport: "RC", SRQQPs: n, Size: t.size, Iters: iters, Seconds: el.Seconds(),
 		RoundTripUS: float64(el.Microseconds()) / float64(iters),
-		MbitPerSec:  float64(2*t.size*iters*n*8) / el.Seconds() / 1e6, Checked: true}
+		MbitPerSec:  float64(2*t.size*iters*n*8) / el.Seconds() / 1e6, Checked: true,
+		SRQDoorbellsPerRecv: float64(doorbells) / float64(sides*n*iters)}
 	if e.json {
 		return e.printJSON(r)
 	}
-	db := side.srq.DoorbellStats()
-	fmt.Fprintf(e.out, "RC SRQ pingpong: %d QPs per side on one SRQ, %d rounds of %d round trips of %d bytes in %.2f s: %.1f µs per round, %.2f Mbit/s, every byte checked; %.3f SRQ doorbells per receive\n",
-		n, iters, n, t.size, r.Seconds, r.RoundTripUS, r.MbitPerSec, float64(db.Doorbells)/float64(n*iters))
+	fmt.Fprintf(e.out, "RC SRQ pingpong: %s per side on one SRQ, %s of %s of %d bytes in %.2f s: %.1f µs per round, %.2f Mbit/s, every byte checked; %.3f SRQ doorbells per receive\n",
+		count(n, "QP"), count(iters, "round"), count(n, "round trip"), t.size, r.Seconds, r.RoundTripUS, r.MbitPerSec, r.SRQDoorbellsPerRecv)
 	return nil
+}
+
+// count is n and word, plural unless n is 1.
+func count(n int, word string) string {
+	if n == 1 {
+		return "1 " + word
+	}
+	return fmt.Sprintf("%d %ss", n, word)
 }
