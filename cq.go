@@ -206,14 +206,16 @@ func (cq *CQ) Poll(wcs []WC) (int, error) {
 	n := 0
 	var e rings.CQE
 	for i := 0; i < take; i++ {
-		slot := cq.cons.Slot(i)
-		rings.DecodeCQE(cq.data[slot*CQESize:(slot+1)*CQESize], &e)
+		rings.DecodeCQEWork(cq.data[cq.cons.Slot(i)*CQESize:], &e)
 		if !cq.account(&e) {
 			cq.stats.Dropped++
 			continue
 		}
-		wcs[n] = WC{WRID: e.WRID, Status: WCStatus(e.Status), Opcode: WCOpcode(e.Opcode), ByteLen: e.ByteLen,
-			QPN: uint32(e.QP), SrcQP: e.SrcQP, Flags: e.WCFlags, VendorErr: e.VendorErr, Imm: e.Imm}
+		// Field by field: a composite literal is built on the stack and
+		// copied in 16-byte moves that stall on the 4-byte stores.
+		w := &wcs[n]
+		w.WRID, w.Status, w.Opcode, w.ByteLen = e.WRID, WCStatus(e.Status), WCOpcode(e.Opcode), e.ByteLen
+		w.QPN, w.SrcQP, w.Flags, w.VendorErr, w.Imm = uint32(e.QP), e.SrcQP, e.WCFlags, e.VendorErr, e.Imm
 		n++
 	}
 	cq.publishHeads()

@@ -72,6 +72,23 @@ func DecodeCQE(slot []byte, c *CQE) {
 	c.NetworkHdrType = b[cqNetHdrType]
 }
 
+// DecodeCQEWork reads the fields of the 64-byte CQE at the start of slot
+// that a work completion reports (WRID, QP, Opcode, Status, ByteLen, Imm,
+// SrcQP, WCFlags, VendorErr) into c, and leaves c's others as they were:
+// the poll path's decoder. It does not allocate.
+func DecodeCQEWork(slot []byte, c *CQE) {
+	b := slot[:CQESize:CQESize]
+	c.WRID = le.Uint64(b[cqWRID:])
+	c.QP = le.Uint64(b[cqQP:])
+	c.Opcode = le.Uint32(b[cqOpcode:])
+	c.Status = le.Uint32(b[cqStatus:])
+	c.ByteLen = le.Uint32(b[cqByteLen:])
+	c.Imm = binary.BigEndian.Uint32(b[cqImm:])
+	c.SrcQP = le.Uint32(b[cqSrcQP:])
+	c.WCFlags = le.Uint32(b[cqWCFlags:])
+	c.VendorErr = le.Uint32(b[cqVendorErr:])
+}
+
 // PutCQE writes c as a 64-byte CQE at the start of slot, reserved bytes
 // zeroed, the way the device does; it is for device models and tests. It
 // does not allocate.
