@@ -146,9 +146,9 @@ type pingpongResult struct {
 	Transport   string  `json:"transport"`
 	SRQQPs      int     `json:"srq_qps,omitempty"`
 	Size        int     `json:"size"`
-	Iters       int     `json:"iters"`
+	Iters       int     `json:"iters"` // with --srq: rounds of srq_qps round trips at once
 	Seconds     float64 `json:"seconds"`
-	RoundTripUS float64 `json:"round_trip_us"`
+	RoundTripUS float64 `json:"round_trip_us"` // with --srq: per round
 	MbitPerSec  float64 `json:"mbit_per_s"`
 	Checked     bool    `json:"data_checked"`
 	// SRQDoorbellsPerRecv is pingpong --srq's SRQ doorbells per receive
