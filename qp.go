@@ -505,6 +505,13 @@ func (qp *QP) destroyOnDevice(ctx context.Context) error {
 		return err
 	}
 	qp.devicesQP = false
+	// What was deferred and not rung is flushed with the rest; a doorbell
+	// for it now would name a handle the device may give another QP, or
+	// write a ring that Close frees.
+	qp.sq.Doorbell().Reset()
+	if db := qp.rq.Doorbell(); db != nil {
+		db.Reset()
+	}
 	qp.d.journal.remove(kindQP, qp.handle)
 	return nil
 }

@@ -26,10 +26,12 @@ type SRQConfig struct {
 	// SGE is the SGEs per receive (1 to the device's max_srq_sge; default 1).
 	SGE int
 	// LowWatermark arms the low watermark at creation (0: disarmed); see
-	// SRQ.SetLowWatermark.
+	// SRQ.SetLowWatermark. The new SRQ is empty: it fires with the first
+	// completion that leaves fewer available, not at once.
 	LowWatermark int
 	// OnLowWatermark, if set, receives each low-watermark event, on the
-	// goroutine whose CQ.Poll reaped the completion that crossed the line.
+	// goroutine whose CQ.Poll reaped the completion that crossed the line
+	// (or that called SetLowWatermark below it).
 	// It must not block. SRQ.LowWatermarkEvents is the channel alternative.
 	OnLowWatermark func(SRQEvent)
 	// CQ is the CQ of the SRQ's receive completions, where its flush
@@ -156,11 +158,9 @@ func (pd *PD) CreateSRQ(ctx context.Context, cfg *SRQConfig) (*SRQ, error) {
 		PD:             pd.handle,
 		Keys:           &d.lkeys,
 		NeedMember:     d.emulated || c.CQ == nil,
+		LowWatermark:   c.LowWatermark,
 		OnLowWatermark: c.OnLowWatermark,
 	})
-	if err == nil {
-		err = q.SetLowWatermark(c.LowWatermark)
-	}
 	if err != nil {
 		d.ch.DestroySRQ(ctx, h)
 		buf.Close()
@@ -211,11 +211,11 @@ func (s *SRQ) DoorbellStats() doorbell.Stats { return s.q.Doorbell() }
 func (s *SRQ) Query() SRQSnapshot { return s.q.Query() }
 
 // SetLowWatermark arms the low watermark at n receives (0 disarms it). The
-// completion that leaves fewer than n receives available raises one
-// SRQEvent (to SRQConfig.OnLowWatermark and LowWatermarkEvents), when
-// CQ.Poll reaps it, and disarms the watermark: it must be set again to fire
-// again. Armed while fewer than n are available, it fires with the next
-// completion, as a device's SRQ limit does.
+// first time fewer than n receives are available, one SRQEvent is raised
+// (to SRQConfig.OnLowWatermark and LowWatermarkEvents) and the watermark
+// disarms: it must be set again to fire again. That is when CQ.Poll reaps
+// the completion that crosses the line, or, armed while fewer than n are
+// available already, during this call (dat_srq_set_lw's rule).
 func (s *SRQ) SetLowWatermark(n int) error {
 	return s.d.opErr("set SRQ low watermark", s.q.SetLowWatermark(n))
 }

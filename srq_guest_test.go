@@ -431,7 +431,8 @@ func TestSRQRecvQuery(t *testing.T) {
 // Rule 4 (low watermark): when the receives available drop below the
 // watermark one event is raised, by the driver, when it reaps the crossing
 // completion; it fires once per setting, and again only once set again
-// (at once if the SRQ is below it already).
+// (during the call if the SRQ is below it already). A watermark given at
+// creation waits for the first crossing.
 func TestSRQLowWatermarkOncePerSetting(t *testing.T) {
 	d := openGuest(t)
 	const depth = 16
@@ -471,12 +472,17 @@ func TestSRQLowWatermarkOncePerSetting(t *testing.T) {
 	noEvent("below the watermark, not set again")
 	assert.Equal(t, int32(1), r.limitCalls.Load())
 
-	// Set again above what is available (4): it fires with the next
-	// completion, as a device's limit does.
+	// Set again above what is available (4): it fires during the call
+	// (dat_srq_set_lw), once.
 	require.NoError(t, r.srq.SetLowWatermark(6))
-	noEvent("armed below the line, before a completion")
+	select {
+	case ev := <-events:
+		assert.Equal(t, SRQEvent{Available: 4, Watermark: 6}, ev)
+	default:
+		t.Fatal("no event when armed at 6 with 4 available")
+	}
 	consume(1)
-	assert.Equal(t, SRQEvent{Available: 3, Watermark: 6}, <-events)
+	noEvent("the next completion, after the event of this arming")
 	assert.Equal(t, int32(2), r.limitCalls.Load())
 
 	// Refill to 15, set at 10, consume across it: once more, and only once.

@@ -32,6 +32,7 @@ import (
 	"sync"
 
 	"github.com/vfrdma/vfrdma/doorbell"
+	"github.com/vfrdma/vfrdma/rings"
 	"github.com/vfrdma/vfrdma/wq"
 )
 
@@ -65,9 +66,15 @@ type Config struct {
 	// receive with the receive CQ of the newest QP when it is posted).
 	NeedMember bool
 
+	// LowWatermark arms the low watermark from the start (0: disarmed).
+	// The new Queue is empty: the event comes with the first completion
+	// that leaves fewer available, not at once.
+	LowWatermark int
+
 	// OnLowWatermark, if set, is called with each low-watermark event, on
 	// the goroutine that reported the completion that crossed the line (a
-	// CQ's poller). It must not block; it may call the Queue's methods.
+	// CQ's poller) or armed the watermark below it. It must not block; it
+	// may call the Queue's methods.
 	OnLowWatermark func(Event)
 }
 
@@ -114,8 +121,14 @@ func New(cfg Config) (*Queue, error) {
 	if cfg.Depth < 1 || cfg.Depth > cfg.Slots {
 		return nil, wq.Invalidf("%s: depth %d: want 1 to %d", cfg.Name, cfg.Depth, cfg.Slots)
 	}
-	q := &Queue{pd: cfg.PD, keys: cfg.Keys, depth: cfg.Depth, need: cfg.NeedMember, onLW: cfg.OnLowWatermark,
-		lwC: make(chan Event, 1)}
+	if cfg.LowWatermark < 0 || cfg.LowWatermark > cfg.Depth {
+		return nil, wq.Invalidf("%s: low watermark %d: want 0 to the depth, %d", cfg.Name, cfg.LowWatermark, cfg.Depth)
+	}
+	if min := rings.RecvStride(cfg.MaxSGE); cfg.Stride < min {
+		return nil, wq.Invalidf("%s: stride %d cannot hold %d SGEs (%d bytes)", cfg.Name, cfg.Stride, cfg.MaxSGE, min)
+	}
+	q := &Queue{pd: cfg.PD, keys: cfg.Keys, depth: cfg.Depth, lw: cfg.LowWatermark, need: cfg.NeedMember,
+		onLW: cfg.OnLowWatermark, lwC: make(chan Event, 1)}
 	if err := q.w.Init(cfg.Name, cfg.Register, cfg.State, cfg.Data, cfg.Stride, cfg.Slots, cfg.MaxSGE, cfg.Offset, cfg.Value); err != nil {
 		return nil, err
 	}
@@ -269,20 +282,26 @@ func (q *Queue) raise(ev Event) {
 func (q *Queue) LowWatermarkEvents() <-chan Event { return q.lwC }
 
 // SetLowWatermark arms the low watermark at n receives (0 disarms it): the
-// completion that leaves fewer than n receives available raises one event
-// and disarms the watermark; it must be set again to fire again. As with a
-// device's SRQ limit, the event comes with a consumption: armed while fewer
-// than n are available, it fires with the next completion.
+// first time fewer than n receives are available, one event is raised and
+// the watermark disarms; it must be set again to fire again. As
+// dat_srq_set_lw says, that can happen during this call: armed while fewer
+// than n are available, it fires here, on the caller's goroutine.
 func (q *Queue) SetLowWatermark(n int) error {
 	q.mu.Lock()
-	defer q.mu.Unlock()
 	if n < 0 || n > q.depth {
+		q.mu.Unlock()
 		return wq.Invalidf("%s: low watermark %d: want 0 to the depth, %d", q.w.Name(), n, q.depth)
 	}
 	if q.closed {
+		q.mu.Unlock()
 		return wq.ErrClosed
 	}
 	q.lw = n
+	ev, fire := q.checkLW()
+	q.mu.Unlock()
+	if fire {
+		q.raise(ev)
+	}
 	return nil
 }
 
@@ -388,6 +407,7 @@ func (q *Queue) Close() int {
 	defer q.mu.Unlock()
 	q.closed = true
 	q.lw = 0
+	q.w.Doorbell().Reset() // deferred receives are flushed, never handed to a destroyed SRQ
 	return q.w.Outstanding()
 }
 

@@ -56,7 +56,7 @@ func (w *Queue) Init(name string, reg doorbell.Register, state, data []byte, str
 	if err != nil {
 		return err
 	}
-	if stride&(stride-1) != 0 {
+	if stride <= 0 || stride&(stride-1) != 0 {
 		return Invalidf("%s: WQE stride %d is not a power of two", name, stride)
 	}
 	*w = Queue{name: name, prod: prod, db: db, data: data, stride: stride, maxSGE: maxSGE,
@@ -88,11 +88,18 @@ func (w *Queue) Outstanding() int { return int(w.tail - w.head.Load()) }
 
 // OutstandingP is the same count from the published counters, readable
 // from any goroutine: posts as of the last post call, completions as of
-// the last PublishHead. It reads the completions first, then the posts, so
-// that it is never negative, whatever runs meanwhile.
+// the last PublishHead. Both counts come from one moment: it reads the
+// completions, the posts, then the completions again, and retries if they
+// moved, so the answer is never negative nor more than the ring holds,
+// whatever runs meanwhile.
 func (w *Queue) OutstandingP() int {
-	head := w.head.Load()
-	return int(w.tailP.Load() - head)
+	for {
+		head := w.head.Load()
+		tail := w.tailP.Load()
+		if w.head.Load() == head {
+			return int(tail - head)
+		}
+	}
 }
 
 // CheckRing checks the device's consumer index before a post: an index out

@@ -1,8 +1,13 @@
 package wq_test
 
 import (
+	"math"
+	"math/rand/v2"
+	"runtime"
 	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -13,6 +18,8 @@ import (
 	"github.com/vfrdma/vfrdma/wq"
 )
 
+// newQueue is a receive queue over ordinary memory, with the device's
+// view of its ring (a consumer over the same 8 bytes of state).
 func newQueue(t testing.TB, depth int) (*wq.Queue, *rings.Consumer) {
 	t.Helper()
 	reg, err := mmio.New(make([]byte, doorbell.PageSize))
@@ -21,40 +28,149 @@ func newQueue(t testing.TB, depth int) (*wq.Queue, *rings.Consumer) {
 	var w wq.Queue
 	stride := rings.RecvStride(1)
 	require.NoError(t, w.Init("QP 1", reg, state, make([]byte, depth*stride), stride, depth, 1, doorbell.OffsetQP, doorbell.QPRecv|1))
-	st, _ := rings.NewState(state)
+	st, err := rings.NewState(state)
+	require.NoError(t, err)
 	c, err := rings.NewConsumer(st, depth)
 	require.NoError(t, err)
 	return &w, c
 }
 
+// put posts ids as one call, not deferred.
 func put(t testing.TB, w *wq.Queue, ids ...uint64) {
+	t.Helper()
 	for _, id := range ids {
 		w.PutRecv(id, nil)
 	}
 	require.NoError(t, w.End(false))
 }
 
-// Completions in any order remove each outstanding request once; the
-// record stays dense, so flushing what is left returns exactly the rest.
-func TestCompleteOutOfOrderThenFlushTheRest(t *testing.T) {
+// drainFlush takes every outstanding request with PopFlush.
+func drainFlush(w *wq.Queue) []uint64 {
+	var out []uint64
+	for id, ok := w.PopFlush(); ok; id, ok = w.PopFlush() {
+		out = append(out, id)
+	}
+	return out
+}
+
+// Completions in any order remove one outstanding request each, the
+// record stays dense across many laps of the ring, and what is left
+// flushes exactly once. Duplicate wr_ids are a multiset: each posting
+// completes once.
+func TestCompleteOutOfOrderKeepsTheMultisetDense(t *testing.T) {
+	const depth = 8
+	w, c := newQueue(t, depth)
+	rnd := rand.New(rand.NewPCG(7, 7))
+	model := map[uint64]int{} // wr_id -> postings outstanding
+	out := 0
+	next := uint64(0)
+	for round := 0; round < 500; round++ {
+		// Post up to the room left, with some duplicate wr_ids.
+		for n := rnd.IntN(w.Room() + 1); n > 0; n-- {
+			id := next
+			if rnd.IntN(4) == 0 {
+				id = 1 << 50 // a wr_id many requests share
+			}
+			next++
+			w.PutRecv(id, nil)
+			model[id]++
+			out++
+		}
+		require.NoError(t, w.End(false))
+		if r, _ := c.Ready(); r > 0 {
+			c.Consume(r)
+		}
+		// Complete a random part of what is outstanding, in random order.
+		var ids []uint64
+		for id, n := range model {
+			for ; n > 0; n-- {
+				ids = append(ids, id)
+			}
+		}
+		rnd.Shuffle(len(ids), func(i, j int) { ids[i], ids[j] = ids[j], ids[i] })
+		for _, id := range ids[:rnd.IntN(len(ids)+1)] {
+			require.True(t, w.Complete(id), "round %d: wr_id %d outstanding", round, id)
+			model[id]--
+			if model[id] == 0 {
+				delete(model, id)
+				require.False(t, w.Complete(id), "round %d: wr_id %d completed past its postings", round, id)
+			}
+			out--
+		}
+		w.PublishHead()
+		require.Equal(t, out, w.Outstanding(), "round %d", round)
+		require.Equal(t, out, w.OutstandingP(), "round %d", round)
+	}
+	assert.False(t, w.Complete(1<<40), "never posted")
+	want := []uint64{}
+	for id, n := range model {
+		for ; n > 0; n-- {
+			want = append(want, id)
+		}
+	}
+	assert.ElementsMatch(t, want, drainFlush(w), "the rest flushes once each")
+	assert.Zero(t, w.OutstandingP())
+	assert.Equal(t, depth, w.Room())
+}
+
+// PopFlush takes the oldest outstanding request first: with completions in
+// order, the rest flushes in posting order; an out-of-order completion
+// moves the oldest into its place, and each still flushes once.
+func TestPopFlushTakesTheOldestFirst(t *testing.T) {
 	w, _ := newQueue(t, 8)
 	put(t, w, 1, 2, 3, 4, 5, 6)
-	for _, id := range []uint64{4, 1, 6} {
-		require.True(t, w.Complete(id), "wr_id %d", id)
-	}
-	assert.False(t, w.Complete(4), "twice")
-	assert.False(t, w.Complete(9), "never posted")
-	assert.Equal(t, 6, w.Outstanding(), "the poster sees completions once published")
-	w.PublishHead()
+	require.True(t, w.Complete(1))
+	require.True(t, w.Complete(2))
+	assert.Equal(t, []uint64{3, 4, 5, 6}, drainFlush(w))
+	_, ok := w.PopFlush()
+	assert.False(t, ok, "nothing left")
+
+	put(t, w, 11, 12, 13, 14)
+	require.True(t, w.Complete(13)) // 11 moves into 13's place
+	assert.Equal(t, []uint64{12, 11, 14}, drainFlush(w))
+	assert.Zero(t, w.Outstanding(), "PopFlush shows the poster at once")
+}
+
+// The poster learns of completions only at PublishHead: until then it sees
+// fewer free slots than there are, never more.
+func TestCompletionsReachThePosterAtPublishHead(t *testing.T) {
+	w, _ := newQueue(t, 8)
+	put(t, w, 1, 2, 3)
+	require.True(t, w.Complete(2))
+	require.True(t, w.Complete(3))
 	assert.Equal(t, 3, w.Outstanding())
 	assert.Equal(t, 3, w.OutstandingP())
-	var rest []uint64
-	for id, ok := w.PopFlush(); ok; id, ok = w.PopFlush() {
-		rest = append(rest, id)
-	}
-	assert.ElementsMatch(t, []uint64{2, 3, 5}, rest)
-	assert.Zero(t, w.OutstandingP())
-	assert.Equal(t, 8, w.Room())
+	assert.Equal(t, 5, w.Room())
+	w.PublishHead()
+	assert.Equal(t, 1, w.Outstanding())
+	assert.Equal(t, 1, w.OutstandingP())
+	assert.Equal(t, 7, w.Room())
+	assert.Equal(t, uint32(3), w.Posted())
+}
+
+// A deferred call publishes nothing and rings nothing; the next doorbell
+// (End without defer, or Flush) hands everything pending over at once.
+func TestDeferredCallsWaitForOneDoorbell(t *testing.T) {
+	w, c := newQueue(t, 8)
+	w.PutRecv(1, nil)
+	require.NoError(t, w.End(true))
+	w.PutRecv(2, nil)
+	w.PutRecv(3, nil)
+	require.NoError(t, w.End(true))
+	ready, err := c.Ready()
+	require.NoError(t, err)
+	assert.Zero(t, ready, "the device sees nothing deferred")
+	assert.Zero(t, w.Doorbell().Stats().Doorbells)
+	assert.Equal(t, 3, w.OutstandingP(), "the poller sees deferred requests")
+	require.NoError(t, w.Flush())
+	ready, err = c.Ready()
+	require.NoError(t, err)
+	assert.Equal(t, 3, ready)
+	st := w.Doorbell().Stats()
+	assert.Equal(t, uint64(1), st.Doorbells)
+	assert.Equal(t, uint64(3), st.WQEs)
+	require.NoError(t, w.Flush())
+	assert.Equal(t, uint64(1), w.Doorbell().Stats().Doorbells, "a flush with nothing pending rings nothing")
 }
 
 // A refused post still hands what was pending to the device, with one
@@ -68,24 +184,71 @@ func TestFailHandsThePendingToTheDevice(t *testing.T) {
 	var pe *wq.PostError
 	require.ErrorAs(t, err, &pe)
 	assert.Equal(t, wq.PostError{Queue: "QP 1", Index: 1, WRID: 3, Err: wq.ErrQueueFull}, *pe)
-	assert.Equal(t, uint64(1), w.Doorbell().Stats().Doorbells)
+	assert.ErrorIs(t, err, wq.ErrQueueFull)
+	st := w.Doorbell().Stats()
+	assert.Equal(t, uint64(1), st.Doorbells)
+	assert.Equal(t, uint64(1), st.FailedPosts)
+	assert.Equal(t, uint64(2), st.WQEs)
 	ready, err := c.Ready()
 	require.NoError(t, err)
 	assert.Equal(t, 2, ready)
 	assert.Equal(t, 2, w.OutstandingP())
 }
 
-// OutstandingP is never negative while a poster and a poller run.
-func TestOutstandingPNeverNegative(t *testing.T) {
-	const n = 20000
-	w, c := newQueue(t, 64)
-	ids := make(chan uint64, 64)
+// The zero Queue (the receive queue of a QP on an SRQ) holds nothing, and
+// a refusal on it rings nothing and does not panic.
+func TestEmptyQueueHoldsNothing(t *testing.T) {
+	var w wq.Queue
+	w.SetName("QP 9")
+	assert.Zero(t, w.Slots())
+	assert.Zero(t, w.Outstanding())
+	assert.Zero(t, w.OutstandingP())
+	assert.Nil(t, w.Doorbell())
+	assert.False(t, w.Complete(0))
+	_, ok := w.PopFlush()
+	assert.False(t, ok)
+	assert.NoError(t, w.Flush())
+	err := w.Fail(0, 5, wq.ErrInvalid)
+	var pe *wq.PostError
+	require.ErrorAs(t, err, &pe)
+	assert.Equal(t, "QP 9", pe.Queue)
+	assert.ErrorIs(t, err, wq.ErrInvalid)
+}
+
+// Init refuses a ring it cannot lay WQEs out in.
+func TestInitRefusesABadRing(t *testing.T) {
+	reg, err := mmio.New(make([]byte, doorbell.PageSize))
+	require.NoError(t, err)
+	for _, tc := range []struct {
+		name                string
+		data, stride, depth int
+	}{
+		{"data shorter than the slots", 7 * 32, 32, 8},
+		{"a stride not a power of two", 8 * 48, 48, 8},
+		{"a zero stride", 8 * 32, 0, 8},
+		{"a depth not a power of two", 6 * 32, 32, 6},
+	} {
+		var w wq.Queue
+		err := w.Init("QP 1", reg, make([]byte, 8), make([]byte, tc.data), tc.stride, tc.depth, 1, doorbell.OffsetQP, doorbell.QPRecv|1)
+		assert.Error(t, err, tc.name)
+	}
+}
+
+// runPosterAndPoller runs, for about d, a poster that fills w and a poller
+// that is also the device (it completes what it reads from the ring),
+// yielding to each other, while the test goroutine calls check without
+// yielding (the scheduler preempts it anywhere, between OutstandingP's two
+// loads too) until it reports a failure.
+func runPosterAndPoller(t *testing.T, w *wq.Queue, c *rings.Consumer, d time.Duration, check func(reads int) bool) {
+	var stop, posted atomic.Bool
 	var wg sync.WaitGroup
 	wg.Add(2)
 	go func() { // poster
 		defer wg.Done()
-		for i := uint64(0); i < n; {
+		defer posted.Store(true)
+		for i := uint64(0); !stop.Load(); {
 			if w.Room() == 0 {
+				runtime.Gosched()
 				continue
 			}
 			w.PutRecv(i, nil)
@@ -93,83 +256,73 @@ func TestOutstandingPNeverNegative(t *testing.T) {
 				t.Error(err)
 				return
 			}
-			ids <- i
 			i++
 		}
-		close(ids)
 	}()
 	go func() { // device and poller
 		defer wg.Done()
-		for id := range ids {
-			if r, _ := c.Ready(); r > 0 {
-				c.Consume(r)
+		for {
+			done := posted.Load() // before Ready: nothing is posted after it
+			r, err := c.Ready()
+			if err != nil {
+				t.Error(err)
+				return
 			}
-			if !w.Complete(id) {
-				t.Errorf("wr_id %d not outstanding", id)
+			if r == 0 {
+				if done {
+					return
+				}
+				runtime.Gosched()
+				continue
 			}
+			for i := 0; i < r; i++ {
+				id, _, _ := rings.DecodeRecvWQE(w.Slot(c.Slot(i)), nil)
+				if !w.Complete(id) {
+					t.Errorf("wr_id %d not outstanding", id)
+				}
+			}
+			c.Consume(r)
 			w.PublishHead()
 		}
 	}()
-	for i := 0; i < n; i++ {
-		if o := w.OutstandingP(); o < 0 || o > 64 {
-			t.Fatalf("OutstandingP %d", o)
+	end := time.Now().Add(d)
+	for reads := 0; check(reads); reads++ {
+		if reads%1024 == 0 && time.Now().After(end) {
+			break
 		}
 	}
+	stop.Store(true)
 	wg.Wait()
 	assert.Zero(t, w.OutstandingP())
 }
 
-// Each SGE check has its own error.
-func TestCheckSGEsErrors(t *testing.T) {
-	keys := &wq.Keys{}
-	keys.Set(1, &wq.Region{PD: 1, Addr: 0x1000, Len: 0x1000, Access: wq.AccessLocalWrite})
-	keys.Set(2, &wq.Region{PD: 2, Addr: 0x8000, Len: 0x1000, Access: wq.AccessLocalWrite})
-	keys.Set(0x4000_0003, &wq.Region{PD: 1, Addr: 0x9000, Len: 0x1000}) // read only, hashed key
-	ok := wq.SGE{Addr: 0x1000, Length: 0x1000, LKey: 1}
-	total, err := wq.CheckSGEs(keys, 1, []wq.SGE{ok, ok}, 2, true)
-	require.NoError(t, err)
-	assert.Equal(t, 0x2000, total)
-	_, err = wq.CheckSGEs(keys, 1, []wq.SGE{{Addr: 0x9000, Length: 8, LKey: 0x4000_0003}}, 1, false)
-	assert.NoError(t, err, "a send reads a read-only MR")
-	for _, tc := range []struct {
-		name string
-		sges []wq.SGE
-		want error
-	}{
-		{"too many", []wq.SGE{ok, ok, ok}, wq.ErrInvalid},
-		{"past the end", []wq.SGE{{Addr: 0x1ff8, Length: 9, LKey: 1}}, wq.ErrInvalid},
-		{"before the start", []wq.SGE{{Addr: 0xfff, Length: 1, LKey: 1}}, wq.ErrInvalid},
-		{"another PD", []wq.SGE{{Addr: 0x8000, Length: 1, LKey: 2}}, wq.ErrProtection},
-		{"unknown key", []wq.SGE{{Addr: 0x1000, Length: 1, LKey: 7}}, wq.ErrPrivileges},
-		{"no local write", []wq.SGE{{Addr: 0x9000, Length: 1, LKey: 0x4000_0003}}, wq.ErrPrivileges},
-	} {
-		_, err := wq.CheckSGEs(keys, 1, tc.sges, 2, true)
-		assert.ErrorIs(t, err, tc.want, tc.name)
-	}
+// OutstandingP, read from a third goroutine while a poster and a poller
+// run, is never negative: it reads the completions before the posts. A
+// negative difference of its uint32 counters would show as a wrap, far
+// above any ring. (A ring of one slot, so that one post and its completion
+// between the two loads would show.)
+func TestOutstandingPNeverNegative(t *testing.T) {
+	w, c := newQueue(t, 1)
+	runPosterAndPoller(t, w, c, 500*time.Millisecond, func(reads int) bool {
+		if o := w.OutstandingP(); o < 0 || o > math.MaxInt32 {
+			t.Errorf("OutstandingP %d after %d reads", o, reads)
+			return false
+		}
+		return true
+	})
 }
 
-// The table maps small and large keys, replaces and removes only what
-// still maps to the value given.
-func TestTable(t *testing.T) {
-	var tb wq.Table[*int]
-	a, b, c := new(int), new(int), new(int)
-	assert.Nil(t, tb.Lookup(5))
-	tb.Set(5, a)
-	tb.Set(0xabcdef, b)
-	for k := uint32(2000); k < 2100; k++ { // past the direct range, many probes
-		tb.Set(k, c)
-	}
-	assert.Equal(t, a, tb.Lookup(5))
-	assert.Equal(t, b, tb.Lookup(0xabcdef))
-	assert.Equal(t, c, tb.Lookup(2050))
-	assert.Nil(t, tb.Lookup(6))
-	assert.Equal(t, 102, tb.Len())
-	tb.Remove(5, b) // not what 5 maps to
-	assert.Equal(t, a, tb.Lookup(5))
-	tb.Remove(5, a)
-	assert.Nil(t, tb.Lookup(5))
-	tb.Set(0xabcdef, a)
-	assert.Equal(t, a, tb.Lookup(0xabcdef))
-	assert.Equal(t, 101, tb.Len())
-	assert.Zero(t, testing.AllocsPerRun(100, func() { tb.Lookup(2050); tb.Lookup(7) }))
+// OutstandingP never counts more requests than the ring holds, whatever
+// the poster and poller do between its two loads (RecvQuery's Allocated
+// reads it: a QP cannot hold more buffers than its queue's depth). A ring
+// of one slot: one completion and one post between the loads would show.
+func TestOutstandingPNeverExceedsTheRing(t *testing.T) {
+	w, c := newQueue(t, 1)
+	runPosterAndPoller(t, w, c, 500*time.Millisecond, func(reads int) bool {
+		if o := w.OutstandingP(); o > w.Slots() {
+			t.Errorf("OutstandingP %d in a ring of %d, after %d reads", o, w.Slots(), reads)
+			return false
+		}
+		return true
+	})
 }

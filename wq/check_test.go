@@ -1,0 +1,208 @@
+package wq_test
+
+import (
+	"math"
+	"runtime"
+	"sync"
+	"sync/atomic"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/vfrdma/vfrdma/wq"
+)
+
+// Keys of the CheckSGEs tests: lkey 1, 64 KiB of PD 1 with local write;
+// lkey 2, PD 2's; lkey 0x4000_0003 (past the directly indexed keys), PD
+// 1's without local write.
+const (
+	keyRW    = 1
+	keyOther = 2
+	keyRO    = 0x4000_0003
+)
+
+func checkKeys() *wq.Keys {
+	keys := &wq.Keys{}
+	keys.Set(keyRW, &wq.Region{PD: 1, Addr: 0x1000, Len: 0x10000, Access: wq.AccessLocalWrite})
+	keys.Set(keyOther, &wq.Region{PD: 2, Addr: 0x8000, Len: 0x1000, Access: wq.AccessLocalWrite})
+	keys.Set(keyRO, &wq.Region{PD: 1, Addr: 0x90000, Len: 0x1000})
+	return keys
+}
+
+var sentinels = []error{wq.ErrInvalid, wq.ErrProtection, wq.ErrPrivileges, wq.ErrQueueFull, wq.ErrClosed, wq.ErrBusy}
+
+// Each kind of bad SGE has its own sentinel, and only that one; the SGE
+// at fault is named.
+func TestCheckSGEsRefusesEachKindWithItsOwnError(t *testing.T) {
+	keys := checkKeys()
+	ok := wq.SGE{Addr: 0x1000, Length: 0x100, LKey: keyRW}
+	for _, tc := range []struct {
+		name string
+		bad  wq.SGE
+		want error
+	}{
+		{"past the end of the MR", wq.SGE{Addr: 0x10ff8, Length: 9, LKey: keyRW}, wq.ErrInvalid},
+		{"before the start of the MR", wq.SGE{Addr: 0xfff, Length: 1, LKey: keyRW}, wq.ErrInvalid},
+		{"an MR of another PD", wq.SGE{Addr: 0x8000, Length: 1, LKey: keyOther}, wq.ErrProtection},
+		{"a key no MR has", wq.SGE{Addr: 0x1000, Length: 1, LKey: 7}, wq.ErrPrivileges},
+		{"a hashed key no MR has", wq.SGE{Addr: 0x1000, Length: 1, LKey: 0x4000_0004}, wq.ErrPrivileges},
+		{"a receive into an MR without local write", wq.SGE{Addr: 0x90000, Length: 1, LKey: keyRO}, wq.ErrPrivileges},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			total, err := wq.CheckSGEs(keys, 1, []wq.SGE{ok, tc.bad}, 2, true)
+			assert.Zero(t, total)
+			require.ErrorIs(t, err, tc.want)
+			for _, other := range sentinels {
+				if other != tc.want {
+					assert.NotErrorIs(t, err, other)
+				}
+			}
+			assert.Contains(t, err.Error(), "SGE 1")
+		})
+	}
+	t.Run("more SGEs than the queue takes", func(t *testing.T) {
+		_, err := wq.CheckSGEs(keys, 1, []wq.SGE{ok, ok, ok}, 2, true)
+		require.ErrorIs(t, err, wq.ErrInvalid)
+		for _, other := range sentinels[1:] {
+			assert.NotErrorIs(t, err, other)
+		}
+	})
+}
+
+// CheckSGEs checks in the order it documents: count, key, PD, access,
+// bounds; an SGE wrong in several ways reports the first.
+func TestCheckSGEsReportsTheFirstCheckThatFails(t *testing.T) {
+	keys := checkKeys()
+	// Another PD's MR, and out of its bounds: the PD is checked first.
+	_, err := wq.CheckSGEs(keys, 1, []wq.SGE{{Addr: 0x1, Length: 1, LKey: keyOther}}, 1, true)
+	assert.ErrorIs(t, err, wq.ErrProtection)
+	// No local write, and out of bounds: the access first.
+	_, err = wq.CheckSGEs(keys, 1, []wq.SGE{{Addr: 0x1, Length: 1, LKey: keyRO}}, 1, true)
+	assert.ErrorIs(t, err, wq.ErrPrivileges)
+	// Too many, though the first is bad: the count first.
+	bad := wq.SGE{LKey: 99}
+	_, err = wq.CheckSGEs(keys, 1, []wq.SGE{bad, bad}, 1, true)
+	assert.ErrorIs(t, err, wq.ErrInvalid)
+}
+
+// Good SGEs pass and their lengths add up; no SGEs is a zero-size request;
+// a send (no write) reads an MR without local write.
+func TestCheckSGEsAcceptsAndTotals(t *testing.T) {
+	keys := checkKeys()
+	whole := wq.SGE{Addr: 0x1000, Length: 0x10000, LKey: keyRW}
+	total, err := wq.CheckSGEs(keys, 1, []wq.SGE{whole, {Addr: 0x10fff, Length: 1, LKey: keyRW}}, 2, true)
+	require.NoError(t, err)
+	assert.Equal(t, 0x10001, total)
+	total, err = wq.CheckSGEs(keys, 1, nil, 0, true)
+	require.NoError(t, err)
+	assert.Zero(t, total)
+	_, err = wq.CheckSGEs(keys, 1, []wq.SGE{{Addr: 0x90000, Length: 8, LKey: keyRO}}, 1, false)
+	assert.NoError(t, err, "a send from an MR without local write")
+	assert.Zero(t, testing.AllocsPerRun(100, func() {
+		_, _ = wq.CheckSGEs(keys, 1, []wq.SGE{whole}, 1, true)
+	}))
+}
+
+// Contains holds [addr, addr+n) inside the region, with no overflow at the
+// top of the address space.
+func TestRegionContainsWithoutOverflow(t *testing.T) {
+	r := wq.Region{Addr: 0x1000, Len: 0x1000}
+	assert.True(t, r.Contains(0x1000, 0x1000))
+	assert.True(t, r.Contains(0x2000, 0), "an empty segment at the end")
+	assert.False(t, r.Contains(0x2000, 1))
+	assert.False(t, r.Contains(0x2001, 0))
+	assert.False(t, r.Contains(0xfff, 1))
+	assert.False(t, r.Contains(0x1001, 0x1000))
+	top := wq.Region{Addr: math.MaxUint64 - 0xfff, Len: 0x1000}
+	assert.True(t, top.Contains(math.MaxUint64, 1))
+	assert.False(t, top.Contains(math.MaxUint64, 2), "wraps past the top")
+	assert.False(t, r.Contains(0x1800, math.MaxUint32))
+	assert.False(t, r.Contains(math.MaxUint64-0xfff, 0x2000), "addr+n wraps into the region")
+	high := wq.Region{Addr: math.MaxUint64 - 0x1000, Len: 0x1000}
+	assert.False(t, high.Contains(math.MaxUint64-0x10, math.MaxUint32), "addr+n wraps past the top")
+}
+
+// Set maps small (direct) and large (hashed) keys and replaces; Remove
+// drops a key only while it still maps to the value given; Lookup of
+// anything else is the zero value.
+func TestTableSetRemoveLookup(t *testing.T) {
+	var tb wq.Table[*int]
+	a, b, c := new(int), new(int), new(int)
+	assert.Nil(t, tb.Lookup(5), "an empty table")
+	assert.Zero(t, tb.Len())
+	tb.Set(5, a)
+	tb.Set(1023, a) // the last direct key
+	tb.Set(1024, b) // the first hashed one
+	tb.Set(0xabcdef, b)
+	for k := uint32(2000); k < 2100; k++ { // many probes
+		tb.Set(k, c)
+	}
+	assert.Equal(t, a, tb.Lookup(5))
+	assert.Equal(t, a, tb.Lookup(1023))
+	assert.Equal(t, b, tb.Lookup(1024))
+	assert.Equal(t, b, tb.Lookup(0xabcdef))
+	for k := uint32(2000); k < 2100; k++ {
+		require.Equal(t, c, tb.Lookup(k), "key %d", k)
+	}
+	assert.Nil(t, tb.Lookup(6))
+	assert.Nil(t, tb.Lookup(2100))
+	assert.Nil(t, tb.Lookup(math.MaxUint32))
+	assert.Equal(t, 104, tb.Len())
+
+	tb.Remove(5, b) // 5 maps to a, not b
+	assert.Equal(t, a, tb.Lookup(5))
+	tb.Remove(0xabcdef, a)
+	assert.Equal(t, b, tb.Lookup(0xabcdef))
+	tb.Remove(5, a)
+	assert.Nil(t, tb.Lookup(5))
+	tb.Remove(2050, c)
+	assert.Nil(t, tb.Lookup(2050))
+	assert.Equal(t, c, tb.Lookup(2051), "its neighbours stay")
+	tb.Set(0xabcdef, a) // replace
+	assert.Equal(t, a, tb.Lookup(0xabcdef))
+	tb.Set(1023, c)
+	assert.Equal(t, c, tb.Lookup(1023))
+	assert.Equal(t, 102, tb.Len())
+	assert.Zero(t, testing.AllocsPerRun(100, func() { tb.Lookup(2051); tb.Lookup(7); tb.Lookup(1023) }))
+}
+
+// Readers never lock: lookups while a writer sets and removes other keys
+// always find the keys that stay mapped.
+func TestTableLookupsDuringWritesFindStableKeys(t *testing.T) {
+	var tb wq.Table[*int]
+	var mu sync.Mutex // the writers' serialisation, the caller's job
+	stable := map[uint32]*int{3: new(int), 0x5000: new(int), 0xdead_beef: new(int)}
+	for k, v := range stable {
+		tb.Set(k, v)
+	}
+	var done atomic.Bool
+	var wg sync.WaitGroup
+	for r := 0; r < 2; r++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for !done.Load() {
+				runtime.Gosched() // two CPUs may run three goroutines
+				for k, v := range stable {
+					if got := tb.Lookup(k); got != v {
+						t.Errorf("key %#x: %p, want %p", k, got, v)
+						return
+					}
+				}
+			}
+		}()
+	}
+	churn := new(int)
+	for i := uint32(0); i < 400; i++ {
+		k := 900 + i%200 // direct and hashed keys alike
+		mu.Lock()
+		tb.Set(k, churn)
+		if i%3 == 0 {
+			tb.Remove(k, churn)
+		}
+		mu.Unlock()
+	}
+	done.Store(true)
+	wg.Wait()
+}
