@@ -354,12 +354,12 @@ func TestSRQDataPathAllocatesNothing(t *testing.T) {
 // chain posted to a QP's own receive queue (PostRecv, batch 1 and 32), per
 // receive; the device takes and completes them, and the CQ is polled,
 // outside the timer when the queue is full (SRQ and QP receive queue of
-// 1024, CQ of 4096).
+// 4096, CQ of 16384).
 func BenchmarkSRQPost(b *testing.B) {
 	for _, kind := range []string{"SRQ", "QP"} {
 		for _, batch := range []int{1, 32} {
 			b.Run(kind+"/batch"+strconv.Itoa(batch), func(b *testing.B) {
-				const depth = 1024 // the QP's receive queue as deep: drained every 1024/batch posts
+				const depth = 4096 // the QP's receive queue as deep: drained every 4096/batch posts
 				f := newSRQFixture(b, depth, SRQConfig{Depth: depth})
 				post, outstanding := f.s.PostRecv, f.s.Outstanding
 				drain := func() { f.deliver(b, f.s.Outstanding()) }

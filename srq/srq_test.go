@@ -420,6 +420,35 @@ func TestLowWatermarkArmedBelowFiresAtOnce(t *testing.T) {
 	assert.Len(t, r.events, 1, "one event per arming")
 }
 
+// A watermark given at creation is armed on the empty Queue without
+// firing: the first completion that leaves fewer available raises it, once.
+// One outside 0 to the depth is refused.
+func TestCreationWatermarkWaitsForTheFirstCrossing(t *testing.T) {
+	r := newRig(t, 16, 8, false, func(c *srq.Config) { c.LowWatermark = 4 })
+	assert.Empty(t, r.events, "nothing at creation, though 0 < 4 are available")
+	assert.Empty(t, r.drainEvents())
+	assert.Equal(t, 4, r.q.Query().LowWatermark, "armed")
+	m, _ := r.q.Attach(1)
+	post(t, r, 1, 2, 3, 4, 5, 6)
+	r.take(t)
+	require.True(t, r.q.Complete(m, 1))
+	require.True(t, r.q.Complete(m, 2)) // 4 available: not below
+	assert.Empty(t, r.events)
+	require.True(t, r.q.Complete(m, 3)) // 3 < 4
+	assert.Equal(t, []srq.Event{{Available: 3, Watermark: 4}}, r.events)
+	require.True(t, r.q.Complete(m, 4))
+	assert.Len(t, r.events, 1, "once")
+
+	for _, lw := range []int{-1, 9} {
+		reg, err := mmio.New(make([]byte, doorbell.PageSize))
+		require.NoError(t, err)
+		_, err = srq.New(srq.Config{Name: "SRQ 1", State: make([]byte, 8), Data: make([]byte, 8*32), Stride: 32, Slots: 8,
+			Register: reg, Offset: doorbell.OffsetSRQ, Value: doorbell.SRQRecv | 1, Depth: 8, MaxSGE: 1, PD: 1, Keys: &wq.Keys{},
+			LowWatermark: lw})
+		assert.ErrorIs(t, err, wq.ErrInvalid, "creation watermark %d with depth 8", lw)
+	}
+}
+
 // The callback runs on the completing goroutine without the Queue's lock:
 // it may re-arm the watermark and query the Queue without deadlock.
 func TestLowWatermarkCallbackMayRearm(t *testing.T) {

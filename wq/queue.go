@@ -222,4 +222,4 @@ func (w *Queue) PopFlush() (uint64, bool) {
 }
 
 // Slot returns the bytes of ring slot i (what a device reads there).
-func (w *Queue) Slot(i int) []byte { return w.data[i<<w.shift:][:w.stride] }
+func (w *Queue) Slot(i int) []byte { return w.data[i<<w.shift:][:w.stride:w.stride] }
