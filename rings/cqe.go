@@ -54,15 +54,7 @@ type CQE struct {
 // allocate.
 func DecodeCQE(slot []byte, c *CQE) {
 	b := slot[:CQESize:CQESize]
-	c.WRID = le.Uint64(b[cqWRID:])
-	c.QP = le.Uint64(b[cqQP:])
-	c.Opcode = le.Uint32(b[cqOpcode:])
-	c.Status = le.Uint32(b[cqStatus:])
-	c.ByteLen = le.Uint32(b[cqByteLen:])
-	c.Imm = binary.BigEndian.Uint32(b[cqImm:])
-	c.SrcQP = le.Uint32(b[cqSrcQP:])
-	c.WCFlags = le.Uint32(b[cqWCFlags:])
-	c.VendorErr = le.Uint32(b[cqVendorErr:])
+	DecodeCQEWork(b, c)
 	c.PKeyIndex = le.Uint16(b[cqPKeyIndex:])
 	c.SLID = le.Uint16(b[cqSLID:])
 	c.SL = b[cqSL]
