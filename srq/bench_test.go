@@ -4,6 +4,8 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/stretchr/testify/require"
+
 	"github.com/vfrdma/vfrdma/rings"
 	"github.com/vfrdma/vfrdma/wq"
 )
@@ -16,7 +18,8 @@ func BenchmarkPost(b *testing.B) {
 		b.Run("batch"+strconv.Itoa(batch), func(b *testing.B) {
 			const slots = 1 << 14 // drained every 16384/batch posts
 			r := newRig(b, slots, slots, false)
-			m, _ := r.q.Attach(1)
+			m, err := r.q.Attach(1)
+			require.NoError(b, err)
 			wrs := make([]wq.RecvWR, batch)
 			for i := range wrs {
 				wrs[i] = wq.RecvWR{WRID: uint64(i), SGEs: []wq.SGE{r.sge(i*1024, 1024)}}
@@ -59,7 +62,8 @@ func BenchmarkComplete(b *testing.B) {
 		b.Run(order, func(b *testing.B) {
 			const slots, group = 1 << 14, 32 // refilled every 16384 completions
 			r := newRig(b, slots, slots, false)
-			m, _ := r.q.Attach(1)
+			m, err := r.q.Attach(1)
+			require.NoError(b, err)
 			wrs := make([]wq.RecvWR, slots)
 			sges := make([]wq.SGE, group)
 			for j := range wrs {
@@ -100,7 +104,8 @@ func BenchmarkPostComplete(b *testing.B) {
 	for _, batch := range []int{1, 32} {
 		b.Run("batch"+strconv.Itoa(batch), func(b *testing.B) {
 			r := newRig(b, 64, 64, false)
-			m, _ := r.q.Attach(1)
+			m, err := r.q.Attach(1)
+			require.NoError(b, err)
 			wrs := make([]wq.RecvWR, batch)
 			for i := range wrs {
 				wrs[i] = wq.RecvWR{WRID: uint64(i), SGEs: []wq.SGE{r.sge(i*1024, 1024)}}
