@@ -9,7 +9,6 @@ import (
 
 	"github.com/vfrdma/vfrdma"
 	"github.com/vfrdma/vfrdma/firmware"
-	"github.com/vfrdma/vfrdma/rings"
 )
 
 // infoDoc is what `pvctl info --json` prints.
@@ -31,13 +30,8 @@ type srqInfo struct {
 	MaxSRQs int `json:"max_srqs"`
 	// MaxSRQWR is the device's max_srq_wr.
 	MaxSRQWR int `json:"max_srq_wr"`
-	// RingLimit is the driver's ring limit by SGEs per receive (index 0:
-	// 1 SGE): an SRQ ring spans at most MaxRingChunks-1 data pages, so
-	// (128-1)*4096/stride entries, stride = rings.RecvStride(sge).
-	RingLimit []int `json:"ring_limit_by_sge"`
-	// MaxDepth is the largest SRQ the driver creates, by SGEs per receive:
-	// the lower of max_srq_wr and the ring limit, rounded down to a power
-	// of two.
+	// MaxDepth is the largest SRQ the driver creates, by SGEs per receive
+	// (index 0: 1 SGE), as the driver computes it (Device.MaxSRQDepth).
 	MaxDepth []int `json:"max_depth_by_sge"`
 	MaxSGE   int   `json:"max_sge"`
 	// LimitEvents says who raises low-watermark events.
@@ -51,7 +45,6 @@ func newSRQInfo(d *vfrdma.Device) srqInfo {
 		s.LimitEvents += " (the device sends none)"
 	}
 	for sge := 1; sge <= s.MaxSGE; sge++ {
-		s.RingLimit = append(s.RingLimit, (firmware.MaxRingChunks-1)*firmware.PageSize/rings.RecvStride(sge))
 		s.MaxDepth = append(s.MaxDepth, d.MaxSRQDepth(sge))
 	}
 	return s
@@ -74,8 +67,8 @@ func (s *srqInfo) depthText() string {
 
 // limitText says what MaxDepth is made of, for the text output.
 func (s *srqInfo) limitText() string {
-	return fmt.Sprintf("the lower of max_srq_wr %d and the driver's ring, (%d-1)*%d/stride = %v entries, rounded down to a power of two",
-		s.MaxSRQWR, firmware.MaxRingChunks, firmware.PageSize, s.RingLimit)
+	return fmt.Sprintf("the lower of max_srq_wr %d and what one ring of %d pages holds at each stride, rounded down to a power of two",
+		s.MaxSRQWR, firmware.MaxRingChunks)
 }
 
 var portStates = []string{"NOP", "DOWN", "INIT", "ARMED", "ACTIVE", "ACTIVE_DEFER"}

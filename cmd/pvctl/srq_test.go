@@ -42,8 +42,8 @@ func TestPingpongSRQFlagsAccepted(t *testing.T) {
 }
 
 func TestSRQInfoText(t *testing.T) {
-	s := srqInfo{MaxSRQWR: 12288, MaxSGE: 2, RingLimit: []int{16256, 8128}, MaxDepth: []int{8192, 4096}}
+	s := srqInfo{MaxSRQWR: 12288, MaxSGE: 2, MaxDepth: []int{8192, 4096}}
 	assert.Equal(t, "8192 (1 SGE), 4096 (2 SGEs)", s.depthText())
 	assert.Contains(t, s.limitText(), "max_srq_wr 12288")
-	assert.Contains(t, s.limitText(), "(128-1)*4096/stride = [16256 8128] entries")
+	assert.Contains(t, s.limitText(), "one ring of 128 pages")
 }
