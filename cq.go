@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 
 	"github.com/vfrdma/vfrdma/doorbell"
+	"github.com/vfrdma/vfrdma/event"
 	"github.com/vfrdma/vfrdma/firmware"
 	"github.com/vfrdma/vfrdma/rings"
 	"github.com/vfrdma/vfrdma/vfio"
@@ -24,6 +25,10 @@ const maxCQEntries = 1 << 12 // 64 data pages; 127 fit, 4096 is the power of two
 // CQ is a completion queue: a ring of CQEs the device writes in DMA memory.
 // Poll, Arm and Wait are single-owner (one goroutine polls a CQ); Close is
 // safe for concurrent use with creation of other objects, not with Poll.
+//
+// A CQ is an event.Source: poll sets and wait sets take it, and a counter
+// can Drive it (then only Progress polls it). FD and TryWait give it a wait
+// object of its own.
 type CQ struct {
 	d       *Device
 	handle  uint32
@@ -39,13 +44,25 @@ type CQ struct {
 	touched  [8]*wq.Queue
 	nTouched int
 
+	// Events: the arm state as the driver knows it (set when it rings an
+	// arm doorbell, cleared when the device names the CQ), who watches
+	// it, and Progress for counter-driven CQs.
+	armed     atomic.Bool
+	arms      atomic.Uint64
+	watchers  event.Watchers
+	driven    atomic.Bool
+	pmu       sync.Mutex
+	scratch   [32]WC
+	sinceSync int // CQEs since Poll last looked at the notification ring
+
 	flushPending atomic.Bool
 	fmu          sync.Mutex
 	flushing     []flushSource // queues whose rest this CQ completes with WR_FLUSH_ERR
 
 	mu     sync.Mutex
 	closed bool
-	users  int // QPs using the CQ
+	users  int            // QPs using the CQ
+	own    *event.WaitSet // its own wait object (FD, TryWait), made on first use
 }
 
 // CQStats count what a CQ's poller saw.
@@ -128,8 +145,19 @@ func (cq *CQ) destroy(ctx context.Context) error {
 	if cq.users > 0 {
 		return fmt.Errorf("%w: %d QPs still use CQ %d; close them first", ErrBusy, cq.users, cq.handle)
 	}
+	watched := cq.watchers.Len()
+	if cq.own != nil {
+		watched--
+	}
+	if watched > 0 {
+		return fmt.Errorf("%w: CQ %d is in %d poll sets, wait sets or counters; remove it first", ErrBusy, cq.handle, watched)
+	}
 	if err := cq.d.ch.DestroyCQ(ctx, cq.handle); err != nil {
 		return err
+	}
+	if own := cq.own; own != nil {
+		_ = own.Remove(cq)
+		_ = own.Close() // releases a goroutine waiting on it
 	}
 	cq.closed = true
 	cq.d.journal.remove(kindCQ, cq.handle)
@@ -186,8 +214,20 @@ const (
 // Completions the driver makes for flushed requests follow once the ring
 // holds nothing more. An empty poll rings no doorbell (Options.PollDoorbell
 // restores the reference provider's POLL doorbell there). Poll does not
-// allocate.
+// allocate. A CQ that a counter drives (Progress) refuses Poll with
+// ErrBusy.
 func (cq *CQ) Poll(wcs []WC) (int, error) {
+	if cq.driven.Load() {
+		return 0, cq.d.opErr("poll CQ", fmt.Errorf("%w: CQ %d is driven by a counter; its completions go there", ErrBusy, cq.handle))
+	}
+	return cq.poll(wcs)
+}
+
+// syncEvery is how many CQEs a CQ consumes between looks at the
+// notification ring's fill.
+const syncEvery = 64
+
+func (cq *CQ) poll(wcs []WC) (int, error) {
 	cq.stats.Polls++
 	ready, err := cq.cons.Ready()
 	if err != nil {
@@ -222,6 +262,10 @@ func (cq *CQ) Poll(wcs []WC) (int, error) {
 	if take > 0 {
 		cq.cons.Consume(take)
 		cq.stats.CQEs += uint64(take)
+		if cq.sinceSync += take; cq.sinceSync >= syncEvery {
+			cq.sinceSync = 0
+			cq.d.notify.syncIfFilling()
+		}
 	}
 	if take == ready && n < len(wcs) && cq.flushPending.Load() {
 		n += cq.emitFlushes(wcs[n:])
@@ -240,10 +284,15 @@ func (cq *CQ) account(e *rings.CQE) bool {
 	if qp == nil {
 		return false
 	}
-	w := &qp.sq
+	w, c := &qp.sq, qp.sendCntr
 	if e.Opcode&rings.WCRecv != 0 {
+		c = qp.recvCntr
 		if qp.srqm != nil {
-			return qp.srq.q.Complete(qp.srqm, e.WRID) // shared: published under its lock
+			if !qp.srq.q.Complete(qp.srqm, e.WRID) { // shared: published under its lock
+				return false
+			}
+			countOn(c, e.Status)
+			return true
 		}
 		w = &qp.rq
 	}
@@ -251,7 +300,20 @@ func (cq *CQ) account(e *rings.CQE) bool {
 		return false
 	}
 	cq.touch(w)
+	countOn(c, e.Status)
 	return true
+}
+
+// countOn counts a completion on a QP's counter, if it has one.
+func countOn(c *event.Counter, status uint32) {
+	if c == nil {
+		return
+	}
+	if status == uint32(WCSuccess) {
+		c.Count(1)
+	} else {
+		c.CountErr(1)
+	}
 }
 
 // touch notes a queue whose completions the poll counted. A poll usually
@@ -309,7 +371,7 @@ func (cq *CQ) addFlush(f flushSource) {
 	cq.flushing = append(cq.flushing, f)
 	cq.fmu.Unlock()
 	cq.flushPending.Store(true)
-	cq.d.notify.signal(cq) // a waiter has something to poll
+	cq.d.notify.signal(cq) // a waiter or watcher has something to poll
 }
 
 // emitFlushes fills wcs with flush completions.
@@ -323,6 +385,7 @@ func (cq *CQ) emitFlushes(wcs []WC) int {
 		if f.qp != nil {
 			qpn = f.qp.qpn
 		}
+		n0 := n
 		for n < len(wcs) {
 			id, ok := f.pop()
 			if !ok {
@@ -330,6 +393,15 @@ func (cq *CQ) emitFlushes(wcs []WC) int {
 			}
 			wcs[n] = WC{WRID: id, Status: WCFlushErr, Opcode: f.op, QPN: qpn}
 			n++
+		}
+		if f.qp != nil && n > n0 {
+			c := f.qp.sendCntr
+			if f.op == WCRecv {
+				c = f.qp.recvCntr
+			}
+			if c != nil {
+				c.CountErr(uint64(n - n0))
+			}
 		}
 		if f.remaining() > 0 {
 			break
@@ -348,15 +420,22 @@ func (cq *CQ) emitFlushes(wcs []WC) int {
 }
 
 // Stats returns the poller's counts. Call it from the polling goroutine.
-func (cq *CQ) Stats() CQStats { return cq.stats }
+func (cq *CQ) Stats() CQStats {
+	st := cq.stats
+	st.Doorbells += cq.arms.Load()
+	return st
+}
 
 // Arm asks the device for an interrupt at the CQ's next completion (on
 // QEMU 7.2 only ARM|ARM_SOL arms; Quirks.CQArm picks the bits). It first
 // drains the device's CQ-notification ring, which QEMU stops interrupting
-// through once it is full.
+// through once it is full. Arm is safe for concurrent use with Poll.
 func (cq *CQ) Arm(solicitedOnly bool) error {
-	cq.d.notify.drain(cq.d)
-	cq.stats.Doorbells++
+	if err := cq.d.notify.Sync(); err != nil {
+		return cq.d.opErr("arm CQ", err)
+	}
+	cq.arms.Add(1)
+	cq.armed.Store(true)
 	bits := cq.d.cqArm[0]
 	if solicitedOnly {
 		bits = cq.d.cqArm[1]
@@ -370,7 +449,7 @@ func (cq *CQ) Arm(solicitedOnly bool) error {
 // interrupt names this CQ. It returns nil when Poll has something; ctx's
 // error, wrapped, otherwise.
 func (cq *CQ) Wait(ctx context.Context) error {
-	if err := cq.d.notify.start(cq.d); err != nil {
+	if err := cq.d.notify.start(); err != nil {
 		return cq.d.opErr("wait CQ", err)
 	}
 	for {
@@ -399,4 +478,116 @@ func (cq *CQ) ready() (bool, error) {
 		return false, cq.d.opErr("poll CQ", err)
 	}
 	return n > 0 || cq.flushPending.Load(), nil
+}
+
+// Ready reports whether the CQ holds completions (event.Source). With arm
+// set, it first arms the CQ unless the driver knows it is armed, so that
+// its next completion wakes its watchers. It is safe for concurrent use
+// with Poll, and allocates nothing.
+func (cq *CQ) Ready(arm bool, _ *uint64) (bool, error) {
+	if arm && !cq.armed.Load() {
+		if err := cq.Arm(false); err != nil {
+			return false, err
+		}
+	}
+	return cq.ready()
+}
+
+// Watch makes the CQ wake w whenever the device names it in a
+// notification, and whenever the driver has flush completions for it
+// (event.Source). It starts the goroutine that takes the CQ interrupt.
+func (cq *CQ) Watch(w event.Waker) error {
+	cq.mu.Lock()
+	defer cq.mu.Unlock()
+	if cq.closed {
+		return cq.d.opErr("watch CQ", ErrClosed)
+	}
+	if err := cq.d.notify.start(); err != nil {
+		return cq.d.opErr("watch CQ", err)
+	}
+	return cq.watchers.Add(w)
+}
+
+// Unwatch stops the wake-ups of w.
+func (cq *CQ) Unwatch(w event.Waker) { cq.watchers.Remove(w) }
+
+// Syncer returns what delivers the CQ's wake-ups: the device's
+// notification ring (event.Synced), so that poll sets can leave the CQ
+// idle until it is named.
+func (cq *CQ) Syncer() event.Syncer { return &cq.d.notify }
+
+// Progress polls the CQ and drops its completions, having counted them on
+// the counters of their QPs: for a CQ whose completions only counters want
+// (event.Counter.Drive calls it). Once a CQ has been progressed, Poll
+// refuses it. Progress is safe for concurrent use with itself and
+// allocates nothing.
+func (cq *CQ) Progress() (int, error) {
+	cq.pmu.Lock()
+	defer cq.pmu.Unlock()
+	cq.driven.Store(true)
+	total := 0
+	for {
+		n, err := cq.poll(cq.scratch[:])
+		total += n
+		if err != nil || n < len(cq.scratch) {
+			return total, err
+		}
+	}
+}
+
+// FD returns the CQ's own eventfd, for the per-CQ style of waiting: it is
+// readable when the CQ may hold completions, until TryWait succeeds. Put it
+// in select, poll or epoll; do not close, read or write it. It lives until
+// the CQ is closed.
+func (cq *CQ) FD() (int, error) {
+	ws, err := cq.ownSet()
+	if err != nil {
+		return -1, err
+	}
+	return ws.FD()
+}
+
+// TryWait arms the CQ and its own wait object (FD) and reports whether it
+// is safe to sleep on the fd: nil when the CQ is empty, event.ErrAgain when
+// completions are queued (poll them, then try again).
+func (cq *CQ) TryWait() error {
+	ws, err := cq.ownSet()
+	if err != nil {
+		return err
+	}
+	return ws.TryWait()
+}
+
+func (cq *CQ) ownSet() (*event.WaitSet, error) {
+	cq.mu.Lock()
+	own, closed := cq.own, cq.closed
+	cq.mu.Unlock()
+	if closed {
+		return nil, cq.d.opErr("CQ wait object", ErrClosed)
+	}
+	if own != nil {
+		return own, nil
+	}
+	ws, err := event.NewWaitSet(event.FD)
+	if err != nil {
+		return nil, cq.d.opErr("CQ wait object", err)
+	}
+	if err := ws.Add(cq); err != nil {
+		_ = ws.Close()
+		return nil, err
+	}
+	cq.mu.Lock()
+	if cq.own == nil && !cq.closed {
+		cq.own, ws = ws, nil
+	}
+	own, closed = cq.own, cq.closed
+	cq.mu.Unlock()
+	if ws != nil { // another goroutine won, or Close came first
+		_ = ws.Remove(cq)
+		_ = ws.Close()
+	}
+	if closed {
+		return nil, cq.d.opErr("CQ wait object", ErrClosed)
+	}
+	return own, nil
 }

@@ -28,8 +28,10 @@ const (
 )
 
 // The control pages, one DMA buffer: the DSR, the command and response
-// slots, and the two device rings (directory, table, state page, one data
-// page each).
+// slots, and the two device rings (directory, table, state page, then the
+// data: one page for the async ring, which QEMU never writes, and
+// cqnDataPages for the CQ-notification ring, which QEMU writes for every
+// CQE and stops notifying through once it is full).
 const (
 	pgDSR = iota
 	pgCmd
@@ -42,8 +44,12 @@ const (
 	pgCQNTable
 	pgCQNState
 	pgCQNData
-	ctlPages
+	ctlPages = pgCQNData + cqnDataPages
 )
+
+// cqnDataPages sizes the CQ-notification ring: 8 pages of 4-byte entries,
+// 8192 slots, a power of two.
+const cqnDataPages = 8
 
 // DefaultStateDir keeps the journals of live device objects.
 const DefaultStateDir = "/run/vfrdma"
@@ -126,6 +132,7 @@ type Device struct {
 	uar       *mmio.Region
 	ctl       *vfio.DMABuffer
 	vectors   []*vfio.Vector
+	cqIRQ     irqWaiter // vector 2, what the notifier waits on
 	ch        *firmware.Channel
 	cqNotify  *firmware.CQNotifyRing
 	async     *firmware.AsyncRing
@@ -174,6 +181,7 @@ func Open(bdf string, opts *Options) (_ *Device, err error) {
 		srqs:  map[*SRQ]struct{}{},
 		binds: map[uint32]GID{},
 	}
+	d.notify.d = d
 	d.journal.path = journalPath(o.StateDir, d.name)
 	defer func() {
 		if err != nil {
@@ -264,16 +272,21 @@ func (d *Device) mapDevice() error {
 	if d.vectors, err = vdev.EnableMSIX(numVectors); err != nil {
 		return err
 	}
+	d.cqIRQ = d.vectors[firmware.VectorCQ]
 	d.ctl, err = vdev.Container().AllocDMA(ctlPages*firmware.PageSize, &vfio.MemOptions{HugePages: vfio.HugeNever})
 	if err != nil {
 		return err
 	}
 	// Device rings: directory → table → state page, data page.
-	for _, r := range []struct{ dir, table, state, data int }{
-		{pgAsyncDir, pgAsyncTable, pgAsyncState, pgAsyncData},
-		{pgCQNDir, pgCQNTable, pgCQNState, pgCQNData},
+	for _, r := range []struct{ dir, table, state, data, pages int }{
+		{pgAsyncDir, pgAsyncTable, pgAsyncState, pgAsyncData, 1},
+		{pgCQNDir, pgCQNTable, pgCQNState, pgCQNData, cqnDataPages},
 	} {
-		if err := firmware.WriteRingPageDir(d.ctlPage(r.dir), d.ctlPage(r.table), d.ctlPage(r.state).DMA, []uint64{d.ctlPage(r.data).DMA}); err != nil {
+		var dma []uint64
+		for i := range r.pages {
+			dma = append(dma, d.ctlPage(r.data+i).DMA)
+		}
+		if err := firmware.WriteRingPageDir(d.ctlPage(r.dir), d.ctlPage(r.table), d.ctlPage(r.state).DMA, dma); err != nil {
 			return err
 		}
 	}
@@ -288,7 +301,11 @@ func (d *Device) mapDevice() error {
 	if err != nil {
 		return err
 	}
-	if d.cqNotify, err = firmware.NewCQNotifyRing(cqnState, [][]byte{d.ctlPage(pgCQNData).Mem}); err != nil {
+	var cqnData [][]byte
+	for i := range cqnDataPages {
+		cqnData = append(cqnData, d.ctlPage(pgCQNData+i).Mem)
+	}
+	if d.cqNotify, err = firmware.NewCQNotifyRing(cqnState, cqnData); err != nil {
 		return err
 	}
 	return nil
@@ -358,7 +375,7 @@ func (d *Device) start(ctx context.Context) error {
 		CmdSlotDMA:  d.ctlPage(pgCmd).DMA,
 		RespSlotDMA: d.ctlPage(pgResp).DMA,
 		AsyncRing:   firmware.RingPageInfo{NumPages: 2, PDirDMA: d.ctlPage(pgAsyncDir).DMA},
-		CQRing:      firmware.RingPageInfo{NumPages: 2, PDirDMA: d.ctlPage(pgCQNDir).DMA},
+		CQRing:      firmware.RingPageInfo{NumPages: 1 + cqnDataPages, PDirDMA: d.ctlPage(pgCQNDir).DMA},
 	}
 	dsrPage := d.ctlPage(pgDSR)
 	if err := dsr.Encode(dsrPage.Mem, d.version); err != nil {

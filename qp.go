@@ -9,6 +9,7 @@ import (
 	"sync/atomic"
 
 	"github.com/vfrdma/vfrdma/doorbell"
+	"github.com/vfrdma/vfrdma/event"
 	"github.com/vfrdma/vfrdma/firmware"
 	"github.com/vfrdma/vfrdma/rings"
 	"github.com/vfrdma/vfrdma/srq"
@@ -94,6 +95,12 @@ type QPConfig struct {
 	// receive queue of its own (RecvDepth and RecvSGE are ignored) and
 	// PostRecv on it is refused.
 	SRQ *SRQ
+	// SendCounter and RecvCounter, if set, count the QP's send and receive
+	// completions (success or error value) as CQ.Poll reaps them, flushes
+	// included. A counter may serve many QPs; it cannot be closed while a
+	// QP counts into it. With an SRQ, RecvCounter counts the receives this
+	// QP took from it.
+	SendCounter, RecvCounter *event.Counter
 }
 
 // Remote addresses the other end of an RC QP.
@@ -107,20 +114,21 @@ type Remote struct {
 // goroutines at once, but each is single-owner (one poster per queue); state
 // changes and Close are safe for concurrent use with each other.
 type QP struct {
-	pd     *PD
-	d      *Device
-	typ    QPType
-	qpn    uint32
-	handle uint32
-	sendCQ *CQ
-	recvCQ *CQ
-	srq    *SRQ
-	srqm   *srq.Member // its place in the SRQ's accounting
-	buf    *vfio.DMABuffer
-	sq, rq wq.Queue // rq is the empty queue with an SRQ
-	gidIdx uint8
-	qkey   uint32
-	udMax  int // UD payload limit
+	pd                 *PD
+	d                  *Device
+	typ                QPType
+	qpn                uint32
+	handle             uint32
+	sendCQ             *CQ
+	recvCQ             *CQ
+	srq                *SRQ
+	srqm               *srq.Member // its place in the SRQ's accounting
+	sendCntr, recvCntr *event.Counter
+	buf                *vfio.DMABuffer
+	sq, rq             wq.Queue // rq is the empty queue with an SRQ
+	gidIdx             uint8
+	qkey               uint32
+	udMax              int // UD payload limit
 
 	state atomic.Uint32 // QPState
 
@@ -143,6 +151,15 @@ func (pd *PD) CreateQP(ctx context.Context, cfg *QPConfig) (*QP, error) {
 	if err != nil {
 		return nil, d.opErr(op, err)
 	}
+	if err := holdCounters(c.SendCounter, c.RecvCounter); err != nil {
+		return nil, d.opErr(op, err)
+	}
+	created := false
+	defer func() {
+		if !created {
+			releaseCounters(c.SendCounter, c.RecvCounter)
+		}
+	}()
 	sqStride, rqStride := rings.SendStride(c.SendSGE), rings.RecvStride(c.RecvSGE)
 	sqPages := (c.SendDepth*sqStride + firmware.PageSize - 1) / firmware.PageSize
 	rqPages := (c.RecvDepth*rqStride + firmware.PageSize - 1) / firmware.PageSize
@@ -180,7 +197,7 @@ func (pd *PD) CreateQP(ctx context.Context, cfg *QPConfig) (*QP, error) {
 	}
 	qp := &QP{pd: pd, d: d, typ: c.Type, qpn: resp.QPN, handle: resp.QPHandle,
 		sendCQ: c.SendCQ, recvCQ: c.RecvCQ, srq: c.SRQ, buf: buf, gidIdx: uint8(c.GIDIndex), qkey: c.QKey,
-		udMax: d.udMax, devicesQP: true}
+		udMax: d.udMax, devicesQP: true, sendCntr: c.SendCounter, recvCntr: c.RecvCounter}
 	undo := func(err error) (*QP, error) {
 		d.ch.DestroyQP(ctx, qp.handle)
 		if qp.srqm != nil {
@@ -218,7 +235,30 @@ func (pd *PD) CreateQP(ctx context.Context, cfg *QPConfig) (*QP, error) {
 	pd.hold(+1)
 	c.SendCQ.hold(+1)
 	c.RecvCQ.hold(+1)
+	created = true
 	return qp, nil
+}
+
+// holdCounters marks the QP's counters in use; a closed one is refused.
+func holdCounters(cs ...*event.Counter) error {
+	for i, c := range cs {
+		if c == nil {
+			continue
+		}
+		if err := c.Hold(); err != nil {
+			releaseCounters(cs[:i]...)
+			return fmt.Errorf("QP counter: %w", err)
+		}
+	}
+	return nil
+}
+
+func releaseCounters(cs ...*event.Counter) {
+	for _, c := range cs {
+		if c != nil {
+			c.Release()
+		}
+	}
 }
 
 // initQueue sets one of the QP's queues up over its ring.
@@ -549,6 +589,9 @@ func (qp *QP) destroy(ctx context.Context) error {
 	qp.pd.hold(-1)
 	qp.sendCQ.hold(-1)
 	qp.recvCQ.hold(-1)
+	// The counters are released now, though the flushes still to be
+	// polled count on them (a counter is memory, not a device object).
+	releaseCounters(qp.sendCntr, qp.recvCntr)
 	if qp.srqm != nil {
 		qp.srqm.Detach()
 	}

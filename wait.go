@@ -5,54 +5,61 @@ import (
 	"errors"
 	"sync"
 
-	"github.com/vfrdma/vfrdma/firmware"
+	"github.com/vfrdma/vfrdma/wq"
 )
 
-// notifier turns the device's CQ interrupts into wake-ups of the CQs they
-// name. The device raises one vector (2) for all CQs and writes the handle
-// of each CQ with a new completion into the CQ-notification ring; a single
-// goroutine, started by the first Wait, waits on the vector, drains the
-// ring and signals the CQs. Arm drains the ring too, so that it never fills
-// (QEMU stops notifying once it is full).
+// irqWaiter is the CQ vector as the notifier uses it (a *vfio.Vector).
+type irqWaiter interface {
+	Wait(ctx context.Context) (uint64, error)
+}
+
+// notifier turns the device's CQ notifications into wake-ups of the CQs
+// they name: the CQ's own waiter (Wait) and its watchers (wait sets, poll
+// sets, counters). The device raises one vector (2) for all CQs and writes
+// the handle of each CQ with a new completion into the CQ-notification
+// ring (QEMU 7.2 writes one for every CQE, armed or not; it interrupts
+// only for armed CQs). A goroutine, started by the first Wait or Watch,
+// waits on the vector and drains the ring; Sync (poll sets), Arm and
+// CQ.Poll drain it too, so that it never fills (QEMU stops notifying, and
+// interrupting, once it is full).
 type notifier struct {
-	mu       sync.Mutex
-	started  bool
-	cancel   context.CancelFunc
-	done     chan struct{}
-	byHandle map[uint32]*CQ
+	d *Device
+
+	mu      sync.Mutex
+	started bool
+	cancel  context.CancelFunc
+	done    chan struct{}
+	cqs     wq.Table[*CQ] // by handle; written under mu, read without a lock
+	err     error         // the first ring fault, reported by Wait and Sync
 
 	drainMu sync.Mutex
 	buf     [256]uint32
-	err     error // the first ring fault, reported by Wait
 }
 
 func (n *notifier) add(cq *CQ) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if n.byHandle == nil {
-		n.byHandle = map[uint32]*CQ{}
-	}
-	n.byHandle[cq.handle] = cq
+	n.cqs.Set(cq.handle, cq)
 }
 
 func (n *notifier) forget(cq *CQ) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
-	if n.byHandle[cq.handle] == cq {
-		delete(n.byHandle, cq.handle)
-	}
+	n.cqs.Remove(cq.handle, cq)
 }
 
-// signal wakes cq's waiter, if any; a wake-up already pending is enough.
+// signal wakes cq's waiter and watchers; a wake-up already pending is
+// enough for the waiter.
 func (n *notifier) signal(cq *CQ) {
 	select {
 	case cq.wake <- struct{}{}:
 	default:
 	}
+	cq.watchers.Wake()
 }
 
 // start runs the interrupt goroutine once.
-func (n *notifier) start(d *Device) error {
+func (n *notifier) start() error {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if n.err != nil {
@@ -61,54 +68,84 @@ func (n *notifier) start(d *Device) error {
 	if n.started {
 		return nil
 	}
+	d := n.d
 	if err := d.check(); err != nil {
 		return err
 	}
+	if d.cqIRQ == nil {
+		return errors.New("the device has no CQ interrupt")
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	n.started, n.cancel, n.done = true, cancel, make(chan struct{})
-	vec := d.vectors[firmware.VectorCQ]
 	go func() {
 		defer close(n.done)
 		for {
-			if _, err := vec.Wait(ctx); err != nil {
+			if _, err := d.cqIRQ.Wait(ctx); err != nil {
 				if !errors.Is(err, context.Canceled) {
-					n.mu.Lock()
-					n.err = err
-					n.mu.Unlock()
+					n.fail(err)
 				}
 				return
 			}
-			n.drain(d)
+			_ = n.Sync()
 		}
 	}()
 	return nil
 }
 
-// drain empties the CQ-notification ring and wakes the CQs it names.
-func (n *notifier) drain(d *Device) {
+func (n *notifier) fail(err error) {
+	n.mu.Lock()
+	if n.err == nil {
+		n.err = err
+	}
+	n.mu.Unlock()
+}
+
+// Sync empties the CQ-notification ring and wakes the CQs it names. It
+// implements event.Syncer: once it returns, every notification the device
+// wrote before the call has been delivered.
+func (n *notifier) Sync() error {
+	if n.d == nil || n.d.cqNotify == nil {
+		return nil // a device without the ring (the host tests' fakes)
+	}
 	n.drainMu.Lock()
 	defer n.drainMu.Unlock()
+	return n.syncLocked()
+}
+
+func (n *notifier) syncLocked() error {
 	for {
-		k, err := d.cqNotify.Poll(n.buf[:])
-		if err != nil {
-			n.mu.Lock()
-			if n.err == nil {
-				n.err = err
-			}
-			n.mu.Unlock()
-			return
-		}
-		if k == 0 {
-			return
-		}
-		n.mu.Lock()
+		k, err := n.d.cqNotify.Poll(n.buf[:])
 		for _, h := range n.buf[:k] {
-			if cq := n.byHandle[h]; cq != nil {
+			if cq := n.cqs.Lookup(h); cq != nil {
+				// The device disarms a CQ when it notifies; it is armed
+				// again by whoever needs it next.
+				cq.armed.Store(false)
 				n.signal(cq)
 			}
 		}
-		n.mu.Unlock()
+		if err != nil {
+			n.fail(err)
+			return err
+		}
+		if k < len(n.buf) {
+			return nil
+		}
 	}
+}
+
+// syncIfFilling drains the ring when it is at least half full: CQ.Poll
+// calls it now and then, so that busy CQs nobody waits on do not fill the
+// ring and silence the notifications of the CQs someone does wait on.
+// If another goroutine is draining, there is nothing to do.
+func (n *notifier) syncIfFilling() {
+	if n.d == nil || n.d.cqNotify == nil || !n.drainMu.TryLock() {
+		return
+	}
+	r := n.d.cqNotify
+	if k, err := r.Pending(); err == nil && k >= r.Slots()/2 {
+		_ = n.syncLocked()
+	}
+	n.drainMu.Unlock()
 }
 
 // stop ends the interrupt goroutine (Device.Close, before the vectors go).

@@ -201,6 +201,13 @@ func NewCQNotifyRing(state Regs, data [][]byte) (*CQNotifyRing, error) {
 // Slots returns the ring's element count.
 func (c *CQNotifyRing) Slots() int { return int(c.r.n) }
 
+// Pending returns how many handles wait in the ring, without consuming
+// them. It is for the goroutine that polls.
+func (c *CQNotifyRing) Pending() (int, error) {
+	n, err := c.r.ready()
+	return int(n), err
+}
+
 // Poll moves up to len(cqs) pending CQ handles into cqs, consumes them, and
 // returns how many it moved. A producer index out of range consumes nothing;
 // a handle above HandleMask is consumed and dropped, and Poll returns the

@@ -1,0 +1,177 @@
+package event
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"slices"
+	"sync"
+	"sync/atomic"
+)
+
+// WaitSet is one wait object for many sources: it is signaled when any
+// member may have an event. Add, Remove and Close are safe for concurrent
+// use with everything; TryWait and Wait are for one goroutine at a time
+// (the one that drains the members).
+type WaitSet struct {
+	sig *signal
+
+	mu      sync.Mutex
+	members atomic.Pointer[[]*wsMember]
+	closed  atomic.Bool
+}
+
+type wsMember struct {
+	src  Source
+	mark uint64 // what the waiter has seen of a counter
+}
+
+// NewWaitSet returns an empty wait set that sleeps on a wait object of the
+// given kind.
+func NewWaitSet(kind Kind) (*WaitSet, error) {
+	sig, err := newSignal(kind)
+	if err != nil {
+		return nil, err
+	}
+	ws := &WaitSet{sig: sig}
+	ws.members.Store(&[]*wsMember{})
+	return ws, nil
+}
+
+// Kind returns the set's wait object kind.
+func (ws *WaitSet) Kind() Kind { return ws.sig.kind }
+
+// Wake signals the set: its sources call it when they may have events.
+func (ws *WaitSet) Wake() { ws.sig.set() }
+
+// Add makes src a member. A source already in the set is refused with
+// ErrBusy.
+func (ws *WaitSet) Add(src Source) error {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	if ws.closed.Load() {
+		return fmt.Errorf("add to wait set: %w", ErrClosed)
+	}
+	old := *ws.members.Load()
+	if slices.ContainsFunc(old, func(m *wsMember) bool { return m.src == src }) {
+		return fmt.Errorf("add to wait set: %w: already a member", ErrBusy)
+	}
+	if err := src.Watch(ws); err != nil {
+		return fmt.Errorf("add to wait set: %w", err)
+	}
+	next := append(slices.Clip(old), &wsMember{src: src, mark: ^uint64(0)})
+	ws.members.Store(&next)
+	ws.sig.set() // it may have events already: the next TryWait looks
+	return nil
+}
+
+// Remove takes src out of the set; a source not in it is refused with
+// ErrInvalid.
+func (ws *WaitSet) Remove(src Source) error {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	old := *ws.members.Load()
+	i := slices.IndexFunc(old, func(m *wsMember) bool { return m.src == src })
+	if i < 0 {
+		return fmt.Errorf("remove from wait set: %w: not a member", errInvalid)
+	}
+	src.Unwatch(ws)
+	next := slices.Delete(slices.Clone(old), i, i+1)
+	ws.members.Store(&next)
+	return nil
+}
+
+// Len returns the number of members.
+func (ws *WaitSet) Len() int { return len(*ws.members.Load()) }
+
+// FD returns the eventfd of an FD wait set, to put in the caller's own
+// select, poll or epoll. It is readable while events may be pending, until
+// a TryWait succeeds. The caller must not close it, read it or write it;
+// it stays valid until Close.
+func (ws *WaitSet) FD() (int, error) {
+	if ws.sig.kind != FD {
+		return -1, fmt.Errorf("%w: a %v wait set has no fd", errInvalid, ws.sig.kind)
+	}
+	if ws.closed.Load() {
+		return -1, ErrClosed
+	}
+	return ws.sig.fd, nil
+}
+
+// C returns the channel of a Chan wait set: it holds a value while events
+// may be pending. Receiving it consumes the signal; call TryWait before
+// the next receive.
+func (ws *WaitSet) C() <-chan struct{} { return ws.sig.ch }
+
+// TryWait arms every member and reports whether it is safe to sleep on the
+// wait object: nil when nothing is pending, ErrAgain (the wait object left
+// signaled) when some member has events. It first clears the wait object,
+// then arms and checks each member, so that an event arriving at any point
+// either shows in the checks or signals the object afterwards. On a set
+// with nothing pending it allocates nothing.
+func (ws *WaitSet) TryWait() error {
+	if ws.closed.Load() {
+		return fmt.Errorf("trywait: %w", ErrClosed)
+	}
+	arm := ws.sig.kind != Yield
+	if arm {
+		ws.sig.reset()
+	}
+	pending := false
+	for _, m := range *ws.members.Load() {
+		ok, err := m.src.Ready(arm, &m.mark)
+		if err != nil {
+			ws.sig.set()
+			return fmt.Errorf("trywait: %w", err)
+		}
+		pending = pending || ok
+	}
+	if pending {
+		ws.sig.set()
+		return ErrAgain
+	}
+	return nil
+}
+
+// Wait blocks until a member may have events or ctx ends. It returns at
+// once when TryWait finds events pending; otherwise it sleeps on the wait
+// object (a Yield set checks the members in a loop instead). It returns
+// ctx's error, wrapped, when ctx ends first and ErrClosed when the set is
+// closed under it.
+func (ws *WaitSet) Wait(ctx context.Context) error {
+	for {
+		err := ws.TryWait()
+		if err == ErrAgain {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		if ws.sig.kind != Yield {
+			if err := ws.sig.wait(ctx); err != nil {
+				return fmt.Errorf("wait set (%d members, %v): %w", ws.Len(), ws.sig.kind, err)
+			}
+			return nil
+		}
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("wait set (%d members, yield): %w", ws.Len(), err)
+		}
+		runtime.Gosched()
+	}
+}
+
+// Close frees the wait object and releases a goroutine blocked in Wait with
+// ErrClosed. A set that still has members is refused with ErrBusy: remove
+// them first. Close is idempotent.
+func (ws *WaitSet) Close() error {
+	ws.mu.Lock()
+	defer ws.mu.Unlock()
+	if ws.closed.Load() {
+		return nil
+	}
+	if n := len(*ws.members.Load()); n > 0 {
+		return fmt.Errorf("close wait set: %w: %d members; remove them first", ErrBusy, n)
+	}
+	ws.closed.Store(true)
+	return ws.sig.close()
+}
