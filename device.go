@@ -12,6 +12,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/vfrdma/vfrdma/doorbell"
 	"github.com/vfrdma/vfrdma/firmware"
 	"github.com/vfrdma/vfrdma/mmio"
 	"github.com/vfrdma/vfrdma/pci"
@@ -129,7 +130,7 @@ type Device struct {
 	boundPrev map[pci.Addr]string // set when Open bound the group
 	vdev      *vfio.Device
 	regs      *mmio.Region
-	uar       *mmio.Region
+	uar       doorbell.Register // the UAR page (an *mmio.Region; the host tests intercept it)
 	ctl       *vfio.DMABuffer
 	vectors   []*vfio.Vector
 	cqIRQ     irqWaiter // vector 2, what the notifier waits on

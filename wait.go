@@ -3,7 +3,9 @@ package vfrdma
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
+	"sync/atomic"
 
 	"github.com/vfrdma/vfrdma/wq"
 )
@@ -30,6 +32,7 @@ type notifier struct {
 	cancel  context.CancelFunc
 	done    chan struct{}
 	cqs     wq.Table[*CQ] // by handle; written under mu, read without a lock
+	all     atomic.Pointer[[]*CQ] // the same CQs, for wakeArmed; copied on write
 	err     error         // the first ring fault, reported by Wait and Sync
 
 	drainMu sync.Mutex
@@ -40,12 +43,44 @@ func (n *notifier) add(cq *CQ) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	n.cqs.Set(cq.handle, cq)
+	var old []*CQ
+	if p := n.all.Load(); p != nil {
+		old = *p
+	}
+	next := append(slices.Clip(old), cq)
+	n.all.Store(&next)
 }
 
 func (n *notifier) forget(cq *CQ) {
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	n.cqs.Remove(cq.handle, cq)
+	if p := n.all.Load(); p != nil {
+		next := slices.DeleteFunc(slices.Clone(*p), func(c *CQ) bool { return c == cq })
+		n.all.Store(&next)
+	}
+}
+
+// wakeArmed signals every CQ the driver believes armed, and forgets that
+// belief, after an interrupt. The device disarms a CQ when it checks the
+// arm after writing a CQE and its notification; that check can come after
+// an arm doorbell that followed the CQE, and after the driver drained the
+// notification (Sync runs outside the interrupt too). Then the interrupt
+// finds no entry to name the CQ, whose arm is spent: without this, its
+// waiter would sleep through its next completion. An interrupt does not
+// say which CQ it is for, so every armed CQ is told; each re-arms when its
+// waiter next tries to wait. The cost is one wake-up per armed CQ per
+// interrupt, and interrupts come only from armed CQs.
+func (n *notifier) wakeArmed() {
+	p := n.all.Load()
+	if p == nil {
+		return
+	}
+	for _, cq := range *p {
+		if cq.armed.Load() && cq.armed.Swap(false) {
+			n.signal(cq)
+		}
+	}
 }
 
 // signal wakes cq's waiter and watchers; a wake-up already pending is
@@ -87,6 +122,7 @@ func (n *notifier) start() error {
 				return
 			}
 			_ = n.Sync()
+			n.wakeArmed()
 		}
 	}()
 	return nil
