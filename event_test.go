@@ -408,3 +408,71 @@ func TestTryWaitThenSleepNeverLosesAWakeUp(t *testing.T) {
 	}
 	require.NoError(t, ws.Close())
 }
+
+// The hot calls allocate nothing: Poll over a set of CQs and counters,
+// counter reads that drive a CQ, TryWait on a set and on a CQ's own fd
+// with nothing pending, and the arming behind them.
+func TestEventHotCallsAllocateNothing(t *testing.T) {
+	f := newEventDevice(t, 8, 16)
+	c := event.NewCounter()
+	for i := 0; i < 8; i++ {
+		var sc *event.Counter
+		if i >= 4 {
+			sc = c
+		}
+		f.addQP(t, i, 16, sc)
+	}
+	ps := event.NewPollSet[int]()
+	ws, err := event.NewWaitSet(event.FD)
+	require.NoError(t, err)
+	for i := 0; i < 4; i++ {
+		require.NoError(t, ps.Add(f.cqs[i], i))
+		require.NoError(t, ws.Add(f.cqs[i]))
+	}
+	for i := 4; i < 8; i++ {
+		require.NoError(t, c.Drive(f.cqs[i]))
+	}
+	require.NoError(t, ps.Add(c, 8))
+	require.NoError(t, ws.Add(c))
+	out := make([]int, 16)
+	wcs := make([]WC, 16)
+	wrs := []SendWR{{WRID: 1, SGEs: []SGE{f.mr.SGE(0, 8)}}}
+	// Warm up: the first TryWait makes the CQ's own wait set.
+	require.ErrorIs(t, ws.TryWait(), event.ErrAgain) // a new member may hold events
+	require.NoError(t, ws.TryWait())
+	require.NoError(t, f.cqs[0].TryWait())
+	for name, fn := range map[string]func(){
+		"PollSet.Poll, all idle": func() { _, _ = ps.Poll(out) },
+		"Counter.Read, driving 4 CQs": func() { _, _ = c.Read() },
+		"WaitSet.TryWait, nothing pending": func() {
+			if err := ws.TryWait(); err != nil {
+				panic(err)
+			}
+		},
+		"CQ.TryWait, nothing pending": func() {
+			if err := f.cqs[0].TryWait(); err != nil {
+				panic(err)
+			}
+		},
+		"post, complete, poll set, poll": func() {
+			if _, err := f.qps[1].PostSend(wrs, 0); err != nil {
+				panic(err)
+			}
+			f.complete(1)
+			n, _ := ps.Poll(out)
+			for _, k := range out[:n] {
+				if k < 8 {
+					_, _ = f.cqs[k].Poll(wcs)
+				}
+			}
+		},
+	} {
+		assert.Zero(t, testing.AllocsPerRun(200, fn), name)
+	}
+	for i := 0; i < 4; i++ {
+		require.NoError(t, ps.Remove(f.cqs[i]))
+		require.NoError(t, ws.Remove(f.cqs[i]))
+	}
+	require.NoError(t, ws.Remove(c))
+	require.NoError(t, ws.Close())
+}

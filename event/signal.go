@@ -54,6 +54,10 @@ type signal struct {
 	rc syscall.RawConn
 	fd int
 	pr [1]unix.PollFd
+	// The raw read and write functions, made once: closures made per call
+	// would be allocated, and reset and set are hot.
+	drainFn, setFn func(fd uintptr) bool
+	buf            [8]byte
 
 	// Chan
 	ch   chan struct{}
@@ -79,6 +83,14 @@ func newSignal(kind Kind) (*signal, error) {
 		}
 		s.fd = efd
 		s.pr[0] = unix.PollFd{Fd: int32(efd), Events: unix.POLLIN}
+		s.drainFn = func(fd uintptr) bool {
+			_, _ = unix.Read(int(fd), s.buf[:])
+			return true
+		}
+		s.setFn = func(fd uintptr) bool {
+			_, err := unix.Write(int(fd), one)
+			return err != unix.EAGAIN // the counter is saturated: readable anyway
+		}
 	case Chan:
 		s.ch = make(chan struct{}, 1)
 	case Yield:
@@ -98,10 +110,7 @@ func (s *signal) set() {
 	}
 	switch s.kind {
 	case FD:
-		_ = s.rc.Write(func(fd uintptr) bool {
-			_, err := unix.Write(int(fd), one)
-			return err != unix.EAGAIN // the counter is saturated: readable anyway
-		})
+		_ = s.rc.Write(s.setFn)
 	case Chan:
 		select {
 		case s.ch <- struct{}{}:
@@ -117,11 +126,7 @@ func (s *signal) set() {
 func (s *signal) reset() {
 	switch s.kind {
 	case FD:
-		var b [8]byte
-		_ = s.rc.Read(func(fd uintptr) bool {
-			_, _ = unix.Read(int(fd), b[:])
-			return true
-		})
+		_ = s.rc.Read(s.drainFn)
 	case Chan:
 		select {
 		case <-s.ch:
