@@ -442,7 +442,7 @@ func TestEventHotCallsAllocateNothing(t *testing.T) {
 	require.NoError(t, ws.TryWait())
 	require.NoError(t, f.cqs[0].TryWait())
 	for name, fn := range map[string]func(){
-		"PollSet.Poll, all idle": func() { _, _ = ps.Poll(out) },
+		"PollSet.Poll, all idle":      func() { _, _ = ps.Poll(out) },
 		"Counter.Read, driving 4 CQs": func() { _, _ = c.Read() },
 		"WaitSet.TryWait, nothing pending": func() {
 			if err := ws.TryWait(); err != nil {
