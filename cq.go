@@ -291,7 +291,9 @@ func (cq *CQ) account(e *rings.CQE) bool {
 			if !qp.srq.q.Complete(qp.srqm, e.WRID) { // shared: published under its lock
 				return false
 			}
-			countOn(c, e.Status)
+			if c != nil {
+				countOn(c, e.Status)
+			}
 			return true
 		}
 		w = &qp.rq
@@ -300,15 +302,14 @@ func (cq *CQ) account(e *rings.CQE) bool {
 		return false
 	}
 	cq.touch(w)
-	countOn(c, e.Status)
+	if c != nil {
+		countOn(c, e.Status)
+	}
 	return true
 }
 
-// countOn counts a completion on a QP's counter, if it has one.
+// countOn counts a completion on a QP's counter.
 func countOn(c *event.Counter, status uint32) {
-	if c == nil {
-		return
-	}
 	if status == uint32(WCSuccess) {
 		c.Count(1)
 	} else {
