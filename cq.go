@@ -51,6 +51,7 @@ type CQ struct {
 	arms      atomic.Uint64
 	watchers  event.Watchers
 	driven    atomic.Bool
+	dead      atomic.Bool // destroyed: Ready says ErrClosed
 	pmu       sync.Mutex
 	scratch   [32]WC
 	sinceSync int // CQEs since Poll last looked at the notification ring
@@ -133,10 +134,13 @@ func (cq *CQ) Entries() int { return cq.entries }
 
 // Close destroys the CQ and frees its ring. It is idempotent.
 func (cq *CQ) Close() error {
-	return cq.d.closeObject("destroy CQ", cq.destroy)
+	return cq.d.closeObject("destroy CQ", func(ctx context.Context) error { return cq.destroy(ctx, false) })
 }
 
-func (cq *CQ) destroy(ctx context.Context) error {
+// destroy destroys the CQ on the device and frees its ring. Device.Close
+// forces it: a CQ still in sets is destroyed all the same, marked dead (its
+// Ready says ErrClosed) and its watchers are woken to find that out.
+func (cq *CQ) destroy(ctx context.Context, force bool) error {
 	cq.mu.Lock()
 	defer cq.mu.Unlock()
 	if cq.closed {
@@ -149,9 +153,10 @@ func (cq *CQ) destroy(ctx context.Context) error {
 	if cq.own != nil {
 		watched--
 	}
-	if watched > 0 {
+	if watched > 0 && !force {
 		return fmt.Errorf("%w: CQ %d is in %d poll sets, wait sets or counters; remove it first", ErrBusy, cq.handle, watched)
 	}
+	cq.dead.Store(true)
 	if err := cq.d.ch.DestroyCQ(ctx, cq.handle); err != nil {
 		return err
 	}
@@ -165,6 +170,7 @@ func (cq *CQ) destroy(ctx context.Context) error {
 	delete(cq.d.cqs, cq)
 	cq.d.mu.Unlock()
 	cq.d.notify.forget(cq)
+	cq.watchers.Wake() // a set still holding it (Device.Close) learns it is gone
 	// Only now that the device has forgotten the ring may its memory go.
 	return cq.buf.Close()
 }
@@ -486,6 +492,9 @@ func (cq *CQ) ready() (bool, error) {
 // its next completion wakes its watchers. It is safe for concurrent use
 // with Poll, and allocates nothing.
 func (cq *CQ) Ready(arm bool, _ *uint64) (bool, error) {
+	if cq.dead.Load() {
+		return false, cq.d.opErr("CQ ready", fmt.Errorf("%w: CQ %d was destroyed (Device.Close)", ErrClosed, cq.handle))
+	}
 	if arm && !cq.armed.Load() {
 		if err := cq.Arm(false); err != nil {
 			return false, err
@@ -525,6 +534,9 @@ func (cq *CQ) Syncer() event.Syncer { return &cq.d.notify }
 func (cq *CQ) Progress() (int, error) {
 	cq.pmu.Lock()
 	defer cq.pmu.Unlock()
+	if cq.dead.Load() {
+		return 0, cq.d.opErr("progress CQ", fmt.Errorf("%w: CQ %d was destroyed (Device.Close)", ErrClosed, cq.handle))
+	}
 	cq.driven.Store(true)
 	total := 0
 	for {

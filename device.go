@@ -596,7 +596,7 @@ func (d *Device) Close() error {
 		errs = append(errs, s.destroy(ctx))
 	}
 	for _, cq := range cqs {
-		errs = append(errs, cq.destroy(ctx))
+		errs = append(errs, cq.destroy(ctx, true))
 	}
 	for _, mr := range mrs {
 		errs = append(errs, mr.destroy(ctx))
