@@ -481,3 +481,37 @@ func TestPollSetIdleMembersWakeOnTheirCompletion(t *testing.T) {
 	}
 	assert.GreaterOrEqual(t, ps.Stats().Woken, uint64(4), "idle members woken")
 }
+
+// Rule 5 at teardown: Device.Close destroys CQs still in a wait set rather
+// than leave them on the device, and a goroutine blocked in the set's Wait
+// wakes and is told the CQ is gone; the set then empties and closes.
+func TestDeviceCloseReleasesAWaiterOnItsCQs(t *testing.T) {
+	d, err := Open(guestBDF(t), nil)
+	require.NoError(t, err)
+	cq, err := d.CreateCQ(context.Background(), 16)
+	require.NoError(t, err)
+	ws, err := event.NewWaitSet(event.FD)
+	require.NoError(t, err)
+	require.NoError(t, ws.Add(cq))
+	werr := make(chan error, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		for {
+			if err := ws.Wait(ctx); err != nil {
+				werr <- err
+				return
+			}
+		}
+	}()
+	time.Sleep(50 * time.Millisecond)
+	require.NoError(t, d.Close())
+	select {
+	case err := <-werr:
+		assert.ErrorIs(t, err, ErrClosed, "the waiter on a destroyed CQ")
+	case <-time.After(20 * time.Second):
+		t.Fatal("Device.Close left the waiter asleep")
+	}
+	require.NoError(t, ws.Remove(cq))
+	require.NoError(t, ws.Close())
+}
