@@ -476,3 +476,47 @@ func TestEventHotCallsAllocateNothing(t *testing.T) {
 	require.NoError(t, ws.Remove(c))
 	require.NoError(t, ws.Close())
 }
+
+// BenchmarkPollSetCQs is Poll over real CQs of the fake device: all idle
+// (armed, skipped until named), one active (always holding a completion,
+// so always hot), and all hot (IdleAfter out of reach: a check per member).
+func BenchmarkPollSetCQs(b *testing.B) {
+	for _, n := range []int{1, 64, 1024} {
+		for _, mode := range []string{"idle", "oneActive", "allHot"} {
+			b.Run(fmt.Sprintf("members=%d/%s", n, mode), func(b *testing.B) {
+				f := newEventDevice(b, n, 4)
+				f.addQP(b, 0, 4, nil)
+				ps := event.NewPollSet[int]()
+				if mode == "allHot" {
+					ps.SetIdleAfter(1 << 30)
+				}
+				for i, cq := range f.cqs {
+					if err := ps.Add(cq, i); err != nil {
+						b.Fatal(err)
+					}
+				}
+				out := make([]int, 16)
+				for range 2 * event.DefaultIdleAfter {
+					if _, err := ps.Poll(out); err != nil {
+						b.Fatal(err)
+					}
+				}
+				if mode == "oneActive" {
+					if _, err := f.qps[0].PostSend([]SendWR{{WRID: 1, SGEs: []SGE{f.mr.SGE(0, 8)}}}, 0); err != nil {
+						b.Fatal(err)
+					}
+					f.complete(0)
+				}
+				b.ReportAllocs()
+				b.ResetTimer()
+				for range b.N {
+					k, err := ps.Poll(out)
+					if err != nil || (mode == "oneActive") != (k == 1) {
+						b.Fatalf("poll: %d, %v", k, err)
+					}
+				}
+				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(n), "ns/member")
+			})
+		}
+	}
+}
