@@ -520,3 +520,24 @@ func BenchmarkPollSetCQs(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkCounterRead is a counter read: bare (one atomic load), and
+// driving one empty CQ (its Progress: a lock and a poll of the ring).
+func BenchmarkCounterRead(b *testing.B) {
+	f := newEventDevice(b, 1, 4)
+	bare, driving := event.NewCounter(), event.NewCounter()
+	f.addQP(b, 0, 4, driving)
+	if err := driving.Drive(f.cqs[0]); err != nil {
+		b.Fatal(err)
+	}
+	for name, c := range map[string]*event.Counter{"bare": bare, "driving1CQ": driving} {
+		b.Run(name, func(b *testing.B) {
+			b.ReportAllocs()
+			for range b.N {
+				if _, err := c.Read(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
