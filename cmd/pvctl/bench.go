@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"slices"
@@ -23,6 +24,13 @@ type benchRow struct {
 	Doorbells       uint64  `json:"doorbells"`
 	DoorbellsPerMsg float64 `json:"doorbells_per_message"`
 	ReceivesChecked int     `json:"receives_checked,omitempty"`
+	// The receiver's side, with --spin or --wait (benchwait.go).
+	Receiver            string  `json:"receiver,omitempty"` // inline, spin or wait
+	ReceiverMsgPerSec   float64 `json:"receiver_messages_per_s,omitempty"`
+	ReceiverCPUUSPerMsg float64 `json:"receiver_cpu_us_per_msg,omitempty"`
+	ReceiverCPUPercent  float64 `json:"receiver_cpu_percent,omitempty"`
+	SleepsPerMsg        float64 `json:"sleeps_per_msg,omitempty"`
+	EmptyPollsPerMsg    float64 `json:"empty_polls_per_msg,omitempty"`
 }
 
 type benchResult struct {
@@ -41,12 +49,24 @@ func cmdBench(e *env, args []string) error {
 	var t trafficFlags
 	var messages int
 	var batchList string
+	var spin, wait bool
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	t.register(fs, 64)
+	fs.BoolVar(&spin, "spin", false, "the receiver runs on its own thread and spins on its CQ; its CPU time is reported")
+	fs.BoolVar(&wait, "wait", false, "the receiver runs on its own thread and sleeps on a wait set when its CQ is empty; its CPU time is reported")
 	fs.IntVar(&messages, "messages", 20000, "messages per batch size")
 	fs.StringVar(&batchList, "batches", "1,8,32,256", "batch sizes (messages per doorbell)")
 	if err := t.parse(e, fs, args); err != nil {
 		return err
+	}
+	recvMode := recvInline
+	switch {
+	case spin && wait:
+		return errors.New("--spin and --wait exclude each other")
+	case spin:
+		recvMode = recvSpin
+	case wait:
+		recvMode = recvWait
 	}
 	var batches []int
 	for _, f := range strings.Split(batchList, ",") {
@@ -86,10 +106,37 @@ func cmdBench(e *env, args []string) error {
 			}
 		}
 		var row benchRow
-		if res.Mode == "receiver" {
+		switch {
+		case res.Mode == "receiver" && recvMode != recvInline:
+			var r recvResult
+			r, err = benchReceiveLoop(ctx, a, messages, typ, recvMode)
+			row = benchRow{Batch: batch, Messages: r.got, Seconds: r.elapsed.Seconds()}
+			row.addReceiver(recvMode, r)
+			row.MessagesPerSec = row.ReceiverMsgPerSec
+		case res.Mode == "receiver":
 			row, err = benchReceive(ctx, a, messages, typ)
 			row.Batch = batch
-		} else {
+		case b != nil && recvMode != recvInline:
+			// Loopback with the receiver on a thread of its own.
+			if err = b.fillRecvs(); err != nil {
+				break
+			}
+			type result struct {
+				r   recvResult
+				err error
+			}
+			rch := make(chan result, 1)
+			go func() {
+				r, err := benchReceiveLoop(ctx, b, messages, typ, recvMode)
+				rch <- result{r, err}
+			}()
+			row, err = benchSend(ctx, a, nil, messages, batch, x)
+			rr := <-rch
+			if err == nil {
+				err = rr.err
+			}
+			row.addReceiver(recvMode, rr.r)
+		default:
 			row, err = benchSend(ctx, a, b, messages, batch, x)
 		}
 		if err != nil {
@@ -103,9 +150,24 @@ func cmdBench(e *env, args []string) error {
 	w := tabwriter.NewWriter(e.out, 0, 4, 2, ' ', tabwriter.AlignRight)
 	if res.Mode == "receiver" {
 		fmt.Fprintf(e.out, "%s bench receiver, %d-byte messages (the sender reports rates and latency)\n", res.Transport, res.Size)
+		if recvMode != recvInline {
+			fmt.Fprintln(w, "batch\treceived\tmsg/s\treceiver\tCPU µs/msg\tCPU %\tsleeps/msg\t")
+			for _, r := range res.Rows {
+				fmt.Fprintf(w, "%d\t%d\t%.0f\t%s\t%.1f\t%.0f\t%.3f\t\n", r.Batch, r.Messages, r.MessagesPerSec, r.Receiver, r.ReceiverCPUUSPerMsg, r.ReceiverCPUPercent, r.SleepsPerMsg)
+			}
+			return w.Flush()
+		}
 		fmt.Fprintln(w, "batch\treceived\tmsg/s\t")
 		for _, r := range res.Rows {
 			fmt.Fprintf(w, "%d\t%d\t%.0f\t\n", r.Batch, r.Messages, r.MessagesPerSec)
+		}
+		return w.Flush()
+	}
+	if recvMode != recvInline && res.Mode == "loopback" {
+		fmt.Fprintf(e.out, "%s send bench, %d-byte messages, %s, receiver %s on its own thread; latency: %s\n", res.Transport, res.Size, res.Mode, recvMode, res.Latency)
+		fmt.Fprintln(w, "batch\tmessages\tmsg/s\tp50 µs\tp99 µs\tdoorbells/msg\treceiver CPU µs/msg\tCPU %\tsleeps/msg\t")
+		for _, r := range res.Rows {
+			fmt.Fprintf(w, "%d\t%d\t%.0f\t%.1f\t%.1f\t%.3f\t%.1f\t%.0f\t%.3f\t\n", r.Batch, r.Messages, r.MessagesPerSec, r.P50US, r.P99US, r.DoorbellsPerMsg, r.ReceiverCPUUSPerMsg, r.ReceiverCPUPercent, r.SleepsPerMsg)
 		}
 		return w.Flush()
 	}
