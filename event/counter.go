@@ -136,6 +136,9 @@ func (c *Counter) progress() error {
 // completions only counters want. The counter watches d, so a wait set
 // holding the counter wakes for d's events too.
 func (c *Counter) Drive(d Driven) error {
+	if err := checkComparable("Driven source", d); err != nil {
+		return fmt.Errorf("counter drive: %w", err)
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {

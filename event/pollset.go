@@ -71,6 +71,9 @@ func (ps *PollSet[C]) SetIdleAfter(n int) {
 // when src has events. A source already in the set is refused with
 // ErrBusy.
 func (ps *PollSet[C]) Add(src Source, ctx C) error {
+	if err := checkComparable("Source", src); err != nil {
+		return fmt.Errorf("add to poll set: %w", err)
+	}
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
 	if ps.find(src) >= 0 {
@@ -128,7 +131,13 @@ func (ps *PollSet[C]) Remove(src Source) error {
 	ps.members[slot] = nil
 	ps.free = append(ps.free, slot)
 	if !m.idle {
-		ps.hot = slices.DeleteFunc(ps.hot, func(s int32) bool { return s == slot })
+		// Keep the cursor on the member next in turn.
+		if i := slices.Index(ps.hot, slot); i >= 0 {
+			ps.hot = slices.Delete(ps.hot, i, i+1)
+			if i < ps.cursor {
+				ps.cursor--
+			}
+		}
 	}
 	m.word.And(^m.bit)
 	if m.sync != nil {
@@ -231,14 +240,18 @@ func (ps *PollSet[C]) Poll(out []C) (int, error) {
 		}
 	}
 	if idled {
-		k := 0
-		for _, s := range ps.hot {
+		// Drop the idled members, keeping the cursor on the member next in
+		// turn so that the next call neither skips nor repeats one.
+		k, cursor := 0, ps.cursor
+		for i, s := range ps.hot {
 			if !ps.members[s].idle {
 				ps.hot[k] = s
 				k++
+			} else if i < ps.cursor {
+				cursor--
 			}
 		}
-		ps.hot = ps.hot[:k]
+		ps.hot, ps.cursor = ps.hot[:k], cursor
 	}
 	return n, nil
 }

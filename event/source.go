@@ -3,6 +3,7 @@ package event
 import (
 	"errors"
 	"fmt"
+	"reflect"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -61,6 +62,19 @@ type Synced interface {
 	Syncer() Syncer
 }
 
+// checkComparable refuses a source or waker whose dynamic type cannot be
+// compared (a struct holding a func, say): the sets find members by
+// comparing them, which would panic. Use pointers.
+func checkComparable(what string, x any) error {
+	if x == nil {
+		return fmt.Errorf("%w: nil %s", errInvalid, what)
+	}
+	if t := reflect.TypeOf(x); !t.Comparable() {
+		return fmt.Errorf("%w: a %s of type %v, which cannot be compared: use a pointer", errInvalid, what, t)
+	}
+	return nil
+}
+
 // Watchers is the list of Wakers a source tells. Its zero value is empty
 // and ready. Add and Remove are safe for concurrent use with Wake, which
 // takes no lock and allocates nothing.
@@ -71,8 +85,8 @@ type Watchers struct {
 
 // Add appends w; a Waker already on the list is refused.
 func (ws *Watchers) Add(w Waker) error {
-	if w == nil {
-		return fmt.Errorf("%w: nil Waker", errInvalid)
+	if err := checkComparable("Waker", w); err != nil {
+		return err
 	}
 	ws.mu.Lock()
 	defer ws.mu.Unlock()

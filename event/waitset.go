@@ -47,6 +47,9 @@ func (ws *WaitSet) Wake() { ws.sig.set() }
 // Add makes src a member. A source already in the set is refused with
 // ErrBusy.
 func (ws *WaitSet) Add(src Source) error {
+	if err := checkComparable("Source", src); err != nil {
+		return fmt.Errorf("add to wait set: %w", err)
+	}
 	ws.mu.Lock()
 	defer ws.mu.Unlock()
 	if ws.closed.Load() {
