@@ -20,7 +20,7 @@ section "Two VMs on one fabric: traffic between the VMs"
 $GO run ./cmd/pvvm -vms 2 -- \
   pingpong --vm --rc --iters 500 --size 4096 + \
   pingpong --vm --tag srq --srq 4 --iters 300 --size 4096 + \
-  bench --vm --tag bench --rc --messages 5000 --batches 1,32 + \
+  bench --vm --tag spin --rc --messages 5000 --batches 1,32 --spin + \
   bench --vm --tag wait --rc --messages 5000 --batches 1,32 --wait
 
 cat <<'TXT'
@@ -28,8 +28,8 @@ cat <<'TXT'
 What you saw: pvctl ran inside QEMU guests whose pvrdma NIC the driver took
 from the kernel through VFIO and the emulated IOMMU. Every ping-pong byte was
 checked; the bench counts doorbells per message (each one is a VM exit; a
-batch posted as one chain rings once). With --spin the receiver polls on a
-thread of its own; with --wait it sleeps on a wait set (an eventfd the CQ
-interrupt signals) whenever its CQ is empty: compare its CPU time per
-message. `make test` runs every test.
+batch posted as one chain rings once). Plain, one loop polls both ends;
+with --spin the receiver polls its CQ in a loop of its own; with --wait it
+sleeps on a wait set (an eventfd the CQ interrupt signals) whenever its CQ
+is empty: compare the CPU time per message. `make test` runs every test.
 TXT

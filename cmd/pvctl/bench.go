@@ -24,12 +24,13 @@ type benchRow struct {
 	Doorbells       uint64  `json:"doorbells"`
 	DoorbellsPerMsg float64 `json:"doorbells_per_message"`
 	ReceivesChecked int     `json:"receives_checked,omitempty"`
-	// The receiver's side, with --spin or --wait (benchwait.go).
-	Receiver            string  `json:"receiver,omitempty"` // inline, spin or wait
+	// The receiver's side, spin or wait (benchwait.go); CPU is the
+	// process's (benchResult.ReceiverCPU).
+	Receiver            string  `json:"receiver,omitempty"` // spin or wait
 	ReceiverMsgPerSec   float64 `json:"receiver_messages_per_s,omitempty"`
 	ReceiverCPUUSPerMsg float64 `json:"receiver_cpu_us_per_msg,omitempty"`
 	ReceiverCPUPercent  float64 `json:"receiver_cpu_percent,omitempty"`
-	SleepsPerMsg        float64 `json:"sleeps_per_msg,omitempty"`
+	WakeupsPerMsg       float64 `json:"wakeups_per_msg,omitempty"`
 	EmptyPollsPerMsg    float64 `json:"empty_polls_per_msg,omitempty"`
 }
 
@@ -39,6 +40,10 @@ type benchResult struct {
 	Mode      string     `json:"mode"` // loopback, or sender/receiver between two hosts
 	Latency   string     `json:"latency"`
 	Rows      []benchRow `json:"rows"`
+
+	// Whose CPU time the receiver figures are: "process" (getrusage
+	// RUSAGE_SELF), in loopback "process, sender included".
+	ReceiverCPU string `json:"receiver_cpu,omitempty"`
 }
 
 // cmdBench measures the send message rate and latency per batch size: the
@@ -52,13 +57,15 @@ func cmdBench(e *env, args []string) error {
 	var spin, wait bool
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
 	t.register(fs, 64)
-	fs.BoolVar(&spin, "spin", false, "the receiver runs on its own thread and spins on its CQ; its CPU time is reported")
-	fs.BoolVar(&wait, "wait", false, "the receiver runs on its own thread and sleeps on a wait set when its CQ is empty; its CPU time is reported")
+	fs.BoolVar(&spin, "spin", false, "the receiver spins on its CQ in a loop of its own; its CPU time is reported")
+	fs.BoolVar(&wait, "wait", false, "the receiver sleeps on a wait set (event.WaitSet, kind FD) whenever its CQ is empty, instead of spinning; its CPU time is reported")
 	fs.IntVar(&messages, "messages", 20000, "messages per batch size")
 	fs.StringVar(&batchList, "batches", "1,8,32,256", "batch sizes (messages per doorbell)")
 	if err := t.parse(e, fs, args); err != nil {
 		return err
 	}
+	// Without --spin or --wait, the send bench: in loopback one loop polls
+	// both ends, between hosts the receiver polls and sleeps on CQ.Wait.
 	recvMode := recvInline
 	switch {
 	case spin && wait:
@@ -99,6 +106,14 @@ func cmdBench(e *env, args []string) error {
 	case x != nil:
 		res.Mode = "sender"
 	}
+	if recvMode != recvInline {
+		switch res.Mode {
+		case "loopback":
+			res.ReceiverCPU = cpuScopeLoopback
+		case "receiver":
+			res.ReceiverCPU = cpuScopeProcess
+		}
+	}
 	for _, batch := range batches {
 		if x != nil {
 			if err := x.barrier(ctx, fmt.Sprintf("bench-%d", batch)); err != nil {
@@ -117,7 +132,7 @@ func cmdBench(e *env, args []string) error {
 			row, err = benchReceive(ctx, a, messages, typ)
 			row.Batch = batch
 		case b != nil && recvMode != recvInline:
-			// Loopback with the receiver on a thread of its own.
+			// Loopback with the receiver in a goroutine of its own.
 			if err = b.fillRecvs(); err != nil {
 				break
 			}
@@ -151,9 +166,10 @@ func cmdBench(e *env, args []string) error {
 	if res.Mode == "receiver" {
 		fmt.Fprintf(e.out, "%s bench receiver, %d-byte messages (the sender reports rates and latency)\n", res.Transport, res.Size)
 		if recvMode != recvInline {
-			fmt.Fprintln(w, "batch\treceived\tmsg/s\treceiver\tCPU µs/msg\tCPU %\tsleeps/msg\t")
+			fmt.Fprintf(e.out, "receiver %s; CPU: %s\n", recvMode, cpuScopeNote(res.ReceiverCPU))
+			fmt.Fprintln(w, "batch\treceived\tmsg/s\treceiver\tCPU µs/msg\tCPU %\twake-ups/msg\t")
 			for _, r := range res.Rows {
-				fmt.Fprintf(w, "%d\t%d\t%.0f\t%s\t%.1f\t%.0f\t%.3f\t\n", r.Batch, r.Messages, r.MessagesPerSec, r.Receiver, r.ReceiverCPUUSPerMsg, r.ReceiverCPUPercent, r.SleepsPerMsg)
+				fmt.Fprintf(w, "%d\t%d\t%.0f\t%s\t%.1f\t%.0f\t%.3f\t\n", r.Batch, r.Messages, r.MessagesPerSec, r.Receiver, r.ReceiverCPUUSPerMsg, r.ReceiverCPUPercent, r.WakeupsPerMsg)
 			}
 			return w.Flush()
 		}
@@ -164,10 +180,11 @@ func cmdBench(e *env, args []string) error {
 		return w.Flush()
 	}
 	if recvMode != recvInline && res.Mode == "loopback" {
-		fmt.Fprintf(e.out, "%s send bench, %d-byte messages, %s, receiver %s on its own thread; latency: %s\n", res.Transport, res.Size, res.Mode, recvMode, res.Latency)
-		fmt.Fprintln(w, "batch\tmessages\tmsg/s\tp50 µs\tp99 µs\tdoorbells/msg\treceiver CPU µs/msg\tCPU %\tsleeps/msg\t")
+		fmt.Fprintf(e.out, "%s send bench, %d-byte messages, %s, receiver %s in a goroutine of its own; latency: %s\n", res.Transport, res.Size, res.Mode, recvMode, res.Latency)
+		fmt.Fprintf(e.out, "receiver CPU: %s\n", cpuScopeNote(res.ReceiverCPU))
+		fmt.Fprintln(w, "batch\tmessages\tmsg/s\tp50 µs\tp99 µs\tdoorbells/msg\trecv msg/s\tCPU µs/msg\tCPU %\twake-ups/msg\t")
 		for _, r := range res.Rows {
-			fmt.Fprintf(w, "%d\t%d\t%.0f\t%.1f\t%.1f\t%.3f\t%.1f\t%.0f\t%.3f\t\n", r.Batch, r.Messages, r.MessagesPerSec, r.P50US, r.P99US, r.DoorbellsPerMsg, r.ReceiverCPUUSPerMsg, r.ReceiverCPUPercent, r.SleepsPerMsg)
+			fmt.Fprintf(w, "%d\t%d\t%.0f\t%.1f\t%.1f\t%.3f\t%.0f\t%.1f\t%.0f\t%.3f\t\n", r.Batch, r.Messages, r.MessagesPerSec, r.P50US, r.P99US, r.DoorbellsPerMsg, r.ReceiverMsgPerSec, r.ReceiverCPUUSPerMsg, r.ReceiverCPUPercent, r.WakeupsPerMsg)
 		}
 		return w.Flush()
 	}
