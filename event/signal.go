@@ -48,6 +48,9 @@ func (k Kind) String() string {
 type signal struct {
 	kind Kind
 	on   atomic.Bool
+	// raised counts the sets that raised the wait object; drained is its
+	// value when a reset last drained the object.
+	raised, drained atomic.Uint64
 
 	// FD
 	f  *os.File
@@ -103,7 +106,9 @@ func newSignal(kind Kind) (*signal, error) {
 var one = binary.NativeEndian.AppendUint64(nil, 1)
 
 // set raises the signal. Only the first set after a reset reaches the
-// wait object.
+// wait object. The flag goes up before the object is raised; once it is,
+// set counts the raise (raised), so that reset can tell a raise it has not
+// drained from none.
 func (s *signal) set() {
 	if s.on.Load() || !s.on.CompareAndSwap(false, true) {
 		return
@@ -117,13 +122,23 @@ func (s *signal) set() {
 		default:
 		}
 	}
+	s.raised.Add(1)
 }
 
 // reset clears the signal: first the wait object, then the flag, so that a
 // set racing the reset either reaches the object afterwards or came before
 // the flag was cleared, when its event is already visible to the checks
-// that follow a reset.
+// that follow a reset (or was taken before them). A set that claimed the
+// flag before the reset may raise the object after the drain, under a
+// lowered flag: the next reset sees its count and drains it, so a waiter
+// wakes once for it, never spins on it. When the flag is down and no raise
+// came since the last drain, there is nothing to drain: an idle TryWait
+// makes no system call.
 func (s *signal) reset() {
+	r := s.raised.Load()
+	if !s.on.Load() && r == s.drained.Load() {
+		return
+	}
 	switch s.kind {
 	case FD:
 		_ = s.rc.Read(s.drainFn)
@@ -133,6 +148,7 @@ func (s *signal) reset() {
 		default:
 		}
 	}
+	s.drained.Store(r)
 	s.on.Store(false)
 }
 
