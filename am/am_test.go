@@ -1,0 +1,180 @@
+//go:build !guest
+
+package am
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// LAPI_Waitcntr: Wait blocks until the value reaches v, then takes v back
+// out; Get and Set read and set.
+func TestCounterWaitTakesWhatItWaitedForAndGetSetReadAndSet(t *testing.T) {
+	c := NewCounter()
+	assert.Zero(t, c.Get())
+	c.Set(5)
+	assert.EqualValues(t, 5, c.Get())
+	left, err := c.Wait(context.Background(), 3)
+	require.NoError(t, err)
+	assert.EqualValues(t, 2, left)
+	assert.EqualValues(t, 2, c.Get())
+
+	done := make(chan int64)
+	go func() {
+		left, err := c.Wait(context.Background(), 4)
+		assert.NoError(t, err)
+		done <- left
+	}()
+	c.add(1)
+	select {
+	case <-done:
+		t.Fatal("Wait returned below its value")
+	case <-time.After(20 * time.Millisecond):
+	}
+	c.add(2)
+	assert.EqualValues(t, 1, <-done)
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Millisecond)
+	defer cancel()
+	_, err = c.Wait(ctx, 100)
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.EqualValues(t, 1, c.Get(), "a Wait that ended takes nothing")
+
+	var z Counter // the zero Counter is ready
+	z.add(1)
+	_, err = z.Wait(context.Background(), 1)
+	assert.NoError(t, err)
+}
+
+func TestCounterConcurrentAddsAndWaitsLoseNothing(t *testing.T) {
+	c := NewCounter()
+	const adders, per = 8, 1000
+	var wg sync.WaitGroup
+	for range adders {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range per {
+				c.add(1)
+			}
+		}()
+	}
+	taken := int64(0)
+	for taken < adders*per {
+		_, err := c.Wait(context.Background(), 10)
+		require.NoError(t, err)
+		taken += 10
+	}
+	wg.Wait()
+	assert.Zero(t, c.Get())
+}
+
+// The wire header round-trips, and a packet that does not hold together is
+// refused: the peer is another process.
+func TestPacketHeaderRoundTripsAndBadPacketsAreRefused(t *testing.T) {
+	const max = 1 << 20
+	pkt := func(h header, body int) []byte {
+		b := make([]byte, headerSize+body)
+		h.put(b)
+		return b
+	}
+	good := []struct {
+		h    header
+		body int
+	}{
+		{header{kind: kindEager, flags: flagTgtCounter, handler: 7, uhdrLen: 16, tgtCntr: 3, credits: 5, id: 9, length: 100}, 116},
+		{header{kind: kindEager, id: 1}, 0},
+		{header{kind: kindFirst, uhdrLen: 8, id: 2, length: 5000}, 1000},
+		{header{kind: kindFrag, id: 2, length: 5000, offset: 992}, 4008},
+		{header{kind: kindCtrl, credits: 12, length: 3}, 12},
+	}
+	for _, g := range good {
+		var got header
+		require.NoError(t, got.parse(pkt(g.h, g.body), max), "%+v", g.h)
+		assert.Equal(t, g.h, got)
+	}
+	bad := []struct {
+		name string
+		b    []byte
+	}{
+		{"shorter than a header", make([]byte, headerSize-1)},
+		{"unknown kind", pkt(header{kind: 9}, 0)},
+		{"user header past the packet", pkt(header{kind: kindEager, uhdrLen: 64, length: 0}, 32)},
+		{"eager data not the message length", pkt(header{kind: kindEager, length: 10}, 9)},
+		{"first packet holding the whole message", pkt(header{kind: kindFirst, length: 10}, 10)},
+		{"message over the maximum", pkt(header{kind: kindFirst, length: max + 1}, 10)},
+		{"fragment past the end", pkt(header{kind: kindFrag, length: 100, offset: 90}, 20)},
+		{"empty fragment", pkt(header{kind: kindFrag, length: 100, offset: 10}, 0)},
+		{"acks not filling the body", pkt(header{kind: kindCtrl, length: 2}, 12)},
+	}
+	for _, b := range bad {
+		var h header
+		assert.ErrorIs(t, h.parse(b.b, max), errProtocol, b.name)
+	}
+}
+
+func TestConfigDefaultsAndBadConfigsAreRefused(t *testing.T) {
+	var cfg Config
+	require.NoError(t, cfg.fill())
+	assert.Equal(t, Config{Tasks: 1, PacketSize: DefaultPacketSize, Credits: DefaultCredits, MaxMessage: DefaultMaxMessage, MaxUHdr: DefaultMaxUHdr}, cfg)
+	assert.GreaterOrEqual(t, cfg.MaxMessage, 64<<20, "the maximum message is at least 64 MiB")
+	for _, bad := range []Config{
+		{Tasks: -1},
+		{Tasks: 2, Self: 2},
+		{Self: -1},
+		{PacketSize: 100},
+		{Credits: 1},
+		{MaxUHdr: 12},
+		{PacketSize: 256, MaxUHdr: 256},
+	} {
+		c := bad
+		assert.Error(t, c.fill(), "%+v", bad)
+	}
+}
+
+// TCPExchanger: every task gets every task's blob, in task order.
+func TestTCPExchangerGathersEveryTasksAddress(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	ln.Close()
+	const n = 4
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	res := make([][][]byte, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := n - 1; i >= 0; i-- { // the others start before task 0 listens
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			x := &TCPExchanger{Addr: addr, Tasks: n, Self: i}
+			res[i], errs[i] = x.AllGather(ctx, binary.LittleEndian.AppendUint32([]byte(fmt.Sprintf("task%d-", i)), uint32(i)))
+		}()
+	}
+	wg.Wait()
+	for i := range n {
+		require.NoError(t, errs[i], "task %d", i)
+		require.Len(t, res[i], n)
+		for j, b := range res[i] {
+			assert.Equal(t, binary.LittleEndian.AppendUint32([]byte(fmt.Sprintf("task%d-", j)), uint32(j)), b, "task %d's view of task %d", i, j)
+		}
+	}
+}
+
+func TestTCPExchangerEndsWithItsContext(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	_, err := (&TCPExchanger{Addr: "127.0.0.1:1", Tasks: 2, Self: 1}).AllGather(ctx, nil)
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+	_, err = (&TCPExchanger{Addr: "127.0.0.1:0", Tasks: 2, Self: 2}).AllGather(ctx, nil)
+	assert.ErrorIs(t, err, ErrTarget)
+}

@@ -1,0 +1,72 @@
+// Package am is active messages with IBM LAPI's LAPI_Amsend semantics over
+// vfrdma: a job of tasks, one Context each, where a message names a header
+// handler at its target that decides where the data goes.
+//
+// # Use
+//
+//	c, err := am.New(ctx, dev, am.Config{Tasks: n, Self: i, Exchange: x})
+//	c.SetHandler(1, func(a *am.Arrival) am.Return {
+//		buf := make([]byte, a.Len)
+//		return am.Return{Buf: buf, Completion: func() { use(buf) }}
+//	})
+//	org, cmpl := am.NewCounter(), am.NewCounter()
+//	err = c.Amsend(tgt, 1, uhdr, data, am.Counters{Tgt: 3, Org: org, Cmpl: cmpl})
+//	_, err = cmpl.Wait(ctx, 1) // the target's completion handler has run
+//
+// The rules, and where they are kept:
+//   - A header handler registered at an index (SetHandler, the same index
+//     on every task) runs on the progress goroutine when a message's first
+//     packet arrives, with the user header and the message length. It
+//     returns the buffer for the data, and optionally a completion handler,
+//     which runs once the data is all in: on a goroutine of its own, or
+//     inline on the progress goroutine when the header handler asks. For a
+//     message that came in one packet (Arrival.Data) it may return no buffer
+//     and consume the data in the call.
+//   - Counters: Org counts when the origin's buffers may be reused, the
+//     target counter (named by index, SetCounter) after the completion
+//     handler returned, Cmpl at the origin once the target's
+//     acknowledgement says so. Counter.Wait takes what it waited for back
+//     out (LAPI_Waitcntr).
+//   - Amsend checks its arguments first and returns a distinct error with
+//     nothing sent: ErrDataLen, ErrUHdrLen, ErrNoHandler, ErrTarget,
+//     ErrCounter, ErrPurged, ErrClosed.
+//   - Sending to yourself goes through the device like any other message.
+//
+// # Protocol
+//
+// Each pair of tasks has one RC QP at each end (a task has two to itself,
+// connected to each other); every receive buffer comes from one SRQ of
+// Tasks × Credits buffers of PacketSize bytes. A packet is one SEND: a
+// 32-byte header (see wire.go), then for a message's first packet the user
+// header, then data. A message that fits in one packet goes eager; a longer
+// one goes as a first packet and fragments, each naming the message and its
+// offset, copied at the target into the header handler's buffer. Messages
+// to one task go in order, one after the other.
+//
+// Credits keep a receiver from ever running out of buffers (no RNR, no
+// drop): a task may have at most Credits packets unreturned at a peer.
+// Every packet carries the credits its sender owes back (one per buffer it
+// reposted); a packet of acknowledgements and credits alone goes when the
+// progress goroutine runs out of work, or when half a packet of
+// acknowledgements or half the credits have gathered. A data packet never
+// takes the last credit, and a credit-only packet takes it only if it
+// returns at least one, so two tasks can never both wait for the other's
+// credits. The target acknowledges each message after its completion
+// handler returned; the acknowledgement drives Cmpl and Fence. Packets are
+// posted deferred and one doorbell rings per QP per round of sending.
+//
+// # Progress
+//
+// A goroutine per Context polls its CQ, runs header handlers, reposts
+// buffers (one SRQ doorbell per round) and sends what credits allow. Idle,
+// it sleeps on the CQ's interrupt through an event.WaitSet (TryWait, then
+// sleep), or spins if Config.Polling is set.
+//
+// # Failures
+//
+// An RC send to a task that is gone fails after the QP's retries (well
+// under a second on the bench); the task is then purged: what was queued or
+// unacknowledged to it fails, Fence returns ErrPurged joined with the
+// count, Amsend to it returns ErrPurged, Barrier returns ErrPurged.
+// Counters count only what was delivered. Purge does the same on request.
+package am

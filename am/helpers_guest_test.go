@@ -1,0 +1,123 @@
+//go:build guest
+
+package am
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/vfrdma/vfrdma"
+	"github.com/vfrdma/vfrdma/qemu/proto"
+)
+
+func openDevice(t testing.TB) *vfrdma.Device {
+	t.Helper()
+	if os.Getenv(proto.EnvGuest) != "1" {
+		t.Skip("in-guest test: run it on the bench with `go run ./cmd/pvvm -test am` (or `make test`)")
+	}
+	bdf := os.Getenv(proto.EnvBDF)
+	require.NotEmpty(t, bdf, "%s is not set: the bench's init did not find the pvrdma function", proto.EnvBDF)
+	d, err := vfrdma.Open(bdf, nil)
+	require.NoError(t, err)
+	t.Cleanup(func() { d.Close() })
+	return d
+}
+
+// memExchange is an all-gather between contexts of one process.
+type memExchange struct {
+	mu   sync.Mutex
+	all  [][]byte
+	left int
+	done chan struct{}
+}
+
+func newMemExchange(n int) *memExchange {
+	return &memExchange{all: make([][]byte, n), left: n, done: make(chan struct{})}
+}
+
+type memTask struct {
+	x    *memExchange
+	self int
+}
+
+func (m memTask) AllGather(ctx context.Context, mine []byte) ([][]byte, error) {
+	m.x.mu.Lock()
+	m.x.all[m.self] = mine
+	if m.x.left--; m.x.left == 0 {
+		close(m.x.done)
+	}
+	m.x.mu.Unlock()
+	select {
+	case <-m.x.done:
+		return m.x.all, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// newJob makes n tasks, each a Context on d, as n processes would.
+func newJob(t testing.TB, d *vfrdma.Device, n int, cfg Config) []*Context {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	x := newMemExchange(n)
+	cs := make([]*Context, n)
+	errs := make([]error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			cfg := cfg
+			cfg.Tasks, cfg.Self, cfg.Exchange = n, i, memTask{x, i}
+			cs[i], errs[i] = New(ctx, d, cfg)
+		}()
+	}
+	wg.Wait()
+	for i, err := range errs {
+		require.NoError(t, err, "task %d", i)
+	}
+	t.Cleanup(func() {
+		for _, c := range cs {
+			c.Close()
+		}
+	})
+	return cs
+}
+
+func withTimeout(t testing.TB, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// pattern fills a message's data so that every byte says who sent it to
+// whom, which message and where in it.
+func pattern(src, dst, msg, n int) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(src*131 + dst*31 + msg*7 + i + i>>8 + i>>16)
+	}
+	return b
+}
+
+// checkPattern reports the first byte that is not what pattern wrote.
+func checkPattern(b []byte, src, dst, msg int) error {
+	want := pattern(src, dst, msg, len(b))
+	if bytes.Equal(b, want) {
+		return nil
+	}
+	for i := range b {
+		if b[i] != want[i] {
+			return fmt.Errorf("message %d from task %d to %d: byte %d of %d is %#x, want %#x", msg, src, dst, i, len(b), b[i], want[i])
+		}
+	}
+	return nil
+}

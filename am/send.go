@@ -1,0 +1,308 @@
+package am
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+
+	"github.com/vfrdma/vfrdma"
+)
+
+// Amsend sends an active message to task tgt (LAPI_Amsend): the header
+// handler at index handler runs there with uhdr on the first packet's
+// arrival and says where data goes. It returns once the message is
+// queued; data and uhdr must not change until cs.Org counts (or Fence
+// returns). Bad arguments get their own error, with nothing sent.
+func (c *Context) Amsend(tgt, handler int, uhdr, data []byte, cs Counters) error {
+	switch {
+	case tgt < 0 || tgt >= c.cfg.Tasks:
+		return fmt.Errorf("%w: task %d of %d", ErrTarget, tgt, c.cfg.Tasks)
+	case len(data) > c.cfg.MaxMessage:
+		return fmt.Errorf("%w: %d bytes, the maximum is %d", ErrDataLen, len(data), c.cfg.MaxMessage)
+	case len(uhdr) > c.cfg.MaxUHdr || len(uhdr)%8 != 0:
+		return fmt.Errorf("%w: %d bytes (a multiple of 8, at most %d)", ErrUHdrLen, len(uhdr), c.cfg.MaxUHdr)
+	case handler < 0 || handler >= MaxHandlers || c.handlers[handler].Load() == nil:
+		return fmt.Errorf("%w: %d (handlers are registered at the same index on every task)", ErrNoHandler, handler)
+	case cs.Tgt < 0 || cs.Tgt >= MaxCounters:
+		return fmt.Errorf("%w: target counter %d (0 for none, 1 to %d)", ErrCounter, cs.Tgt, MaxCounters-1)
+	}
+	return c.send(tgt, uint16(handler), uhdr, data, cs)
+}
+
+func (c *Context) send(tgt int, handler uint16, uhdr, data []byte, cs Counters) error {
+	cn := c.conns[tgt]
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return ErrClosed
+	}
+	if c.perr != nil {
+		return c.perr
+	}
+	if cn.err != nil {
+		return cn.err
+	}
+	m := &outMsg{id: cn.nextID, handler: handler, tgt: uint16(cs.Tgt), uhdr: uhdr, data: data, org: cs.Org, cmpl: cs.Cmpl}
+	cn.nextID++
+	cn.sendq = append(cn.sendq, m)
+	c.pending++
+	c.stats.Sent++
+	c.pump(cn)
+	c.flush(cn)
+	return nil
+}
+
+// pump sends what cn's queue holds, as far as credits and send slots
+// allow, each packet deferred: flush rings once for them all. A data
+// packet leaves the last credit to a packet that returns credits, and the
+// last send slot per task to acknowledgements, so that neither side can
+// end up unable to tell the other it may go on. Under mu.
+func (c *Context) pump(cn *conn) {
+	for len(cn.sendq) > 0 && cn.err == nil && cn.credits >= 2 && len(c.free) > c.cfg.Tasks {
+		m := cn.sendq[0]
+		slot := c.takeSlot()
+		buf := c.slotBuf(slot)
+		h := header{id: m.id, length: uint64(len(m.data)), offset: uint64(m.off)}
+		n := headerSize
+		if !m.started {
+			h.handler, h.uhdrLen, h.tgtCntr = m.handler, uint16(len(m.uhdr)), m.tgt
+			if m.tgt != 0 {
+				h.flags |= flagTgtCounter
+			}
+			n += copy(buf[n:], m.uhdr)
+		}
+		k := copy(buf[n:], m.data[m.off:])
+		n += k
+		switch {
+		case m.started:
+			h.kind = kindFrag
+		case k == len(m.data):
+			h.kind = kindEager
+		default:
+			h.kind = kindFirst
+		}
+		h.credits, cn.owed = uint32(cn.owed), 0
+		h.put(buf)
+		if err := c.post(cn, cn.out, slot, n); err != nil {
+			cn.owed += int(h.credits)
+			c.fail(cn, err)
+			return
+		}
+		cn.dirtyOut = true
+		c.stats.Packets++
+		m.started = true
+		m.off += k
+		if m.off == len(m.data) {
+			cn.sendq[0] = nil
+			cn.sendq = cn.sendq[1:]
+			if len(cn.sendq) == 0 {
+				cn.sendq = cn.sendq[:0:0] // let the backing array go
+			}
+			m.uhdr, m.data = nil, nil
+			cn.sent[m.id] = m
+			if m.org != nil {
+				m.org.add(1)
+			}
+		}
+	}
+}
+
+// ctrl sends cn's acknowledgements and owed credits, when it has any and
+// either idle is set (the progress goroutine found nothing more to do) or
+// enough have gathered to be worth a packet. Under mu.
+func (c *Context) ctrl(cn *conn, idle bool) {
+	for cn.err == nil && (len(cn.acks) > 0 || cn.owed > 0) {
+		worth := len(cn.acks) >= c.maxAcks/2 || cn.owed >= c.cfg.Credits/2
+		if !idle && !worth || idle && len(cn.acks) == 0 && !worth {
+			return
+		}
+		// The last credit goes only to a packet that returns credits.
+		if cn.credits <= 0 || cn.credits == 1 && cn.owed == 0 || len(c.free) == 0 {
+			return
+		}
+		slot := c.takeSlot()
+		buf := c.slotBuf(slot)
+		k := min(len(cn.acks), c.maxAcks)
+		for i, id := range cn.acks[:k] {
+			binary.LittleEndian.PutUint32(buf[headerSize+4*i:], id)
+		}
+		h := header{kind: kindCtrl, credits: uint32(cn.owed), length: uint64(k)}
+		h.put(buf)
+		if err := c.post(cn, cn.in, slot, headerSize+4*k); err != nil {
+			c.fail(cn, err)
+			return
+		}
+		cn.owed = 0
+		cn.acks = append(cn.acks[:0], cn.acks[k:]...)
+		cn.dirtyIn = true
+		c.stats.CtrlPackets++
+	}
+}
+
+// post posts one deferred send of slot's first n bytes on qp. Under mu.
+func (c *Context) post(cn *conn, qp *vfrdma.QP, slot int32, n int) error {
+	return c.postTagged(cn, qp, slot, n, 0)
+}
+
+func (c *Context) postTagged(cn *conn, qp *vfrdma.QP, slot int32, n int, tag uint64) error {
+	c.sge[0] = c.sendM.SGE(int(slot)*c.slotSize, n)
+	c.wr[0] = vfrdma.SendWR{WRID: sendTag | tag | uint64(slot), Flags: vfrdma.SendSignaled, SGEs: c.sge[:1]}
+	if n == 0 {
+		c.wr[0].SGEs = nil
+	}
+	if _, err := qp.PostSend(c.wr[:], vfrdma.FlagDefer); err != nil {
+		c.free = append(c.free, slot)
+		return err
+	}
+	cn.credits--
+	cn.inflight++
+	return nil
+}
+
+// flush rings the doorbells of cn's deferred posts. Under mu.
+func (c *Context) flush(cn *conn) {
+	if cn.dirtyOut {
+		cn.dirtyOut = false
+		if err := cn.out.Flush(); err != nil {
+			c.fail(cn, err)
+		}
+	}
+	if cn.dirtyIn {
+		cn.dirtyIn = false
+		if err := cn.in.Flush(); err != nil {
+			c.fail(cn, err)
+		}
+	}
+}
+
+func (c *Context) takeSlot() int32 {
+	s := c.free[len(c.free)-1]
+	c.free = c.free[:len(c.free)-1]
+	return s
+}
+
+func (c *Context) slotBuf(slot int32) []byte {
+	return c.sendM.Bytes()[int(slot)*c.slotSize : int(slot+1)*c.slotSize]
+}
+
+// fail purges cn: what is queued or unacknowledged to it fails, and every
+// later Amsend to it returns ErrPurged. Under mu.
+func (c *Context) fail(cn *conn, cause error) {
+	if cn.err != nil {
+		return
+	}
+	cn.err = fmt.Errorf("%w: task %d: %w", ErrPurged, cn.task, cause)
+	n := len(cn.sendq) + len(cn.sent)
+	if n > 0 {
+		c.pending -= n
+		c.stats.Failed += uint64(n)
+		c.failed = append(c.failed, fmt.Errorf("%d messages to task %d lost: %w", n, cn.task, cn.err))
+	}
+	cn.sendq, cn.sent, cn.acks = nil, map[uint32]*outMsg{}, nil
+	c.notify()
+}
+
+// acked takes task cn's acknowledgements. Under mu.
+func (c *Context) acked(cn *conn, acks []byte) {
+	for i := 0; i+4 <= len(acks); i += 4 {
+		a := binary.LittleEndian.Uint32(acks[i:])
+		id := a &^ ackFailed
+		m := cn.sent[id]
+		if m == nil {
+			continue // a message already failed with its task
+		}
+		delete(cn.sent, id)
+		c.pending--
+		if a&ackFailed != 0 {
+			c.stats.Failed++
+			c.failed = append(c.failed, fmt.Errorf("%w: message %d to task %d", ErrDropped, id, cn.task))
+			continue
+		}
+		c.stats.Delivered++
+		if m.cmpl != nil {
+			m.cmpl.add(1)
+		}
+	}
+	c.notify()
+}
+
+// Purge cancels what this task has queued or unacknowledged to tgt and
+// refuses later messages to it with ErrPurged (LAPI_Purge_totask). The
+// QP to tgt goes to the error state.
+func (c *Context) Purge(ctx context.Context, tgt int) error {
+	if tgt < 0 || tgt >= c.cfg.Tasks {
+		return fmt.Errorf("%w: task %d of %d", ErrTarget, tgt, c.cfg.Tasks)
+	}
+	cn := c.conns[tgt]
+	c.mu.Lock()
+	c.fail(cn, errors.New("purged by the caller"))
+	c.mu.Unlock()
+	err := cn.out.SetError(ctx)
+	if cn.in != cn.out {
+		err = errors.Join(err, cn.in.SetError(ctx))
+	}
+	c.ws.Wake()
+	return err
+}
+
+// Fence waits until every message this task sent has completed at its
+// target (LAPI_Fence): acknowledged, or failed. It returns the failures
+// since the last Fence (ErrDropped, ErrPurged), joined.
+func (c *Context) Fence(ctx context.Context) error {
+	if err := c.waitFor(ctx, func() bool { return c.pending == 0 || c.perr != nil }); err != nil {
+		return fmt.Errorf("am: fence: %w", err)
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.perr != nil {
+		return c.perr
+	}
+	errs := c.failed
+	c.failed = nil
+	return errors.Join(errs...)
+}
+
+// Barrier waits until every task has called it (LAPI_Gfence): first this
+// task's Fence, then a message to every task, itself included, and their
+// messages back. A purged or failed task makes it return ErrPurged.
+func (c *Context) Barrier(ctx context.Context) error {
+	if err := c.Fence(ctx); err != nil {
+		return err
+	}
+	c.mu.Lock()
+	c.epoch++
+	e := c.epoch
+	c.mu.Unlock()
+	var uh [8]byte
+	binary.LittleEndian.PutUint64(uh[:], e)
+	for t := range c.cfg.Tasks {
+		if err := c.send(t, barrierHandler, uh[:], nil, Counters{}); err != nil {
+			return fmt.Errorf("am: barrier: %w", err)
+		}
+	}
+	var ferr error
+	err := c.waitFor(ctx, func() bool {
+		for _, cn := range c.conns {
+			if cn.err != nil {
+				ferr = cn.err
+				return true
+			}
+		}
+		if c.perr != nil {
+			ferr = c.perr
+			return true
+		}
+		return c.arrived[e] == c.cfg.Tasks
+	})
+	c.mu.Lock()
+	delete(c.arrived, e)
+	c.mu.Unlock()
+	if err == nil {
+		err = ferr
+	}
+	if err != nil {
+		return fmt.Errorf("am: barrier: %w", err)
+	}
+	return nil
+}

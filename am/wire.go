@@ -1,0 +1,107 @@
+package am
+
+import (
+	"encoding/binary"
+	"fmt"
+)
+
+// Packet kinds.
+const (
+	kindEager = 1 // a whole message: header, user header, data
+	kindFirst = 2 // the first packet of a message in fragments
+	kindFrag  = 3 // a later fragment
+	kindCtrl  = 4 // credits and acknowledgements only
+)
+
+// Header flags.
+const (
+	flagTgtCounter = 1 << 0 // tgtCntr names a counter at the target
+)
+
+// Ack entries: the message id, with ackFailed set when the target dropped
+// the message (no handler, no buffer, a buffer too short).
+const ackFailed = 1 << 31
+
+// headerSize is the fixed packet header:
+//
+//	0  u8  kind
+//	1  u8  flags
+//	2  u16 handler index (eager, first)
+//	4  u16 user header length (eager, first)
+//	6  u16 target counter index (eager, first, with flagTgtCounter)
+//	8  u32 credits returned to the receiver of this packet
+//	12 u32 message id (eager, first, frag)
+//	16 u64 message length (eager, first, frag); ctrl: number of acks
+//	24 u64 offset of this packet's data in the message (frag; 0 otherwise)
+//
+// Then, for eager and first, the user header, then the data; for frag, the
+// data; for ctrl, the acks, a u32 each. Little endian throughout.
+const headerSize = 32
+
+type header struct {
+	kind    uint8
+	flags   uint8
+	handler uint16
+	uhdrLen uint16
+	tgtCntr uint16
+	credits uint32
+	id      uint32
+	length  uint64
+	offset  uint64
+}
+
+func (h *header) put(b []byte) {
+	_ = b[headerSize-1]
+	b[0] = h.kind
+	b[1] = h.flags
+	binary.LittleEndian.PutUint16(b[2:], h.handler)
+	binary.LittleEndian.PutUint16(b[4:], h.uhdrLen)
+	binary.LittleEndian.PutUint16(b[6:], h.tgtCntr)
+	binary.LittleEndian.PutUint32(b[8:], h.credits)
+	binary.LittleEndian.PutUint32(b[12:], h.id)
+	binary.LittleEndian.PutUint64(b[16:], h.length)
+	binary.LittleEndian.PutUint64(b[24:], h.offset)
+}
+
+// parse decodes and checks a received packet of n bytes: the peer is
+// another process, and a packet that does not hold together is refused
+// rather than trusted.
+func (h *header) parse(b []byte, maxMessage int) error {
+	if len(b) < headerSize {
+		return fmt.Errorf("%w: a %d-byte packet, shorter than its header", errProtocol, len(b))
+	}
+	h.kind = b[0]
+	h.flags = b[1]
+	h.handler = binary.LittleEndian.Uint16(b[2:])
+	h.uhdrLen = binary.LittleEndian.Uint16(b[4:])
+	h.tgtCntr = binary.LittleEndian.Uint16(b[6:])
+	h.credits = binary.LittleEndian.Uint32(b[8:])
+	h.id = binary.LittleEndian.Uint32(b[12:])
+	h.length = binary.LittleEndian.Uint64(b[16:])
+	h.offset = binary.LittleEndian.Uint64(b[24:])
+	body := uint64(len(b) - headerSize)
+	switch h.kind {
+	case kindEager, kindFirst:
+		if uint64(h.uhdrLen) > body {
+			return fmt.Errorf("%w: user header of %d bytes in a %d-byte body", errProtocol, h.uhdrLen, body)
+		}
+		data := body - uint64(h.uhdrLen)
+		if h.length > uint64(maxMessage) {
+			return fmt.Errorf("%w: message of %d bytes, over the maximum %d", errProtocol, h.length, maxMessage)
+		}
+		if h.kind == kindEager && data != h.length || h.kind == kindFirst && data >= h.length {
+			return fmt.Errorf("%w: kind %d message of %d bytes with %d in its first packet", errProtocol, h.kind, h.length, data)
+		}
+	case kindFrag:
+		if h.offset+body > h.length || body == 0 {
+			return fmt.Errorf("%w: fragment of %d bytes at %d of a %d-byte message", errProtocol, body, h.offset, h.length)
+		}
+	case kindCtrl:
+		if h.length*4 != body {
+			return fmt.Errorf("%w: %d acks in a %d-byte body", errProtocol, h.length, body)
+		}
+	default:
+		return fmt.Errorf("%w: packet kind %d", errProtocol, h.kind)
+	}
+	return nil
+}
