@@ -17,12 +17,12 @@ import (
 // nothing sent.
 var (
 	ErrDataLen   = errors.New("am: data longer than the maximum message size")              // LAPI_ERR_DATA_LEN
-	ErrUHdrLen   = errors.New("am: user header too long or not a multiple of 8 bytes")       // LAPI_ERR_UHDR_LEN
-	ErrNoHandler = errors.New("am: no header handler at that index")                         // LAPI_ERR_HDR_HNDLR_NULL
-	ErrTarget    = errors.New("am: target task out of range")                                // LAPI_ERR_TGT
-	ErrPurged    = errors.New("am: target purged")                                           // LAPI_ERR_TGT_PURGED
-	ErrClosed    = errors.New("am: context closed")                                          //
-	ErrCounter   = errors.New("am: counter index out of range")                              //
+	ErrUHdrLen   = errors.New("am: user header too long or not a multiple of 8 bytes")      // LAPI_ERR_UHDR_LEN
+	ErrNoHandler = errors.New("am: no header handler at that index")                        // LAPI_ERR_HDR_HNDLR_NULL
+	ErrTarget    = errors.New("am: target task out of range")                               // LAPI_ERR_TGT
+	ErrPurged    = errors.New("am: target purged")                                          // LAPI_ERR_TGT_PURGED
+	ErrClosed    = errors.New("am: context closed")                                         //
+	ErrCounter   = errors.New("am: counter index out of range")                             //
 	ErrDropped   = errors.New("am: the target dropped a message (no handler or no buffer)") // Fence reports it
 	errProtocol  = errors.New("am: protocol error")
 	errInvalid   = errors.New("am: invalid configuration")
@@ -165,16 +165,16 @@ type conn struct {
 	out, in *vfrdma.QP // requests go out on out, acknowledgements on in
 
 	// Under Context.mu.
-	credits   int
-	owed      int
-	acks      []uint32
-	sendq     []*outMsg
-	sent      map[uint32]*outMsg // sent whole, not yet acknowledged
-	nextID    uint32
-	dirtyOut  bool // deferred posts to ring
-	dirtyIn   bool
-	err       error
-	inflight  int // send slots in use on this conn
+	credits  int
+	owed     int
+	acks     []uint32
+	sendq    []*outMsg
+	sent     map[uint32]*outMsg // sent whole, not yet acknowledged
+	nextID   uint32
+	dirtyOut bool // deferred posts to ring
+	dirtyIn  bool
+	err      error
+	inflight int // send slots in use on this conn
 
 	// Liveness, under Context.mu: packets heard from the task, their count
 	// at the last look, and whether a probe is on its way.
