@@ -85,15 +85,17 @@ type control struct {
 	mu   sync.Mutex
 	conn net.Conn
 	done chan struct{}
+	// onKill kills the VM (proto.OpKill); nil refuses the request.
+	onKill func()
 }
 
-func listenControl(path string, kv *rendezvous, log *slog.Logger) (*control, error) {
+func listenControl(path string, kv *rendezvous, log *slog.Logger, onKill func()) (*control, error) {
 	os.Remove(path)
 	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: path, Net: "unix"})
 	if err != nil {
 		return nil, fmt.Errorf("bench: control socket: %w", err)
 	}
-	c := &control{path: path, ln: ln, kv: kv, log: log, done: make(chan struct{})}
+	c := &control{path: path, ln: ln, kv: kv, log: log, done: make(chan struct{}), onKill: onKill}
 	c.wg.Add(1)
 	go c.accept()
 	return c, nil
@@ -149,6 +151,13 @@ func (c *control) serve(conn net.Conn) {
 				if err != nil {
 					rep.Error = err.Error()
 				}
+			case proto.OpKill:
+				if c.onKill != nil {
+					c.log.Debug("control: killing the VM on its request")
+					c.onKill()
+					return // no reply: the VM is gone
+				}
+				rep.Error = "this channel cannot kill its VM"
 			default:
 				rep.Error = fmt.Sprintf("unknown op %q", req.Op)
 			}

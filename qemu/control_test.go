@@ -9,6 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
 	"github.com/vfrdma/vfrdma/qemu/proto"
 )
 
@@ -44,12 +47,12 @@ func TestControlRendezvous(t *testing.T) {
 	dir := t.TempDir()
 	kv := newRendezvous()
 	defer kv.close()
-	a, err := listenControl(filepath.Join(dir, "a.ctl"), kv, discard())
+	a, err := listenControl(filepath.Join(dir, "a.ctl"), kv, discard(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer a.close()
-	b, err := listenControl(filepath.Join(dir, "b.ctl"), kv, discard())
+	b, err := listenControl(filepath.Join(dir, "b.ctl"), kv, discard(), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -86,4 +89,34 @@ func TestControlRendezvous(t *testing.T) {
 	if !s.Scan() || !strings.Contains(s.Text(), "bad request") {
 		t.Fatalf("bad json: %q", s.Text())
 	}
+}
+
+// OpKill calls the VM's killer and sends no reply; a channel without a
+// killer refuses it.
+func TestControlKillCallsTheKillerAndNeverReplies(t *testing.T) {
+	dir := t.TempDir()
+	kv := newRendezvous()
+	defer kv.close()
+	killed := make(chan struct{})
+	a, err := listenControl(filepath.Join(dir, "a.ctl"), kv, discard(), func() { close(killed) })
+	require.NoError(t, err)
+	defer a.close()
+	c, sc := dialControl(t, a.path)
+	b, _ := json.Marshal(proto.Request{Op: proto.OpKill})
+	_, err = c.Write(append(b, '\n'))
+	require.NoError(t, err)
+	select {
+	case <-killed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the killer was not called")
+	}
+	c.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+	assert.False(t, sc.Scan(), "a reply came: %q", sc.Text())
+
+	n, err := listenControl(filepath.Join(dir, "n.ctl"), kv, discard(), nil)
+	require.NoError(t, err)
+	defer n.close()
+	cn, sn := dialControl(t, n.path)
+	rep := ask(t, cn, sn, proto.Request{Op: proto.OpKill})
+	assert.Contains(t, rep.Error, "cannot kill")
 }

@@ -13,6 +13,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -70,6 +71,9 @@ type VMResult struct {
 	Stderr  []string       // last lines QEMU wrote to stderr
 	Elapsed time.Duration
 	Err     error
+	// Killed is set when the guest asked the host to kill it
+	// (proto.OpKill) and was: an expected end, not an error.
+	Killed bool
 }
 
 // Tests returns the EventTest records.
@@ -222,7 +226,20 @@ func runVM(ctx context.Context, o *Options, idx, n int, work string, fab fabric.
 	}
 	defer mx.Close()
 
-	ctl, err := listenControl(filepath.Join(work, node+".ctl"), kv, o.Log)
+	// The guest may ask to be killed (proto.OpKill) from the control
+	// channel's goroutine, once QEMU runs.
+	var killedOnRequest atomic.Bool
+	var started sync.Mutex
+	var pid int
+	onKill := func() {
+		killedOnRequest.Store(true)
+		started.Lock()
+		defer started.Unlock()
+		if pid > 0 {
+			syscall.Kill(-pid, syscall.SIGKILL)
+		}
+	}
+	ctl, err := listenControl(filepath.Join(work, node+".ctl"), kv, o.Log, onKill)
 	if err != nil {
 		return err
 	}
@@ -245,7 +262,13 @@ func runVM(ctx context.Context, o *Options, idx, n int, work string, fab fabric.
 		return fmt.Errorf("bench: %w", err)
 	}
 	o.Log.Debug("starting QEMU", "vm", idx, "args", args)
-	if err := cmd.Start(); err != nil {
+	started.Lock()
+	err = cmd.Start()
+	if err == nil {
+		pid = cmd.Process.Pid
+	}
+	started.Unlock()
+	if err != nil {
 		return fmt.Errorf("%w: %v", ErrQEMURefused, err)
 	}
 	kill := func() {
@@ -327,6 +350,10 @@ func runVM(ctx context.Context, o *Options, idx, n int, work string, fab fabric.
 	default:
 	}
 	if v.Done {
+		return nil
+	}
+	if killedOnRequest.Load() {
+		v.Killed = true
 		return nil
 	}
 	if ctx.Err() != nil {

@@ -33,6 +33,8 @@ var ErrClosed = errors.New("guestctl: connection closed")
 const (
 	// putTimeout bounds the wait for the host's reply to a Put.
 	putTimeout = 30 * time.Second
+	// killWait bounds how long Kill waits to be killed.
+	killWait = 30 * time.Second
 	// replySlack is added to a Get's deadline when waiting for the reply, so
 	// that the host's own timeout answer arrives before the guest gives up.
 	replySlack = 2 * time.Second
@@ -122,6 +124,19 @@ func (c *Conn) Put(key, value string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), putTimeout)
 	defer cancel()
 	_, err := c.do(ctx, proto.Request{Op: proto.OpPut, Key: key, Value: value}, 0)
+	return err
+}
+
+// Kill asks the host to kill this VM at once (proto.OpKill), as a crash
+// would. It does not return when the host obliges; if it returns, the
+// host refused or the channel broke, and the error says which.
+func (c *Conn) Kill() error {
+	ctx, cancel := context.WithTimeout(context.Background(), killWait)
+	defer cancel()
+	_, err := c.do(ctx, proto.Request{Op: proto.OpKill}, 0)
+	if err == nil {
+		err = errors.New("guestctl: kill: the host answered instead of killing the VM")
+	}
 	return err
 }
 

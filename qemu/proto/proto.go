@@ -89,6 +89,11 @@ func Parse(line []byte) (r Record, ok bool, err error) {
 const (
 	OpPut = "put" // store Value under Key (a key is written once per run)
 	OpGet = "get" // wait until Key has a value, then return it
+	// OpKill asks the host to kill this VM's QEMU at once (SIGKILL), as a
+	// crash would: tests use it to see what the other VMs of the run get
+	// when a peer dies in mid-transfer. No reply ever comes; the VM's
+	// result says it was killed on request, which is not a failure.
+	OpKill = "kill"
 )
 
 // Request is one line a guest sends on the control channel.
