@@ -7,8 +7,10 @@ cd "$(dirname "$0")/.."
 
 GO=${GO:-go}
 SV_OUT=$PWD/build/softverbs
-# The two-VM run: the smoke tests in both VMs, and the tests that need two.
-TWO_VM_TESTS='^(TestGuest|TestMultiVM)'
+# The two-VM run: the smoke tests in both VMs, and the tests that need two
+# (TestMultiVM3... need three: the active-message job).
+TWO_VM_TESTS='^(TestGuest|TestMultiVM[^3])'
+THREE_VM_TESTS='^TestMultiVM3'
 
 run_tier() {
   case $1 in
@@ -17,12 +19,13 @@ run_tier() {
     backend)   make -s -C qemu/softverbs test OUT="$SV_OUT" ;;
     guest)     $GO run ./cmd/pvvm -test all ;;
     guest-2vm) $GO run ./cmd/pvvm -vms 2 -test all -run "$TWO_VM_TESTS" ;;
+    guest-3vm) $GO run ./cmd/pvvm -vms 3 -test am -run "$THREE_VM_TESTS" ;;
     *) echo "unknown tier $1" >&2; return 2 ;;
   esac
 }
 
 tiers=("$@")
-[ ${#tiers[@]} -gt 0 ] || tiers=(vet host backend guest guest-2vm)
+[ ${#tiers[@]} -gt 0 ] || tiers=(vet host backend guest guest-2vm guest-3vm)
 passed=0 failed=0 failures=()
 for t in "${tiers[@]}"; do
   echo "=== tier: $t"
