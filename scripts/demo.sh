@@ -21,7 +21,8 @@ $GO run ./cmd/pvvm -vms 2 -- \
   pingpong --vm --rc --iters 500 --size 4096 + \
   pingpong --vm --tag srq --srq 4 --iters 300 --size 4096 + \
   bench --vm --tag spin --rc --messages 5000 --batches 1,32 --spin + \
-  bench --vm --tag wait --rc --messages 5000 --batches 1,32 --wait
+  bench --vm --tag wait --rc --messages 5000 --batches 1,32 --wait + \
+  am --vm --iters 300 --messages 5000
 
 cat <<'TXT'
 
@@ -31,5 +32,7 @@ checked; the bench counts doorbells per message (each one is a VM exit; a
 batch posted as one chain rings once). Plain, one loop polls both ends;
 with --spin the receiver polls its CQ in a loop of its own; with --wait it
 sleeps on a wait set (an eventfd the CQ interrupt signals) whenever its CQ
-is empty: compare the CPU time per message. `make test` runs every test.
+is empty: compare the CPU time per message. `pvctl am` sends active
+messages (LAPI_Amsend semantics) between the VMs: latency, the message rate
+beside raw PostSend's, and bandwidth. `make test` runs every test.
 TXT

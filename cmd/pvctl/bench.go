@@ -220,6 +220,9 @@ func benchSend(ctx context.Context, a, b *endpoint, messages, batch int, x excha
 	if a.qp.Type() == vfrdma.UD {
 		size -= vfrdma.UDHeaderRoom
 	}
+	if a.msgSize > 0 {
+		size = a.msgSize
+	}
 	start := time.Now()
 	idle := 0
 	for done < messages || (recvEnd != nil && a.qp.Type() == vfrdma.RC && received < messages) {

@@ -21,6 +21,7 @@ type peerInfo struct {
 	GID  vfrdma.GID `json:"gid"`
 	QKey uint32     `json:"qkey"`
 	QPNs []uint32   `json:"qpns,omitempty"` // pingpong --srq: one per connection
+	Blob []byte     `json:"blob,omitempty"` // am: the task's address
 }
 
 // exchanger swaps peerInfo with the other end: over TCP (like
@@ -157,16 +158,18 @@ func (v *vmExchange) close()       { v.c.Close() }
 
 // endpoint is one end of a test connection: a QP with its CQ and buffers.
 type endpoint struct {
-	pd    *vfrdma.PD
-	cq    *vfrdma.CQ
-	qp    *vfrdma.QP
-	send  *vfrdma.MR
-	recv  *vfrdma.MR
-	slot  int // bytes per buffer slot (UD: header room included)
-	depth int
-	ah    *vfrdma.AH
-	peer  peerInfo
-	qkey  uint32
+	pd   *vfrdma.PD
+	cq   *vfrdma.CQ
+	qp   *vfrdma.QP
+	send *vfrdma.MR
+	recv *vfrdma.MR
+	slot int // bytes per buffer slot (UD: header room included)
+	// msgSize, if set, is what benchSend sends (at most a slot).
+	msgSize int
+	depth   int
+	ah      *vfrdma.AH
+	peer    peerInfo
+	qkey    uint32
 }
 
 const testQKey = 0x1ee7

@@ -1,0 +1,471 @@
+package main
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"flag"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"text/tabwriter"
+	"time"
+
+	"github.com/vfrdma/vfrdma"
+	"github.com/vfrdma/vfrdma/am"
+)
+
+// Handler indices of pvctl am, the same on both tasks.
+const (
+	amPing = 1 // driver → responder: answer with the same data
+	amPong = 2 // responder → driver: the answer
+	amSink = 3 // driver → responder: check and count
+)
+
+type amRow struct {
+	Test            string  `json:"test"` // latency, rate or bandwidth
+	Size            int     `json:"size"`
+	Messages        int     `json:"messages"` // round trips for latency
+	Seconds         float64 `json:"seconds"`
+	RoundTripUS     float64 `json:"round_trip_us,omitempty"`
+	MessagesPerSec  float64 `json:"messages_per_s,omitempty"`
+	MBPerSec        float64 `json:"mb_per_s,omitempty"`
+	PacketsPerMsg   float64 `json:"packets_per_message,omitempty"`
+	DoorbellsPerMsg float64 `json:"doorbells_per_message,omitempty"`
+	// The same messages sent with plain PostSend, 32 per doorbell, in the
+	// same run, and how many times faster that is.
+	RawMessagesPerSec float64 `json:"raw_messages_per_s,omitempty"`
+	RawOverAM         float64 `json:"raw_over_am,omitempty"`
+}
+
+type amResult struct {
+	Mode     string  `json:"mode"` // loopback, driver or responder
+	Progress string  `json:"progress"`
+	Rows     []amRow `json:"rows,omitempty"`
+	Checked  int64   `json:"messages_checked"`
+}
+
+// cmdAM runs active messages between two tasks (package am): ping-pong
+// latency, one-way message rate and bandwidth, every byte checked, beside
+// the raw PostSend rate of the same messages. Task 0 drives, task 1
+// responds: in loopback both are contexts on this device; with --vm or
+// --listen/--connect, the client end drives.
+func cmdAM(e *env, args []string) error {
+	var t trafficFlags
+	var sizeList string
+	var iters, messages, bwSize, bwMessages int
+	var polling bool
+	fs := flag.NewFlagSet("am", flag.ContinueOnError)
+	fs.StringVar(&t.listen, "listen", "", "wait for the other task on this TCP address (it drives)")
+	fs.StringVar(&t.connect, "connect", "", "connect to the other task at this TCP address (this one drives)")
+	fs.BoolVar(&t.vm, "vm", false, "the other task is the other VM of a two-VM bench run (VM 1 drives)")
+	fs.StringVar(&t.tag, "tag", "pvctl-am", "rendezvous key prefix for --vm")
+	fs.StringVar(&sizeList, "sizes", "8,4096", "message sizes for latency and rate")
+	fs.IntVar(&iters, "iters", 1000, "ping-pong round trips per size")
+	fs.IntVar(&messages, "messages", 20000, "messages per size for the rate")
+	fs.IntVar(&bwSize, "bw-size", 1<<20, "message size for the bandwidth")
+	fs.IntVar(&bwMessages, "bw-messages", 64, "messages for the bandwidth")
+	fs.BoolVar(&polling, "polling", false, "progress by polling instead of sleeping on the CQ interrupt")
+	if err := t.parse(e, fs, args); err != nil {
+		return err
+	}
+	sizes, err := parseSizes(sizeList)
+	if err != nil {
+		return err
+	}
+	if iters < 1 || messages < 1 || bwMessages < 1 || bwSize < 1 {
+		return errors.New("--iters, --messages, --bw-size and --bw-messages must be positive")
+	}
+	d, err := t.openDevice(e)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	ctx, cancel := withTimeout(10 * time.Minute)
+	defer cancel()
+
+	res := amResult{Mode: "loopback", Progress: "sleeping"}
+	if polling {
+		res.Progress = "polling"
+	}
+	// The raw rate first, over a plain RC QP pair (or the peer's QP).
+	raw, x, err := amRaw(ctx, &t, d, sizes, messages)
+	if err != nil {
+		return fmt.Errorf("raw PostSend rate: %w", err)
+	}
+	if x != nil {
+		defer x.close()
+		res.Mode = "driver"
+		if x.server() {
+			res.Mode = "responder"
+		}
+	}
+	tasks, err := amTasks(ctx, d, x, am.Config{Polling: polling})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		for _, c := range tasks {
+			c.Close()
+		}
+	}()
+	var checked, bad atomic.Int64
+	pongs := make(chan error, 1)
+	for _, c := range tasks {
+		if err := amHandlers(c, &checked, &bad, pongs); err != nil {
+			return err
+		}
+	}
+	if res.Mode == "responder" {
+		c := tasks[0]
+		if err := c.Barrier(ctx); err != nil {
+			return err
+		}
+		if err := c.Barrier(ctx); err != nil { // the driver is done
+			return err
+		}
+		res.Checked = checked.Load()
+		if e.json {
+			if err := e.printJSON(res); err != nil {
+				return err
+			}
+		} else {
+			fmt.Fprintf(e.out, "am responder: %d messages checked, %d bad\n", res.Checked, bad.Load())
+		}
+		if bad.Load() > 0 {
+			return fmt.Errorf("%d messages arrived with wrong bytes", bad.Load())
+		}
+		return nil
+	}
+	drv, resp := tasks[0], 1
+	if res.Mode == "driver" {
+		if err := drv.Barrier(ctx); err != nil {
+			return err
+		}
+	}
+	for _, size := range sizes {
+		row, err := amLatency(ctx, drv, resp, size, iters, pongs)
+		if err != nil {
+			return err
+		}
+		res.Rows = append(res.Rows, row)
+	}
+	for i, size := range sizes {
+		row, err := amRate(ctx, drv, resp, "rate", size, messages)
+		if err != nil {
+			return err
+		}
+		row.RawMessagesPerSec = raw[i]
+		if row.MessagesPerSec > 0 {
+			row.RawOverAM = raw[i] / row.MessagesPerSec
+		}
+		res.Rows = append(res.Rows, row)
+	}
+	row, err := amRate(ctx, drv, resp, "bandwidth", bwSize, bwMessages)
+	if err != nil {
+		return err
+	}
+	res.Rows = append(res.Rows, row)
+	if res.Mode == "driver" {
+		if err := drv.Barrier(ctx); err != nil {
+			return err
+		}
+	} else if err := drv.Fence(ctx); err != nil {
+		return err
+	}
+	res.Checked = checked.Load()
+	if bad.Load() > 0 {
+		return fmt.Errorf("%d messages arrived with wrong bytes", bad.Load())
+	}
+	if e.json {
+		return e.printJSON(res)
+	}
+	what := "two tasks on one device"
+	if res.Mode == "driver" {
+		what = "this task drives, the peer responds"
+	}
+	fmt.Fprintf(e.out, "active messages, %s (%s progress); every byte checked\n", what, res.Progress)
+	w := tabwriter.NewWriter(e.out, 2, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(w, "test\tsize\tmessages\tµs/round trip\tmsg/s\tMB/s\tpackets/msg\tdoorbells/msg\traw msg/s\traw÷am\t")
+	for _, r := range res.Rows {
+		fmt.Fprintf(w, "%s\t%d\t%d\t%s\t%s\t%s\t%.2f\t%.3f\t%s\t%s\t\n", r.Test, r.Size, r.Messages,
+			blank(r.RoundTripUS, "%.1f"), blank(r.MessagesPerSec, "%.0f"), blank(r.MBPerSec, "%.1f"),
+			r.PacketsPerMsg, r.DoorbellsPerMsg, blank(r.RawMessagesPerSec, "%.0f"), blank(r.RawOverAM, "%.2f"))
+	}
+	return w.Flush()
+}
+
+// blank formats v, or nothing for 0.
+func blank(v float64, f string) string {
+	if v == 0 {
+		return ""
+	}
+	return fmt.Sprintf(f, v)
+}
+
+func parseSizes(list string) ([]int, error) {
+	var sizes []int
+	for _, f := range strings.Split(list, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 0 {
+			return nil, fmt.Errorf("--sizes: %q is not a size", f)
+		}
+		sizes = append(sizes, n)
+	}
+	return sizes, nil
+}
+
+// amRaw measures plain PostSend, 32 per doorbell, for each size; between
+// hosts the server end receives. It returns the sender's rates (none on
+// the receiving end) and the exchanger with the peer, if any.
+func amRaw(ctx context.Context, t *trafficFlags, d *vfrdma.Device, sizes []int, messages int) ([]float64, exchanger, error) {
+	slot := 8
+	for _, s := range sizes {
+		slot = max(slot, s)
+	}
+	a, b, x, err := t.setup(ctx, d, 256, slot)
+	if err != nil {
+		return nil, nil, err
+	}
+	rates := make([]float64, len(sizes))
+	for i, size := range sizes {
+		if x != nil {
+			if err := x.barrier(ctx, fmt.Sprintf("am-raw-%d", i)); err != nil {
+				return nil, x, err
+			}
+		}
+		var row benchRow
+		a.msgSize = max(size, 1)
+		switch {
+		case x != nil && x.server():
+			row, err = benchReceive(ctx, a, messages, vfrdma.RC)
+		default:
+			row, err = benchSend(ctx, a, b, messages, 32, x)
+		}
+		if err != nil {
+			return nil, x, err
+		}
+		if x == nil || !x.server() {
+			rates[i] = row.MessagesPerSec
+		}
+	}
+	return rates, x, nil
+}
+
+// amTasks makes the am contexts: both tasks in loopback, this task's
+// otherwise (the driving, client end is task 0).
+func amTasks(ctx context.Context, d *vfrdma.Device, x exchanger, cfg am.Config) ([]*am.Context, error) {
+	cfg.Tasks = 2
+	if x == nil {
+		ex := newAMMemExchange(2)
+		cs := make([]*am.Context, 2)
+		errs := make([]error, 2)
+		var wg sync.WaitGroup
+		for i := range cs {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				cfg := cfg
+				cfg.Self, cfg.Exchange = i, amMemTask{ex, i}
+				cs[i], errs[i] = am.New(ctx, d, cfg)
+			}()
+		}
+		wg.Wait()
+		if err := errors.Join(errs...); err != nil {
+			for _, c := range cs {
+				if c != nil {
+					c.Close()
+				}
+			}
+			return nil, err
+		}
+		return cs, nil
+	}
+	cfg.Self = 0
+	if x.server() {
+		cfg.Self = 1
+	}
+	if v, ok := x.(*vmExchange); ok {
+		// Rendezvous keys are written once per run: a tag of its own.
+		x = &vmExchange{c: v.c, vm: v.vm, tag: v.tag + "/am"}
+	}
+	cfg.Exchange = amPeerExchange{x: x, self: cfg.Self}
+	c, err := am.New(ctx, d, cfg)
+	if err != nil {
+		return nil, err
+	}
+	return []*am.Context{c}, nil
+}
+
+// amPeerExchange is am's all-gather over pvctl's exchanger with the peer.
+type amPeerExchange struct {
+	x    exchanger
+	self int
+}
+
+func (p amPeerExchange) AllGather(ctx context.Context, mine []byte) ([][]byte, error) {
+	theirs, err := p.x.swap(ctx, peerInfo{Blob: mine})
+	if err != nil {
+		return nil, err
+	}
+	all := make([][]byte, 2)
+	all[p.self], all[1-p.self] = mine, theirs.Blob
+	return all, nil
+}
+
+// amMemExchange is am's all-gather between tasks of one process.
+type amMemExchange struct {
+	mu   sync.Mutex
+	all  [][]byte
+	left int
+	done chan struct{}
+}
+
+func newAMMemExchange(n int) *amMemExchange {
+	return &amMemExchange{all: make([][]byte, n), left: n, done: make(chan struct{})}
+}
+
+type amMemTask struct {
+	x    *amMemExchange
+	self int
+}
+
+func (m amMemTask) AllGather(ctx context.Context, mine []byte) ([][]byte, error) {
+	m.x.mu.Lock()
+	m.x.all[m.self] = mine
+	if m.x.left--; m.x.left == 0 {
+		close(m.x.done)
+	}
+	m.x.mu.Unlock()
+	select {
+	case <-m.x.done:
+		return m.x.all, nil
+	case <-ctx.Done():
+		return nil, ctx.Err()
+	}
+}
+
+// amHandlers registers the ping, pong and sink handlers on c. Every
+// message's data is pattern(seq) with seq in its user header; checked
+// counts the messages checked, bad those with a wrong byte; pongs gets
+// each answer's verdict.
+func amHandlers(c *am.Context, checked, bad *atomic.Int64, pongs chan<- error) error {
+	check := func(b []byte, seq int) error {
+		checked.Add(1)
+		if err := checkPattern(b, seq); err != nil {
+			bad.Add(1)
+			return err
+		}
+		return nil
+	}
+	err := c.SetHandler(amPing, func(a *am.Arrival) am.Return {
+		seq := int(binary.LittleEndian.Uint64(a.UHdr))
+		src := a.Src
+		uh := append([]byte(nil), a.UHdr...)
+		answer := func(b []byte) {
+			_ = check(b, seq)
+			_ = c.Amsend(src, amPong, uh, b, am.Counters{})
+		}
+		if a.Data != nil {
+			answer(append([]byte(nil), a.Data...)) // Data is valid only in the call
+			return am.Return{}
+		}
+		buf := make([]byte, a.Len)
+		return am.Return{Buf: buf, Completion: func() { answer(buf) }}
+	})
+	if err != nil {
+		return err
+	}
+	err = c.SetHandler(amPong, func(a *am.Arrival) am.Return {
+		seq := int(binary.LittleEndian.Uint64(a.UHdr))
+		if a.Data != nil {
+			pongs <- check(a.Data, seq)
+			return am.Return{}
+		}
+		buf := make([]byte, a.Len)
+		return am.Return{Buf: buf, Completion: func() { pongs <- check(buf, seq) }}
+	})
+	if err != nil {
+		return err
+	}
+	return c.SetHandler(amSink, func(a *am.Arrival) am.Return {
+		seq := int(binary.LittleEndian.Uint64(a.UHdr))
+		if a.Data != nil {
+			_ = check(a.Data, seq)
+			return am.Return{}
+		}
+		buf := make([]byte, a.Len)
+		return am.Return{Buf: buf, Completion: func() { _ = check(buf, seq) }}
+	})
+}
+
+func seqHeader(seq int) []byte { return binary.LittleEndian.AppendUint64(nil, uint64(seq)) }
+
+// amLatency bounces size bytes between the driver and the responder.
+func amLatency(ctx context.Context, c *am.Context, resp, size, iters int, pongs <-chan error) (amRow, error) {
+	data := make([]byte, size)
+	round := func(seq int) error {
+		pattern(data, seq)
+		if err := c.Amsend(resp, amPing, seqHeader(seq), data, am.Counters{}); err != nil {
+			return err
+		}
+		select {
+		case err := <-pongs:
+			return err
+		case <-ctx.Done():
+			return fmt.Errorf("no answer to round trip %d: %w", seq, ctx.Err())
+		}
+	}
+	for i := range 10 { // warm up
+		if err := round(i); err != nil {
+			return amRow{}, err
+		}
+	}
+	before := c.Stats()
+	start := time.Now()
+	for i := range iters {
+		if err := round(i); err != nil {
+			return amRow{}, err
+		}
+	}
+	el := time.Since(start)
+	after := c.Stats()
+	return amRow{Test: "latency", Size: size, Messages: iters, Seconds: el.Seconds(), RoundTripUS: us(el) / float64(iters),
+		PacketsPerMsg:   float64(after.Packets-before.Packets) / float64(iters),
+		DoorbellsPerMsg: float64(after.Doorbells-before.Doorbells) / float64(iters)}, nil
+}
+
+// amRate sends messages of size bytes one way and waits until the
+// responder's completion handlers have run for them all (cmpl).
+func amRate(ctx context.Context, c *am.Context, resp int, test string, size, messages int) (amRow, error) {
+	data := make([]byte, size)
+	seq := size // every message carries the same bytes
+	pattern(data, seq)
+	uh := seqHeader(seq)
+	cmpl := am.NewCounter()
+	before := c.Stats()
+	start := time.Now()
+	for range messages {
+		if err := c.Amsend(resp, amSink, uh, data, am.Counters{Cmpl: cmpl}); err != nil {
+			return amRow{}, err
+		}
+	}
+	if _, err := cmpl.Wait(ctx, int64(messages)); err != nil {
+		return amRow{}, fmt.Errorf("%s: %d of %d messages complete: %w", test, cmpl.Get(), messages, err)
+	}
+	el := time.Since(start)
+	after := c.Stats()
+	row := amRow{Test: test, Size: size, Messages: messages, Seconds: el.Seconds(),
+		MessagesPerSec:  float64(messages) / el.Seconds(),
+		MBPerSec:        float64(size) * float64(messages) / el.Seconds() / 1e6,
+		PacketsPerMsg:   float64(after.Packets-before.Packets) / float64(messages),
+		DoorbellsPerMsg: float64(after.Doorbells-before.Doorbells) / float64(messages)}
+	if test == "bandwidth" {
+		row.MessagesPerSec = 0
+	} else {
+		row.MBPerSec = 0
+	}
+	return row, nil
+}

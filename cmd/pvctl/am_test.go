@@ -1,0 +1,70 @@
+package main
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestAMSizesParse(t *testing.T) {
+	s, err := parseSizes("8, 4096,0")
+	require.NoError(t, err)
+	assert.Equal(t, []int{8, 4096, 0}, s)
+	for _, bad := range []string{"", "8,x", "-1"} {
+		_, err := parseSizes(bad)
+		assert.Error(t, err, "%q", bad)
+	}
+}
+
+func TestAMRefusesBadFlagsBeforeTouchingADevice(t *testing.T) {
+	for _, args := range [][]string{{"--sizes", "8,y"}, {"--iters", "0"}, {"--bw-messages", "-1"}, {"--nope"}} {
+		e, _, _ := testEnv(t)
+		assert.Error(t, cmdAM(e, args), "%v", args)
+	}
+}
+
+// fakeExchanger swaps with a fixed peer.
+type fakeExchanger struct {
+	peer peerInfo
+	srv  bool
+}
+
+func (f *fakeExchanger) swap(context.Context, peerInfo) (peerInfo, error) { return f.peer, nil }
+func (f *fakeExchanger) barrier(context.Context, string) error            { return nil }
+func (f *fakeExchanger) server() bool                                     { return f.srv }
+func (f *fakeExchanger) close()                                           {}
+
+// The all-gather over pvctl's exchanger puts each blob at its task.
+func TestAMPeerExchangeOrdersByTask(t *testing.T) {
+	for self := range 2 {
+		x := amPeerExchange{x: &fakeExchanger{peer: peerInfo{Blob: []byte("theirs")}}, self: self}
+		all, err := x.AllGather(context.Background(), []byte("mine"))
+		require.NoError(t, err)
+		assert.Equal(t, "mine", string(all[self]))
+		assert.Equal(t, "theirs", string(all[1-self]))
+	}
+}
+
+func TestAMMemExchangeGathersEveryTask(t *testing.T) {
+	x := newAMMemExchange(3)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	res := make(chan [][]byte, 3)
+	for i := range 3 {
+		go func() {
+			all, err := amMemTask{x, i}.AllGather(ctx, []byte{byte(i)})
+			assert.NoError(t, err)
+			res <- all
+		}()
+	}
+	for range 3 {
+		assert.Equal(t, [][]byte{{0}, {1}, {2}}, <-res)
+	}
+	short, stop := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer stop()
+	_, err := amMemTask{newAMMemExchange(2), 0}.AllGather(short, nil)
+	assert.ErrorIs(t, err, context.DeadlineExceeded, "the other task never came")
+}
