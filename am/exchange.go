@@ -109,7 +109,7 @@ func (x *TCPExchanger) join(ctx context.Context, mine []byte) ([][]byte, error) 
 		}
 		select {
 		case <-ctx.Done():
-			return nil, fmt.Errorf("address exchange: task 0 at %s: %w", x.Addr, err)
+			return nil, fmt.Errorf("address exchange: task 0 at %s: %w (last: %v)", x.Addr, ctx.Err(), err)
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
