@@ -178,3 +178,26 @@ func TestTCPExchangerEndsWithItsContext(t *testing.T) {
 	_, err = (&TCPExchanger{Addr: "127.0.0.1:0", Tasks: 2, Self: 2}).AllGather(ctx, nil)
 	assert.ErrorIs(t, err, ErrTarget)
 }
+
+// LocalExchangers: the tasks of one process gather every address, in task
+// order; a task whose peers never come ends with its context.
+func TestLocalExchangersGatherEveryTask(t *testing.T) {
+	xs := LocalExchangers(3)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	res := make(chan [][]byte, 3)
+	for i, x := range xs {
+		go func() {
+			all, err := x.AllGather(ctx, []byte{byte(i)})
+			assert.NoError(t, err)
+			res <- all
+		}()
+	}
+	for range 3 {
+		assert.Equal(t, [][]byte{{0}, {1}, {2}}, <-res)
+	}
+	short, stop := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer stop()
+	_, err := LocalExchangers(2)[0].AllGather(short, nil)
+	assert.ErrorIs(t, err, context.DeadlineExceeded)
+}

@@ -30,44 +30,12 @@ func openDevice(t testing.TB) *vfrdma.Device {
 	return d
 }
 
-// memExchange is an all-gather between contexts of one process.
-type memExchange struct {
-	mu   sync.Mutex
-	all  [][]byte
-	left int
-	done chan struct{}
-}
-
-func newMemExchange(n int) *memExchange {
-	return &memExchange{all: make([][]byte, n), left: n, done: make(chan struct{})}
-}
-
-type memTask struct {
-	x    *memExchange
-	self int
-}
-
-func (m memTask) AllGather(ctx context.Context, mine []byte) ([][]byte, error) {
-	m.x.mu.Lock()
-	m.x.all[m.self] = mine
-	if m.x.left--; m.x.left == 0 {
-		close(m.x.done)
-	}
-	m.x.mu.Unlock()
-	select {
-	case <-m.x.done:
-		return m.x.all, nil
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
-}
-
 // newJob makes n tasks, each a Context on d, as n processes would.
 func newJob(t testing.TB, d *vfrdma.Device, n int, cfg Config) []*Context {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
-	x := newMemExchange(n)
+	xs := LocalExchangers(n)
 	cs := make([]*Context, n)
 	errs := make([]error, n)
 	var wg sync.WaitGroup
@@ -76,7 +44,7 @@ func newJob(t testing.TB, d *vfrdma.Device, n int, cfg Config) []*Context {
 		go func() {
 			defer wg.Done()
 			cfg := cfg
-			cfg.Tasks, cfg.Self, cfg.Exchange = n, i, memTask{x, i}
+			cfg.Tasks, cfg.Self, cfg.Exchange = n, i, xs[i]
 			cs[i], errs[i] = New(ctx, d, cfg)
 		}()
 	}

@@ -259,7 +259,7 @@ func amRaw(ctx context.Context, t *trafficFlags, d *vfrdma.Device, sizes []int, 
 func amTasks(ctx context.Context, d *vfrdma.Device, x exchanger, cfg am.Config) ([]*am.Context, error) {
 	cfg.Tasks = 2
 	if x == nil {
-		ex := newAMMemExchange(2)
+		xs := am.LocalExchangers(2)
 		cs := make([]*am.Context, 2)
 		errs := make([]error, 2)
 		var wg sync.WaitGroup
@@ -268,7 +268,7 @@ func amTasks(ctx context.Context, d *vfrdma.Device, x exchanger, cfg am.Config) 
 			go func() {
 				defer wg.Done()
 				cfg := cfg
-				cfg.Self, cfg.Exchange = i, amMemTask{ex, i}
+				cfg.Self, cfg.Exchange = i, xs[i]
 				cs[i], errs[i] = am.New(ctx, d, cfg)
 			}()
 		}
@@ -313,38 +313,6 @@ func (p amPeerExchange) AllGather(ctx context.Context, mine []byte) ([][]byte, e
 	all := make([][]byte, 2)
 	all[p.self], all[1-p.self] = mine, theirs.Blob
 	return all, nil
-}
-
-// amMemExchange is am's all-gather between tasks of one process.
-type amMemExchange struct {
-	mu   sync.Mutex
-	all  [][]byte
-	left int
-	done chan struct{}
-}
-
-func newAMMemExchange(n int) *amMemExchange {
-	return &amMemExchange{all: make([][]byte, n), left: n, done: make(chan struct{})}
-}
-
-type amMemTask struct {
-	x    *amMemExchange
-	self int
-}
-
-func (m amMemTask) AllGather(ctx context.Context, mine []byte) ([][]byte, error) {
-	m.x.mu.Lock()
-	m.x.all[m.self] = mine
-	if m.x.left--; m.x.left == 0 {
-		close(m.x.done)
-	}
-	m.x.mu.Unlock()
-	select {
-	case <-m.x.done:
-		return m.x.all, nil
-	case <-ctx.Done():
-		return nil, ctx.Err()
-	}
 }
 
 // amHandlers registers the ping, pong and sink handlers on c. Every

@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -46,25 +45,4 @@ func TestAMPeerExchangeOrdersByTask(t *testing.T) {
 		assert.Equal(t, "mine", string(all[self]))
 		assert.Equal(t, "theirs", string(all[1-self]))
 	}
-}
-
-func TestAMMemExchangeGathersEveryTask(t *testing.T) {
-	x := newAMMemExchange(3)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	res := make(chan [][]byte, 3)
-	for i := range 3 {
-		go func() {
-			all, err := amMemTask{x, i}.AllGather(ctx, []byte{byte(i)})
-			assert.NoError(t, err)
-			res <- all
-		}()
-	}
-	for range 3 {
-		assert.Equal(t, [][]byte{{0}, {1}, {2}}, <-res)
-	}
-	short, stop := context.WithTimeout(context.Background(), 20*time.Millisecond)
-	defer stop()
-	_, err := amMemTask{newAMMemExchange(2), 0}.AllGather(short, nil)
-	assert.ErrorIs(t, err, context.DeadlineExceeded, "the other task never came")
 }
