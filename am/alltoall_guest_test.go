@@ -10,6 +10,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/assert"
 )
 
 // allToAll is one task's part of the exchange every rule test leans on:
@@ -116,8 +118,6 @@ func runTasks(t *testing.T, cs []*Context, timeout time.Duration, f func(ctx con
 	}
 	wg.Wait()
 	for i, err := range errs {
-		if err != nil {
-			t.Errorf("task %d: %v", i, err)
-		}
+		assert.NoError(t, err, "task %d", i)
 	}
 }

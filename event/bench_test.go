@@ -3,6 +3,8 @@ package event
 import (
 	"fmt"
 	"testing"
+
+	"github.com/stretchr/testify/require"
 )
 
 // BenchmarkPollSet: the cost of one Poll over fake sources, all idle after
@@ -14,25 +16,21 @@ func BenchmarkPollSet(b *testing.B) {
 				fs := newFakeSources(&fakeSyncer{}, members)
 				ps := NewPollSet[int]()
 				for i, f := range fs {
-					if err := ps.Add(f, i); err != nil {
-						b.Fatal(err)
-					}
+					require.NoError(b, ps.Add(f, i))
 				}
 				out := make([]int, 16)
 				for range DefaultIdleAfter + 1 {
 					_, _ = ps.Poll(out)
 				}
-				if st := ps.Stats(); st.Idled != uint64(members) {
-					b.Fatalf("%d of %d members idle after the warm-up", st.Idled, members)
-				}
+				require.EqualValues(b, members, ps.Stats().Idled, "members idle after the warm-up")
 				want := 0
 				if mode == "oneActive" {
 					fs[members/2].produce(1) // never drained: woken, then hot for good
 					want = 1
 				}
-				if n, _ := ps.Poll(out); n != want {
-					b.Fatalf("Poll returned %d, want %d", n, want)
-				}
+				n, err := ps.Poll(out)
+				require.NoError(b, err)
+				require.Equal(b, want, n, "Poll's count")
 				b.ReportAllocs()
 				for b.Loop() {
 					_, _ = ps.Poll(out)
@@ -51,9 +49,7 @@ func BenchmarkPollSetAllHot(b *testing.B) {
 			ps := NewPollSet[int]()
 			ps.SetIdleAfter(1 << 30)
 			for i, f := range fs {
-				if err := ps.Add(f, i); err != nil {
-					b.Fatal(err)
-				}
+				require.NoError(b, ps.Add(f, i))
 			}
 			out := make([]int, 16)
 			b.ReportAllocs()
@@ -89,9 +85,7 @@ func BenchmarkCounterCount(b *testing.B) {
 	b.Run("watched", func(b *testing.B) {
 		c := NewCounter()
 		ps := NewPollSet[int]()
-		if err := ps.Add(c, 0); err != nil {
-			b.Fatal(err)
-		}
+		require.NoError(b, ps.Add(c, 0))
 		b.ReportAllocs()
 		for b.Loop() {
 			c.Count(1)
