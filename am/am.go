@@ -427,7 +427,9 @@ func (c *Context) Stats() Stats {
 
 // Close stops the progress goroutine and frees the context's QPs, SRQ,
 // CQ and memory. Messages not yet delivered are lost; calls blocked in
-// Fence or Barrier return ErrClosed. Close is idempotent.
+// Fence or Barrier return ErrClosed. Completion handlers already running
+// on their own goroutines finish after it; their acknowledgements are
+// dropped. Close is idempotent.
 func (c *Context) Close() error {
 	c.mu.Lock()
 	if c.closed {
