@@ -117,7 +117,10 @@ type Stats struct {
 	Received    uint64 // messages whose data landed here
 	Packets     uint64 // data packets sent
 	CtrlPackets uint64 // credit and acknowledgement packets sent
-	Doorbells   uint64 // send and receive doorbells rung
+	// CreditStalls counts the times sending to a task stopped, with data
+	// queued, for want of credits: the receiver had no more buffers for it.
+	CreditStalls uint64
+	Doorbells    uint64 // send and receive doorbells rung
 }
 
 // Context is one task's end of an active-message job over a device: one
@@ -174,7 +177,8 @@ type conn struct {
 	dirtyOut bool // deferred posts to ring
 	dirtyIn  bool
 	err      error
-	inflight int // send slots in use on this conn
+	inflight int  // send slots in use on this conn
+	stalled  bool // out of credits with data queued (Stats.CreditStalls)
 
 	// Liveness, under Context.mu: packets heard from the task, their count
 	// at the last look, and whether a probe is on its way.

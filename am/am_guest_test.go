@@ -307,6 +307,12 @@ func TestCreditsKeepAReceiverFromRunningOutOfBuffers(t *testing.T) {
 	assert.EqualValues(t, 2*per, got.Load())
 	s := cs[2].Stats()
 	assert.EqualValues(t, 2*per, s.Received)
+	// The senders did run out of credits, and waited: without flow control
+	// they would have gone on posting into a pool the receiver had not
+	// refilled.
+	stalls := cs[0].Stats().CreditStalls + cs[1].Stats().CreditStalls
+	t.Logf("credit stalls: %d; receiver %+v", stalls, s)
+	assert.Positive(t, stalls, "the senders never waited for credits")
 }
 
 // Fragments of one message go under few doorbells: they are posted

@@ -59,7 +59,14 @@ func (c *Context) send(tgt int, handler uint16, uhdr, data []byte, cs Counters) 
 // last send slot per task to acknowledgements, so that neither side can
 // end up unable to tell the other it may go on. Under mu.
 func (c *Context) pump(cn *conn) {
+	defer func() {
+		if len(cn.sendq) > 0 && cn.err == nil && cn.credits < 2 && !cn.stalled {
+			cn.stalled = true // counted once per stall, not per look
+			c.stats.CreditStalls++
+		}
+	}()
 	for len(cn.sendq) > 0 && cn.err == nil && cn.credits >= 2 && len(c.free) > c.cfg.Tasks {
+		cn.stalled = false
 		m := cn.sendq[0]
 		slot := c.takeSlot()
 		buf := c.slotBuf(slot)
