@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vfrdma/vfrdma/rings"
+	"github.com/vfrdma/vfrdma/wq"
 )
 
 // The machine's floor for the hot paths, measured in the same run as the
@@ -160,6 +161,8 @@ func BenchmarkPoll(b *testing.B) {
 //     per SGE: the lkey lookup, PD, access and bounds);
 //   - post/write: the WQE encoded into the ring and its wr_id recorded,
 //     then the call closed (index published, doorbell), no checks;
+//   - post/encode: the WQEs encoded into successive slots alone: write
+//     less this is the wr_id record and closing the call;
 //   - poll/decode: the CQEs decoded, no accounting: Poll less this is the
 //     accounting (QPN lookup, the wr_id record, the queue's completion
 //     count) and filling the WCs.
@@ -187,8 +190,9 @@ func BenchmarkHotPathParts(b *testing.B) {
 	b.Run("post/checks", func(b *testing.B) {
 		b.ReportAllocs()
 		for i := 0; i < b.N; i++ {
+			sges := wq.NewSGEChecker(&f.d.lkeys, f.pd.handle, f.qp.sq.MaxSGE(), false)
 			for j := range wrs {
-				if err := f.qp.checkSend(&wrs[j], true); err != nil {
+				if err := f.qp.checkSend(&wrs[j], &sges, true); err != nil {
 					b.Fatal(err)
 				}
 			}
@@ -207,13 +211,26 @@ func BenchmarkHotPathParts(b *testing.B) {
 			for j := range wrs {
 				wr := &wrs[j]
 				wqe.WRID, wqe.Opcode, wqe.Flags, wqe.Imm, wqe.SGEs = wr.WRID, wireOpcode[wr.Opcode], uint32(wr.Flags), wr.Imm, wr.SGEs
-				f.qp.sq.PutSend(&wqe)
+				rings.PutSendWQE(f.qp.sq.Claim(wr.WRID), &wqe)
 			}
 			if err := f.qp.sq.End(false); err != nil {
 				b.Fatal(err)
 			}
 		}
 		b.StopTimer()
+		perWQE(b)
+	})
+	b.Run("post/encode", func(b *testing.B) {
+		wqe := rings.SendWQE{}
+		slots := f.qp.sq.Slots()
+		b.ReportAllocs()
+		for i := 0; i < b.N; i++ {
+			for j := range wrs {
+				wr := &wrs[j]
+				wqe.WRID, wqe.Opcode, wqe.Flags, wqe.Imm, wqe.SGEs = wr.WRID, wireOpcode[wr.Opcode], uint32(wr.Flags), wr.Imm, wr.SGEs
+				rings.PutSendWQE(f.qp.sq.Slot((i*batch+j)&(slots-1)), &wqe)
+			}
+		}
 		perWQE(b)
 	})
 	var e rings.CQE

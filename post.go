@@ -88,6 +88,7 @@ func (qp *QP) PostSend(wrs []SendWR, flags PostFlags) (int, error) {
 	}
 	room := w.Room()
 	emulated := qp.d.emulated
+	sges := wq.NewSGEChecker(&qp.d.lkeys, qp.pd.handle, w.MaxSGE(), false)
 	wqe := rings.SendWQE{GIDIndex: qp.gidIdx}
 	var ud rings.UDAddr
 	if qp.typ == UD {
@@ -96,7 +97,7 @@ func (qp *QP) PostSend(wrs []SendWR, flags PostFlags) (int, error) {
 	}
 	for i := range wrs {
 		wr := &wrs[i]
-		if err := qp.checkSend(wr, emulated); err != nil {
+		if err := qp.checkSend(wr, &sges, emulated); err != nil {
 			return i, w.Fail(i, wr.WRID, err)
 		}
 		if i >= room {
@@ -108,7 +109,7 @@ func (qp *QP) PostSend(wrs []SendWR, flags PostFlags) (int, error) {
 			ud.DGID, ud.GIDIndex, ud.HopLimit, ud.TrafficClass, ud.FlowLabel = ah.dgid, ah.sgidIndex, ah.hopLimit, ah.trafficClass, ah.flowLabel
 			wqe.GIDIndex = ah.sgidIndex
 		}
-		w.PutSend(&wqe)
+		rings.PutSendWQE(w.Claim(wr.WRID), &wqe)
 	}
 	return len(wrs), w.End(flags&FlagDefer != 0)
 }
@@ -132,9 +133,10 @@ func (qp *QP) PostRecv(wrs []RecvWR, flags PostFlags) (int, error) {
 		return 0, w.Fail(0, wrID(nil, wrs, 0), err)
 	}
 	room := w.Room()
+	sges := wq.NewSGEChecker(&qp.d.lkeys, qp.pd.handle, w.MaxSGE(), true)
 	for i := range wrs {
 		wr := &wrs[i]
-		total, err := wq.CheckSGEs(&qp.d.lkeys, qp.pd.handle, wr.SGEs, w.MaxSGE(), true)
+		total, err := sges.Check(wr.SGEs)
 		if err == nil && qp.typ == UD && total < UDHeaderRoom {
 			err = invalidf("a UD receive of %d bytes cannot hold the %d-byte header room", total, UDHeaderRoom)
 		}
@@ -144,7 +146,7 @@ func (qp *QP) PostRecv(wrs []RecvWR, flags PostFlags) (int, error) {
 		if i >= room {
 			return i, w.Fail(i, wr.WRID, ErrQueueFull)
 		}
-		w.PutRecv(wr.WRID, wr.SGEs)
+		rings.PutRecvWQE(w.Claim(wr.WRID), wr.WRID, wr.SGEs)
 	}
 	return len(wrs), w.End(flags&FlagDefer != 0)
 }
@@ -165,31 +167,48 @@ func wrID(swrs []SendWR, rwrs []RecvWR, i int) uint64 {
 	return 0
 }
 
-func (qp *QP) checkSend(wr *SendWR, emulated bool) error {
-	switch wr.Opcode {
-	case OpSend:
-	case OpSendWithImm, OpRDMAWrite, OpRDMARead:
-		if emulated {
-			return fmt.Errorf("%w: opcode %d (QEMU 7.2 runs every send WQE as a plain SEND)", ErrNotSupported, wr.Opcode)
+// checkSend checks a send request, its SGEs with the call's checker.
+func (qp *QP) checkSend(wr *SendWR, sges *wq.SGEChecker, emulated bool) error {
+	if wr.Opcode != OpSend {
+		if err := checkOpcode(wr.Opcode, emulated); err != nil {
+			return err
 		}
-	default:
-		return fmt.Errorf("%w: opcode %d", ErrNotSupported, wr.Opcode)
 	}
-	total, err := wq.CheckSGEs(&qp.d.lkeys, qp.pd.handle, wr.SGEs, qp.sq.MaxSGE(), false)
+	total, err := sges.Check(wr.SGEs)
 	if err != nil {
 		return err
 	}
 	if qp.typ == UD {
-		switch {
-		case wr.AH == nil:
-			return invalidf("a UD send needs an address handle")
-		case wr.AH.pd != qp.pd:
-			return invalidf("the address handle belongs to another PD")
-		case !qp.d.gidBound(int(wr.AH.sgidIndex)):
-			return invalidf("the address handle's source GID index %d is not bound", wr.AH.sgidIndex)
-		case total > qp.udMax:
-			return invalidf("a UD message of %d bytes exceeds the path MTU of %d", total, qp.udMax)
+		return qp.checkUD(wr, total)
+	}
+	return nil
+}
+
+// checkOpcode refuses what the device does not run.
+func checkOpcode(op Opcode, emulated bool) error {
+	switch op {
+	case OpSend:
+	case OpSendWithImm, OpRDMAWrite, OpRDMARead:
+		if emulated {
+			return fmt.Errorf("%w: opcode %d (QEMU 7.2 runs every send WQE as a plain SEND)", ErrNotSupported, op)
 		}
+	default:
+		return fmt.Errorf("%w: opcode %d", ErrNotSupported, op)
+	}
+	return nil
+}
+
+// checkUD checks a UD send's address and size.
+func (qp *QP) checkUD(wr *SendWR, total int) error {
+	switch {
+	case wr.AH == nil:
+		return invalidf("a UD send needs an address handle")
+	case wr.AH.pd != qp.pd:
+		return invalidf("the address handle belongs to another PD")
+	case !qp.d.gidBound(int(wr.AH.sgidIndex)):
+		return invalidf("the address handle's source GID index %d is not bound", wr.AH.sgidIndex)
+	case total > qp.udMax:
+		return invalidf("a UD message of %d bytes exceeds the path MTU of %d", total, qp.udMax)
 	}
 	return nil
 }

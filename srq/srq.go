@@ -160,9 +160,10 @@ func (q *Queue) Post(wrs []wq.RecvWR, deferred bool) (int, error) {
 		return 0, w.Fail(0, firstID(wrs), err)
 	}
 	room := q.depth - w.Outstanding()
+	sges := wq.NewSGEChecker(q.keys, q.pd, w.MaxSGE(), true)
 	for i := range wrs {
 		wr := &wrs[i]
-		if _, err := wq.CheckSGEs(q.keys, q.pd, wr.SGEs, w.MaxSGE(), true); err != nil {
+		if _, err := sges.Check(wr.SGEs); err != nil {
 			return i, w.Fail(i, wr.WRID, err)
 		}
 		if i >= room {

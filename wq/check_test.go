@@ -104,6 +104,48 @@ func TestCheckSGEsAcceptsAndTotals(t *testing.T) {
 	}))
 }
 
+// A post call's checker resolves a key once and then checks only the
+// bounds of each further SGE naming it: a later SGE of the same key out of
+// bounds is still refused, and a switch to another key is looked up and
+// checked again (PD, access), whichever request of the call it comes in.
+func TestSGECheckerRemembersAKeyButChecksEverySGE(t *testing.T) {
+	keys := checkKeys()
+	in := wq.SGE{Addr: 0x1000, Length: 64, LKey: keyRW}
+	c := wq.NewSGEChecker(keys, 1, 2, true)
+	total, err := c.Check([]wq.SGE{in, in})
+	require.NoError(t, err)
+	assert.Equal(t, 128, total)
+	_, err = c.Check([]wq.SGE{in, {Addr: 0x10fff, Length: 2, LKey: keyRW}})
+	assert.ErrorIs(t, err, wq.ErrInvalid, "out of bounds in a remembered MR")
+	_, err = c.Check([]wq.SGE{{Addr: 0x8000, Length: 8, LKey: keyOther}})
+	assert.ErrorIs(t, err, wq.ErrProtection, "another PD's key after a good one")
+	_, err = c.Check([]wq.SGE{in, {Addr: 0x90000, Length: 8, LKey: keyRO}})
+	assert.ErrorIs(t, err, wq.ErrPrivileges, "a receive into an MR without local write")
+	_, err = c.Check([]wq.SGE{{Addr: 0x1000, Length: 8, LKey: 77}})
+	assert.ErrorIs(t, err, wq.ErrPrivileges, "an unknown key")
+	total, err = c.Check([]wq.SGE{in})
+	require.NoError(t, err, "a refusal forgets nothing good")
+	assert.Equal(t, 64, total)
+	_, err = c.Check([]wq.SGE{in, in, in})
+	assert.ErrorIs(t, err, wq.ErrInvalid, "more SGEs than the queue takes")
+	assert.Zero(t, testing.AllocsPerRun(100, func() { _, _ = c.Check([]wq.SGE{in, in}) }))
+}
+
+// The checker sees the keys as of the post call's start: a key removed
+// afterwards is a later call's concern (the device refuses what it no
+// longer knows), and a new checker no longer accepts it.
+func TestSGECheckerSeesTheKeysOfItsCall(t *testing.T) {
+	keys := checkKeys()
+	in := wq.SGE{Addr: 0x1000, Length: 64, LKey: keyRW}
+	c := wq.NewSGEChecker(keys, 1, 1, false)
+	keys.Remove(keyRW, keys.Lookup(keyRW))
+	_, err := c.Check([]wq.SGE{in})
+	assert.NoError(t, err)
+	next := wq.NewSGEChecker(keys, 1, 1, false)
+	_, err = next.Check([]wq.SGE{in})
+	assert.ErrorIs(t, err, wq.ErrPrivileges)
+}
+
 // Contains holds [addr, addr+n) inside the region, with no overflow at the
 // top of the address space.
 func TestRegionContainsWithoutOverflow(t *testing.T) {

@@ -29,6 +29,7 @@ type Queue struct {
 	mask   uint32
 	tail   uint32        // pushes (poster); published through tailP
 	inCall int           // pushes of the post call under way, not yet advanced
+	at     uint32        // the slot the next WQE goes to: prod.Next(inCall)
 	tailP  atomic.Uint32 // tail as the poller sees it: stored once per post call
 	headC  uint32        // pops, the poller's own count; published through head
 	head   atomic.Uint32 // pops as the poster sees them: stored once per poll
@@ -60,7 +61,8 @@ func (w *Queue) Init(name string, reg doorbell.Register, state, data []byte, str
 		return Invalidf("%s: WQE stride %d is not a power of two", name, stride)
 	}
 	*w = Queue{name: name, prod: prod, db: db, data: data, stride: stride, maxSGE: maxSGE,
-		wrids: make([]uint64, depth), mask: uint32(depth - 1), shift: uint(bits.TrailingZeros(uint(stride)))}
+		wrids: make([]uint64, depth), mask: uint32(depth - 1), shift: uint(bits.TrailingZeros(uint(stride))),
+		at: uint32(prod.Next(0))}
 	return nil
 }
 
@@ -110,23 +112,23 @@ func (w *Queue) CheckRing() error {
 }
 
 // PutSend writes a send WQE in the next slot and records its wr_id.
-func (w *Queue) PutSend(s *rings.SendWQE) {
-	rings.PutSendWQE(w.next(), s)
-	w.push(s.WRID)
-}
+func (w *Queue) PutSend(s *rings.SendWQE) { rings.PutSendWQE(w.Claim(s.WRID), s) }
 
 // PutRecv writes a receive WQE in the next slot and records its wr_id.
-func (w *Queue) PutRecv(wrID uint64, sges []SGE) {
-	rings.PutRecvWQE(w.next(), wrID, sges)
-	w.push(wrID)
-}
+func (w *Queue) PutRecv(wrID uint64, sges []SGE) { rings.PutRecvWQE(w.Claim(wrID), wrID, sges) }
 
-func (w *Queue) next() []byte { return w.Slot(w.prod.Next(w.inCall)) }
-
-func (w *Queue) push(wrID uint64) {
+// Claim records the next request's wr_id and returns the slot its WQE goes
+// to, for the caller to write before the call ends (End or Fail). The
+// queue keeps the slot index itself (the producer's, plus the call's
+// requests) rather than asking the producer for each WQE; Claim is small
+// enough to be inlined into a post loop.
+func (w *Queue) Claim(wrID uint64) []byte {
+	off := int(w.at) << w.shift
 	w.wrids[w.tail&w.mask] = wrID
 	w.tail++
 	w.inCall++
+	w.at = (w.at + 1) & w.mask
+	return w.data[off : off+w.stride : off+w.stride]
 }
 
 // endCall hands the call's WQEs to the ring and the doorbell's count, and
@@ -189,13 +191,20 @@ func (w *Queue) Flush() error {
 // once per poll rather than paying an atomic store for each completion.
 func (w *Queue) Complete(id uint64) bool {
 	head := w.headC
+	if head != w.tailP.Load() && w.wrids[head&w.mask] == id { // in order: the usual case
+		w.headC = head + 1
+		return true
+	}
+	return w.completeOutOfOrder(id)
+}
+
+func (w *Queue) completeOutOfOrder(id uint64) bool {
+	head := w.headC
 	out := w.tailP.Load() - head
-	for k := uint32(0); k < out; k++ {
+	for k := uint32(1); k < out; k++ {
 		if w.wrids[(head+k)&w.mask] == id {
-			if k != 0 {
-				i, j := (head+k)&w.mask, head&w.mask
-				w.wrids[i], w.wrids[j] = w.wrids[j], w.wrids[i]
-			}
+			i, j := (head+k)&w.mask, head&w.mask
+			w.wrids[i], w.wrids[j] = w.wrids[j], w.wrids[i]
 			w.headC = head + 1
 			return true
 		}

@@ -36,17 +36,19 @@ type entry[V comparable] struct {
 func (t *table[V]) home(k uint32) uint32 { return (k * 0x9E3779B9) >> t.shift }
 
 // Lookup returns what k maps to, or the zero V.
-func (t *Table[V]) Lookup(k uint32) V {
+func (t *Table[V]) Lookup(k uint32) V { return t.t.Load().lookup(k) }
+
+// lookup returns what k maps to in t (nil: an empty table), or the zero V.
+func (t *table[V]) lookup(k uint32) V {
 	var zero V
-	tb := t.t.Load()
-	if tb == nil {
+	if t == nil {
 		return zero
 	}
-	if k < uint32(len(tb.direct)) {
-		return tb.direct[k]
+	if k < uint32(len(t.direct)) {
+		return t.direct[k]
 	}
-	for i := tb.home(k); ; i = (i + 1) & tb.mask {
-		e := &tb.slots[i]
+	for i := t.home(k); ; i = (i + 1) & t.mask {
+		e := &t.slots[i]
 		if !e.full {
 			return zero
 		}
