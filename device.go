@@ -17,6 +17,7 @@ import (
 	"github.com/vfrdma/vfrdma/mmio"
 	"github.com/vfrdma/vfrdma/pci"
 	"github.com/vfrdma/vfrdma/vfio"
+	"github.com/vfrdma/vfrdma/vmxnet3"
 	"github.com/vfrdma/vfrdma/wq"
 )
 
@@ -85,12 +86,25 @@ type Options struct {
 	// which blocks the vCPU for 2 s or more.
 	ForceActivate bool
 	// PollDoorbell makes an empty CQ poll ring the device's POLL doorbell
-	// and look again, as the reference provider does. Off by default: in a
-	// VM every doorbell is an exit, and QEMU's completion thread delivers
-	// completions without it once the device is active.
+	// and look again, as the reference provider does: on QEMU the doorbell
+	// harvests the backend's completions at once. Off by default: in a VM
+	// every doorbell is an exit, and QEMU's completion thread delivers
+	// completions without it once the device is active. On QEMU 7.2 it
+	// excludes interrupts: a POLL doorbell deadlocks the VM against the
+	// completion thread raising an armed CQ's interrupt, so with it CQs are
+	// never armed (CQ.Arm returns ErrNotSupported, CQ.Wait polls, wait sets
+	// cannot sleep on the device's CQs).
 	PollDoorbell bool
 	// Logger receives the driver's debug messages (default: none).
 	Logger *slog.Logger
+	// Ethernet tunes the slot's vmxnet3 function, which Open brings up
+	// beside the RDMA function (Device.Ethernet): QEMU reports the RDMA
+	// port's state only while the vmxnet3 function is active, DOWN
+	// otherwise, and it shares the IOMMU group anyway.
+	Ethernet *vmxnet3.Options
+	// NoEthernet leaves the vmxnet3 function alone (its VFIO device is not
+	// opened): the RDMA port then reads DOWN on QEMU.
+	NoEthernet bool
 }
 
 func (o *Options) withDefaults() Options {
@@ -129,6 +143,8 @@ type Device struct {
 	bus       *pci.Bus
 	boundPrev map[pci.Addr]string // set when Open bound the group
 	vdev      *vfio.Device
+	ethDev    *vfio.Device // function 0 of the slot, through the same group
+	eth       *vmxnet3.NIC // its NIC, while open
 	regs      *mmio.Region
 	uar       doorbell.Register // the UAR page (an *mmio.Region; the host tests intercept it)
 	ctl       *vfio.DMABuffer
@@ -208,6 +224,11 @@ func Open(bdf string, opts *Options) (_ *Device, err error) {
 	if err := d.activate(ctx); err != nil {
 		return nil, err
 	}
+	if !o.NoEthernet {
+		if err := d.openEthernet(); err != nil {
+			return nil, err
+		}
+	}
 	// The default GID: the link-local prefix and the node GUID, the
 	// EUI-64 of the paired vmxnet3's MAC. Index 0 of the guest table.
 	copy(d.gid[:2], []byte{0xfe, 0x80})
@@ -222,6 +243,25 @@ func Open(bdf string, opts *Options) (_ *Device, err error) {
 	d.udMax = 128 << min(max(port.ActiveMTU, 1), 5)
 	return d, nil
 }
+
+// openEthernet opens the slot's vmxnet3 function (function 0) through the
+// group the pvrdma function opened, and brings it up.
+func (d *Device) openEthernet() error {
+	fn0 := d.addr
+	fn0.Func = 0
+	dev, err := d.vdev.Group().OpenDevice(fn0.String())
+	if err != nil {
+		return fmt.Errorf("the slot's vmxnet3 function (Options.NoEthernet leaves it alone): %w", err)
+	}
+	d.ethDev = dev
+	if d.eth, err = vmxnet3.Open(dev, d.opt.Ethernet); err != nil {
+		return err
+	}
+	return nil
+}
+
+// Ethernet returns the slot's vmxnet3 NIC, or nil with Options.NoEthernet.
+func (d *Device) Ethernet() *vmxnet3.NIC { return d.eth }
 
 // takeFunction checks the function and, if asked, binds its group.
 func (d *Device) takeFunction() error {
@@ -631,6 +671,14 @@ func (d *Device) quiesce(ctx context.Context) error {
 // error paths too, with whatever was set up.
 func (d *Device) release() error {
 	var errs []error
+	// The Ethernet function first: its memory is in the pvrdma device's
+	// container, which the pvrdma device's Close closes.
+	if d.eth != nil {
+		errs = append(errs, d.eth.Close())
+	}
+	if d.ethDev != nil {
+		errs = append(errs, d.ethDev.Close())
+	}
 	if d.ch != nil {
 		errs = append(errs, d.ch.Close())
 	}
