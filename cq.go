@@ -6,6 +6,7 @@ import (
 	"math/bits"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/vfrdma/vfrdma/doorbell"
 	"github.com/vfrdma/vfrdma/event"
@@ -251,9 +252,17 @@ func (cq *CQ) poll(wcs []WC) (int, error) {
 	take := min(ready, len(wcs))
 	n := 0
 	var e rings.CQE
+	// The QP of the last CQE and the queue it touched: a run of CQEs of
+	// one QP looks it up once per call.
+	var qp *QP
+	var qpn uint32
+	var last *wq.Queue
 	for i := 0; i < take; i++ {
 		rings.DecodeCQEWork(cq.data[cq.cons.Slot(i)*CQESize:], &e)
-		if !cq.account(&e) {
+		if qp == nil || uint32(e.QP) != qpn {
+			qp, qpn = cq.d.qpns.Lookup(uint32(e.QP)), uint32(e.QP)
+		}
+		if qp == nil || !cq.account(qp, &e, &last) {
 			cq.stats.Dropped++
 			continue
 		}
@@ -282,14 +291,11 @@ func (cq *CQ) poll(wcs []WC) (int, error) {
 	return n, nil
 }
 
-// account removes the completed request from what its queue has
+// account removes the completed request from what its queue (of qp) has
 // outstanding. It reports false for a completion of nothing outstanding: a
-// late one for a request already flushed, or one for no QP of this driver.
-func (cq *CQ) account(e *rings.CQE) bool {
-	qp := cq.d.qpns.Lookup(uint32(e.QP))
-	if qp == nil {
-		return false
-	}
+// late one for a request already flushed. *last is the queue the call's
+// previous completion touched.
+func (cq *CQ) account(qp *QP, e *rings.CQE, last **wq.Queue) bool {
 	w, c := &qp.sq, qp.sendCntr
 	if e.Opcode&rings.WCRecv != 0 {
 		c = qp.recvCntr
@@ -307,7 +313,10 @@ func (cq *CQ) account(e *rings.CQE) bool {
 	if !w.Complete(e.WRID) {
 		return false
 	}
-	cq.touch(w)
+	if w != *last {
+		cq.touch(w)
+		*last = w
+	}
 	if c != nil {
 		countOn(c, e.Status)
 	}
@@ -438,6 +447,9 @@ func (cq *CQ) Stats() CQStats {
 // drains the device's CQ-notification ring, which QEMU stops interrupting
 // through once it is full. Arm is safe for concurrent use with Poll.
 func (cq *CQ) Arm(solicitedOnly bool) error {
+	if cq.pollOnly() {
+		return cq.d.opErr("arm CQ", fmt.Errorf("%w: Options.PollDoorbell on QEMU 7.2: its POLL doorbell deadlocks the VM against the completion thread notifying an armed CQ (each holds the lock the other wants), so CQs are not armed; Wait polls instead", ErrNotSupported))
+	}
 	if err := cq.d.notify.Sync(); err != nil {
 		return cq.d.opErr("arm CQ", err)
 	}
@@ -456,6 +468,9 @@ func (cq *CQ) Arm(solicitedOnly bool) error {
 // interrupt names this CQ. It returns nil when Poll has something; ctx's
 // error, wrapped, otherwise.
 func (cq *CQ) Wait(ctx context.Context) error {
+	if cq.pollOnly() {
+		return cq.pollWait(ctx)
+	}
 	if err := cq.d.notify.start(); err != nil {
 		return cq.d.opErr("wait CQ", err)
 	}
@@ -475,6 +490,42 @@ func (cq *CQ) Wait(ctx context.Context) error {
 		case <-ctx.Done():
 			return cq.d.opErr("wait CQ", fmt.Errorf("waiting for a completion on CQ %d (MSI-X vector %d): %w", cq.handle, firmware.VectorCQ, ctx.Err()))
 		}
+	}
+}
+
+// pollOnly reports a CQ that must not be armed: Options.PollDoorbell on
+// QEMU. QEMU 7.2's POLL doorbell takes the RDMA backend's lock (one for the
+// device) while the vCPU holds the big lock; its completion thread holds
+// the backend's lock when it raises an armed CQ's interrupt, which wants
+// the big lock: a POLL doorbell beside any armed CQ can deadlock the VM.
+// rdma-core's provider polls with that doorbell and its programs never
+// arm unless asked to (-e).
+func (cq *CQ) pollOnly() bool { return cq.d.emulated && cq.d.opt.PollDoorbell }
+
+// pollWait is Wait without the interrupt: the POLL doorbell, then a pause
+// that doubles from 20 µs to 1 ms, until the CQ holds something or ctx is
+// done.
+func (cq *CQ) pollWait(ctx context.Context) error {
+	pause := 20 * time.Microsecond
+	for {
+		if ok, err := cq.ready(); ok || err != nil {
+			return err
+		}
+		if err := doorbell.Ring(cq.d.uar, doorbell.OffsetCQ, doorbell.CQPoll|cq.handle); err != nil {
+			return cq.d.opErr("wait CQ", err)
+		}
+		cq.arms.Add(1) // counted with the doorbells (Stats); Wait may run beside Poll
+		if ok, err := cq.ready(); ok || err != nil {
+			return err
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return cq.d.opErr("wait CQ", fmt.Errorf("polling CQ %d (Options.PollDoorbell: no interrupt): %w", cq.handle, ctx.Err()))
+		}
+		pause = min(2*pause, time.Millisecond)
 	}
 }
 

@@ -1,8 +1,10 @@
 package vfrdma
 
 import (
+	"context"
 	"encoding/binary"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -291,4 +293,28 @@ func BenchmarkPollEmpty(b *testing.B) {
 	for i := 0; i < b.N; i++ {
 		f.cq.Poll(wcs)
 	}
+}
+
+// With Options.PollDoorbell on QEMU a CQ is never armed (QEMU 7.2 deadlocks
+// a POLL doorbell against its completion thread raising an armed CQ's
+// interrupt): Arm is refused with ErrNotSupported, and Wait polls with the
+// doorbell instead, returning when the CQ holds something or ctx ends.
+func TestPollDoorbellCQsAreNeverArmed(t *testing.T) {
+	f := newFixture(t, RC, 16)
+	f.d.opt.PollDoorbell = true
+	cqDoorbell := func() uint32 { return binary.LittleEndian.Uint32(f.uarMem[doorbell.OffsetCQ:]) }
+	err := f.cq.Arm(false)
+	assert.ErrorIs(t, err, ErrNotSupported)
+	assert.Zero(t, cqDoorbell(), "no arm doorbell written")
+
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	assert.ErrorIs(t, f.cq.Wait(ctx), context.DeadlineExceeded)
+	assert.Equal(t, uint32(doorbell.CQPoll|f.cq.handle), cqDoorbell(), "Wait polled")
+
+	wrs := []SendWR{{WRID: 1, SGEs: []SGE{f.sge(0, 64)}}}
+	_, err = f.qp.PostSend(wrs, 0)
+	require.NoError(t, err)
+	require.Equal(t, 1, f.device(t, 0))
+	require.NoError(t, f.cq.Wait(context.Background()), "a CQE is there")
 }

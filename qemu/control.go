@@ -87,6 +87,8 @@ type control struct {
 	done chan struct{}
 	// onKill kills the VM (proto.OpKill); nil refuses the request.
 	onKill func()
+	// onSetLink sets the VM's Ethernet link (proto.OpSetLink); nil refuses.
+	onSetLink func(up bool) error
 }
 
 func listenControl(path string, kv *rendezvous, log *slog.Logger, onKill func()) (*control, error) {
@@ -158,6 +160,17 @@ func (c *control) serve(conn net.Conn) {
 					return // no reply: the VM is gone
 				}
 				rep.Error = "this channel cannot kill its VM"
+			case proto.OpSetLink:
+				switch {
+				case c.onSetLink == nil:
+					rep.Error = "this channel cannot set its VM's link"
+				case req.Value != "up" && req.Value != "down":
+					rep.Error = fmt.Sprintf("set_link %q: want up or down", req.Value)
+				default:
+					if err := c.onSetLink(req.Value == "up"); err != nil {
+						rep.Error = err.Error()
+					}
+				}
 			default:
 				rep.Error = fmt.Sprintf("unknown op %q", req.Op)
 			}

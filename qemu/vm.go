@@ -3,10 +3,12 @@ package qemu
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -17,6 +19,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/vfrdma/vfrdma/qemu/ethhub"
 	"github.com/vfrdma/vfrdma/qemu/fabric"
 	"github.com/vfrdma/vfrdma/qemu/mux"
 	"github.com/vfrdma/vfrdma/qemu/proto"
@@ -41,17 +44,25 @@ var (
 
 // Options configure a run. The zero value of each field means its default.
 type Options struct {
-	QEMU       string        // QEMU binary (default qemu-system-x86_64 on PATH)
-	BackendDir string        // directory holding the backend's libibverbs.so.1 (required)
-	Kernel     string        // guest vmlinuz (required)
-	Initrd     string        // guest initramfs (required)
-	WorkDir    string        // sockets and fabric; default a temporary directory removed after the run
-	Memory     int           // guest RAM in MiB (default 512)
-	Timeout    time.Duration // whole run (default 3 minutes)
-	TailLines  int           // console and QEMU-error lines kept per VM (default 60)
-	OutputCap  int64         // console+stderr bytes per VM before the run is stopped as a flood (default 64 MiB)
-	Append     string        // extra kernel command line
-	KeepAlive  bool          // do not kill QEMU on the done record (wait for its own exit)
+	QEMU       string // QEMU binary (default qemu-system-x86_64 on PATH)
+	BackendDir string // directory holding the backend's libibverbs.so.1 (required)
+	Kernel     string // guest vmlinuz (required)
+	Initrd     string // guest initramfs (required)
+	// Initrds, if set, gives each VM its own initramfs (one per VM, in
+	// order; Initrd is then the first): a run can mix vfrdma guests and
+	// reference-stack guests.
+	Initrds   []string
+	WorkDir   string        // sockets and fabric; default a temporary directory removed after the run
+	Memory    int           // guest RAM in MiB (default 512)
+	Timeout   time.Duration // whole run (default 3 minutes)
+	TailLines int           // console and QEMU-error lines kept per VM (default 60)
+	OutputCap int64         // console+stderr bytes per VM before the run is stopped as a flood (default 64 MiB)
+	Append    string        // extra kernel command line
+	KeepAlive bool          // do not kill QEMU on the done record (wait for its own exit)
+	// TraceDoorbells counts, on the device side, the UAR doorbells each
+	// VM's pvrdma received (QEMU's pvrdma_uar_write trace event, logged to
+	// a file of the run): VMResult.Doorbells.
+	TraceDoorbells bool
 
 	// OnRecord, if set, receives every record as it arrives, from the VM's
 	// reader goroutine (calls for one VM are in order; different VMs race).
@@ -74,6 +85,10 @@ type VMResult struct {
 	// Killed is set when the guest asked the host to kill it
 	// (proto.OpKill) and was: an expected end, not an error.
 	Killed bool
+	// Doorbells counts the UAR doorbells the VM's device received, by
+	// class and operation ("QP SEND", "QP RECV", "CQ ARM", "CQ POLL", ...),
+	// with Options.TraceDoorbells.
+	Doorbells map[string]int
 }
 
 // Tests returns the EventTest records.
@@ -193,6 +208,30 @@ func Run(ctx context.Context, n int, opt *Options) (*Result, error) {
 		return nil, fmt.Errorf("bench: %w", err)
 	}
 
+	// The VMs' vmxnet3 functions share one Ethernet link: the bench's
+	// switch when there are several; QEMU's user-mode network (its gateway
+	// 10.0.2.2 answers ARP and ping, nothing leaves the machine) for one.
+	// With several VMs there is also a management network, a virtio-net
+	// NIC in every VM on a switch of its own, for what guests exchange over
+	// TCP (rdma-core's programs exchange QP addresses that way).
+	if len(o.Initrds) != 0 && len(o.Initrds) != n {
+		return nil, fmt.Errorf("bench: %d initramfs images for %d VMs", len(o.Initrds), n)
+	}
+	ethSock, mgmtSock := "", ""
+	if n > 1 {
+		for _, sw := range []struct {
+			name string
+			path *string
+		}{{"eth.sock", &ethSock}, {"mgmt.sock", &mgmtSock}} {
+			hub, err := ethhub.Listen(filepath.Join(work, sw.name))
+			if err != nil {
+				return nil, fmt.Errorf("bench: %w", err)
+			}
+			defer hub.Close()
+			*sw.path = hub.Path()
+		}
+	}
+
 	ctx, cancel := context.WithTimeout(ctx, o.Timeout)
 	defer cancel()
 	start := time.Now()
@@ -206,7 +245,7 @@ func Run(ctx context.Context, n int, opt *Options) (*Result, error) {
 		go func() {
 			defer wg.Done()
 			t0 := time.Now()
-			v.Err = runVM(ctx, &o, i, n, work, fab, kv, v)
+			v.Err = runVM(ctx, &o, i, n, work, ethSock, mgmtSock, fab, kv, v)
 			v.Elapsed = time.Since(t0)
 		}()
 	}
@@ -216,7 +255,7 @@ func Run(ctx context.Context, n int, opt *Options) (*Result, error) {
 	return res, nil
 }
 
-func runVM(ctx context.Context, o *Options, idx, n int, work string, fab fabric.Dir, kv *rendezvous, v *VMResult) error {
+func runVM(ctx context.Context, o *Options, idx, n int, work, ethSock, mgmtSock string, fab fabric.Dir, kv *rendezvous, v *VMResult) error {
 	node := "vm" + strconv.Itoa(idx)
 	defer fab.RemoveNode(node)
 
@@ -244,8 +283,22 @@ func runVM(ctx context.Context, o *Options, idx, n int, work string, fab fabric.
 		return err
 	}
 	defer ctl.close()
+	qmpPath := filepath.Join(work, node+".qmp")
+	ctl.onSetLink = func(up bool) error { return qmpSetLink(qmpPath, "n0", up) }
 
-	args := qemuArgs(o, idx, n, mx.Path(), ctl.path)
+	args := qemuArgs(o, idx, n, mx.Path(), ctl.path, ethSock)
+	tracePath := ""
+	if o.TraceDoorbells {
+		tracePath = filepath.Join(work, node+".trace")
+		args = append(args, "-trace", "pvrdma_uar_write", "-D", tracePath)
+		defer func() { v.Doorbells = countDoorbells(tracePath) }()
+	}
+	if mgmtSock != "" {
+		args = append(args,
+			"-netdev", "stream,id=m0,server=off,addr.type=unix,addr.path="+mgmtSock,
+			"-device", "virtio-net-pci,netdev=m0,addr=11.0,romfile=,mac="+proto.NetMAC(proto.NetMgmt, idx))
+	}
+	args = append(args, "-qmp", "unix:"+qmpPath+",server=on,wait=off")
 	cmd := exec.Command(o.qemu(), args...)
 	cmd.Env = append(os.Environ(),
 		"LD_LIBRARY_PATH="+o.BackendDir,
@@ -365,13 +418,21 @@ func runVM(ctx context.Context, o *Options, idx, n int, work string, fab fabric.
 	return fmt.Errorf("%w (%v); last QEMU lines:\n%s\nlast console lines:\n%s", ErrQEMUExited, runErr, indent(v.Stderr), indent(v.Tail))
 }
 
-func qemuArgs(o *Options, idx, n int, muxPath, ctlPath string) []string {
+func qemuArgs(o *Options, idx, n int, muxPath, ctlPath, ethSock string) []string {
 	mem := strconv.Itoa(o.Memory) + "M"
-	mac := fmt.Sprintf("52:54:00:12:34:%02x", 0x56+idx)
+	mac := proto.NetMAC(proto.NetEth, idx)
 	cmdline := fmt.Sprintf("console=ttyS0 intel_iommu=on panic=-1 loglevel=4 %s=%d %s=%d",
 		proto.CmdlineVM, idx, proto.CmdlineVMs, n)
 	if o.Append != "" {
 		cmdline += " " + o.Append
+	}
+	initrd := o.Initrd
+	if len(o.Initrds) > idx {
+		initrd = o.Initrds[idx]
+	}
+	netdev := "user,id=n0,restrict=on"
+	if ethSock != "" {
+		netdev = "stream,id=n0,server=off,addr.type=unix,addr.path=" + ethSock
 	}
 	return []string{
 		"-accel", "tcg", "-cpu", "max", "-smp", "1",
@@ -379,14 +440,82 @@ func qemuArgs(o *Options, idx, n int, muxPath, ctlPath string) []string {
 		"-machine", "q35,memory-backend=mem",
 		"-object", "memory-backend-ram,id=mem,size=" + mem + ",share=on", "-m", mem,
 		"-device", "intel-iommu,intremap=on",
-		"-netdev", "user,id=n0,restrict=on",
+		"-netdev", netdev,
 		"-device", "vmxnet3,addr=10.0,multifunction=on,netdev=n0,romfile=,mac=" + mac,
 		"-chardev", "socket,id=mad,path=" + muxPath,
 		"-device", "pvrdma,addr=10.1,ibdev=" + BackendDevice + ",netdev=eth0,mad-chardev=mad",
 		"-chardev", "socket,id=ctl,path=" + ctlPath,
 		"-serial", "stdio", "-serial", "chardev:ctl",
-		"-kernel", o.Kernel, "-initrd", o.Initrd, "-append", cmdline,
+		"-kernel", o.Kernel, "-initrd", initrd, "-append", cmdline,
 	}
+}
+
+// countDoorbells reads a pvrdma_uar_write trace log: one line per
+// doorbell, "... (cls=QP, op=SEND, obj=17, val=0)".
+func countDoorbells(path string) map[string]int {
+	f, err := os.Open(path)
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	n := map[string]int{}
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		line := sc.Text()
+		_, rest, ok := strings.Cut(line, "(cls=")
+		if !ok {
+			continue
+		}
+		cls, rest, _ := strings.Cut(rest, ", op=")
+		op, _, _ := strings.Cut(rest, ", obj=")
+		n[cls+" "+op]++
+	}
+	return n
+}
+
+// qmpSetLink sets a netdev's link through QEMU's QMP socket at path: the
+// greeting, capabilities negotiation, then set_link; events in between are
+// skipped.
+func qmpSetLink(path, netdev string, up bool) error {
+	c, err := net.DialTimeout("unix", path, 5*time.Second)
+	if err != nil {
+		return fmt.Errorf("bench: QMP: %w", err)
+	}
+	defer c.Close()
+	_ = c.SetDeadline(time.Now().Add(10 * time.Second))
+	dec := json.NewDecoder(c)
+	var greeting map[string]any
+	if err := dec.Decode(&greeting); err != nil {
+		return fmt.Errorf("bench: QMP greeting: %w", err)
+	}
+	for _, cmd := range []map[string]any{
+		{"execute": "qmp_capabilities"},
+		{"execute": "set_link", "arguments": map[string]any{"name": netdev, "up": up}},
+	} {
+		if err := json.NewEncoder(c).Encode(cmd); err != nil {
+			return fmt.Errorf("bench: QMP %v: %w", cmd["execute"], err)
+		}
+		for {
+			var rep struct {
+				Return any `json:"return"`
+				Error  *struct {
+					Desc string `json:"desc"`
+				} `json:"error"`
+				Event string `json:"event"`
+			}
+			if err := dec.Decode(&rep); err != nil {
+				return fmt.Errorf("bench: QMP %v: %w", cmd["execute"], err)
+			}
+			if rep.Event != "" {
+				continue
+			}
+			if rep.Error != nil {
+				return fmt.Errorf("bench: QMP %v: %s", cmd["execute"], rep.Error.Desc)
+			}
+			break
+		}
+	}
+	return nil
 }
 
 // qemuRefusal turns QEMU's start-up errors into one line, or "".

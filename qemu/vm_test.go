@@ -120,7 +120,7 @@ func TestQEMURefusesForReal(t *testing.T) {
 			if tc.name == "kernel gone" {
 				oo.Kernel = filepath.Join(dir, "no-vmlinuz")
 			}
-			cmd := exec.Command(qemuBin, qemuArgs(&oo, 0, 1, muxPath, ctl.Addr().String())...)
+			cmd := exec.Command(qemuBin, qemuArgs(&oo, 0, 1, muxPath, ctl.Addr().String(), "")...)
 			cmd.Env = append(os.Environ(), "LD_LIBRARY_PATH="+tc.lib)
 			out, err := cmd.CombinedOutput()
 			if err == nil {

@@ -14,7 +14,10 @@ $GO run ./cmd/pvvm -- \
   pingpong --srq 4 --iters 500 --size 4096 + \
   bench --rc --messages 10000 + \
   bench --rc --messages 5000 --batches 1,32 --spin + \
-  bench --rc --messages 5000 --batches 1,32 --wait
+  bench --rc --messages 5000 --batches 1,32 --wait + \
+  eth info + \
+  eth ping --count 5 --size 1000 10.0.2.2 + \
+  eth gen --sizes 64,1514 --batches 1,32 --frames 5000
 
 section "Two VMs on one fabric: traffic between the VMs"
 $GO run ./cmd/pvvm -vms 2 -- \
@@ -22,7 +25,11 @@ $GO run ./cmd/pvvm -vms 2 -- \
   pingpong --vm --tag srq --srq 4 --iters 300 --size 4096 + \
   bench --vm --tag spin --rc --messages 5000 --batches 1,32 --spin + \
   bench --vm --tag wait --rc --messages 5000 --batches 1,32 --wait + \
-  am --vm --iters 300 --messages 5000
+  am --vm --iters 300 --messages 5000 + \
+  eth gen --vm --sizes 64,1514 --batches 1,32 --frames 5000
+
+section "Side by side: the reference stack (Linux vmw_pvrdma + rdma-core, perftest) and vfrdma, same bench"
+bash scripts/sidebyside.sh
 
 cat <<'TXT'
 
@@ -34,5 +41,12 @@ with --spin the receiver polls its CQ in a loop of its own; with --wait it
 sleeps on a wait set (an eventfd the CQ interrupt signals) whenever its CQ
 is empty: compare the CPU time per message. `pvctl am` sends active
 messages (LAPI_Amsend semantics) between the VMs: latency, the message rate
-beside raw PostSend's, and bandwidth. `make test` runs every test.
+beside raw PostSend's, and bandwidth. `pvctl eth` drives the slot's
+vmxnet3 Ethernet function, which the driver brings up beside the RDMA one
+(that is what makes the RDMA port ACTIVE in `info`): it pings QEMU's user
+network through ARP and ICMP, and sends frames to the other VM over the
+bench's switch. The last table puts Linux's own stack for this NIC
+(vmw_pvrdma + rdma-core, in guests booted with `pvvm -ref`) beside vfrdma
+on the same emulated device: docs/benchmarks.md says where the time goes.
+`make test` runs every test.
 TXT

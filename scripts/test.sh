@@ -12,6 +12,50 @@ SV_OUT=$PWD/build/softverbs
 TWO_VM_TESTS='^(TestGuest|TestMultiVM[^3])'
 THREE_VM_TESTS='^TestMultiVM3'
 
+# Interop: a vfrdma guest (VM 0, pvctl pingpong --rdma-core, every byte it
+# receives checked) and a reference guest (VM 1, rdma-core's pingpongs),
+# both directions, RC and UD, 1000 iterations at 64 B and 4096 B; and
+# pvctl eth ping from the vfrdma guest, answered by the reference guest's
+# Linux network stack on the vmxnet3 link.
+interop_tier() {
+  local out rc cmds=(@0 eth ping --ip 10.10.0.1 --count 5 --size 1000 10.10.0.2 + @1 sleep 6 +) size
+  for size in 64 4096; do
+    cmds+=(@0 pingpong --rdma-core --listen 0.0.0.0 --rc --size $size --iters 1000 +
+           @1 retry ibv_rc_pingpong -g 1 -n 1000 -s $size 192.168.100.1 +
+           @1 ibv_rc_pingpong -g 1 -n 1000 -s $size + @0 pingpong --rdma-core --connect 192.168.100.2 --rc --size $size --iters 1000 +
+           @0 pingpong --rdma-core --listen 0.0.0.0 --ud --size $size --iters 1000 +
+           @1 retry ibv_ud_pingpong -g 1 -n 1000 -s $size 192.168.100.1 +
+           @1 ibv_ud_pingpong -g 1 -n 1000 -s $size + @0 pingpong --rdma-core --connect 192.168.100.2 --ud --size $size --iters 1000 +)
+  done
+  unset 'cmds[${#cmds[@]}-1]' # the last "+"
+  out=$($GO run ./cmd/pvvm -vms 2 -ref 1 -- "${cmds[@]}" 2>&1)
+  rc=$?
+  echo "$out" | grep -E 'pingpong: 1000|iters in|received, 0% loss'
+  [ $rc = 0 ] || { echo "$out" | tail -40; return $rc; }
+  echo "$out" | grep -q '5 sent, 5 received' || { echo "the reference guest did not answer the vfrdma guest's pings"; return 1; }
+  [ "$(echo "$out" | grep -c 'every byte checked')" = 8 ] || { echo "not every vfrdma pingpong finished"; return 1; }
+  [ "$(echo "$out" | grep -c 'iters in')" = 8 ] || { echo "not every rdma-core pingpong finished"; return 1; }
+}
+
+# The reference stack (Linux's vmw_pvrdma + rdma-core) in two guests on the
+# same bench: the device as the standard stack sees it, and the standard
+# programs between the guests. Every program must exit 0, and the port
+# must read ACTIVE in both.
+reference_tier() {
+  local out rc
+  out=$($GO run ./cmd/pvvm -vms 2 -ref 2 -doorbells -- \
+    ibv_devinfo -v + \
+    @0 ibv_rc_pingpong -g 1 -n 1000 -s 4096 + @1 retry ibv_rc_pingpong -g 1 -n 1000 -s 4096 192.168.100.1 + \
+    @0 ibv_ud_pingpong -g 1 -n 1000 -s 2048 + @1 retry ibv_ud_pingpong -g 1 -n 1000 -s 2048 192.168.100.1 + \
+    @0 ib_send_lat -x 1 -n 1000 -s 64 + @1 retry ib_send_lat -x 1 -n 1000 -s 64 192.168.100.1 + \
+    @0 ib_send_bw -x 1 -Q 1 -n 5000 -s 64 + @1 retry ib_send_bw -x 1 -Q 1 -n 5000 -s 64 192.168.100.1 2>&1)
+  rc=$?
+  echo "$out" | grep -E 'PORT_ACTIVE|usec/iter|^vm.:  *(64|4096) |doorbells'
+  [ $rc = 0 ] || { echo "$out" | tail -40; return $rc; }
+  [ "$(echo "$out" | grep -c 'state:.*PORT_ACTIVE')" = 2 ] || { echo "the port is not ACTIVE in both reference guests"; return 1; }
+  [ "$(echo "$out" | grep -c 'iters in')" = 4 ] || { echo "a pingpong did not report its iterations"; return 1; }
+}
+
 run_tier() {
   case $1 in
     vet)       $GO vet ./... && $GO vet -tags guest ./... && $GO tool staticcheck ./... && $GO tool staticcheck -tags guest ./... ;;
@@ -20,12 +64,14 @@ run_tier() {
     guest)     $GO run ./cmd/pvvm -test all ;;
     guest-2vm) $GO run ./cmd/pvvm -vms 2 -test all -run "$TWO_VM_TESTS" ;;
     guest-3vm) $GO run ./cmd/pvvm -vms 3 -test am -run "$THREE_VM_TESTS" ;;
+    reference) reference_tier ;;
+    interop)   interop_tier ;;
     *) echo "unknown tier $1" >&2; return 2 ;;
   esac
 }
 
 tiers=("$@")
-[ ${#tiers[@]} -gt 0 ] || tiers=(vet host backend guest guest-2vm guest-3vm)
+[ ${#tiers[@]} -gt 0 ] || tiers=(vet host backend guest guest-2vm guest-3vm reference interop)
 passed=0 failed=0 failures=()
 for t in "${tiers[@]}"; do
   echo "=== tier: $t"

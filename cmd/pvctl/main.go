@@ -10,6 +10,7 @@
 //	pvctl pingpong [FLAGS] [BDF]     RC/UD ping-pong with every byte checked (--srq N: N QPs on one SRQ)
 //	pvctl bench [FLAGS] [BDF]        message rate, latency, doorbells per message
 //	pvctl am [FLAGS] [BDF]           active messages: latency, rate beside raw PostSend, bandwidth
+//	pvctl eth [SUB] [FLAGS] [BDF]    vmxnet3 Ethernet: info, ping IP, serve, gen, sink
 //
 // BDF defaults to the only pvrdma function present. --json prints one JSON
 // document instead of text.
@@ -50,6 +51,7 @@ func commands() []command {
 		{"pingpong", "[FLAGS] [BDF]", "bounce messages and check every byte (--rc/--ud, --size, --iters, --srq N; --listen/--connect/--vm for two hosts)", cmdPingpong, true},
 		{"bench", "[FLAGS] [BDF]", "send message rate and latency for batch sizes 1-256 (--rc/--ud, --size, --messages, --batches)", cmdBench, true},
 		{"am", "[FLAGS] [BDF]", "active messages: ping-pong latency, message rate beside raw PostSend, bandwidth (--sizes, --iters, --messages; --listen/--connect/--vm for two hosts)", cmdAM, true},
+		{"eth", "[SUB] [FLAGS] [BDF]", "the slot's vmxnet3 Ethernet: info (link, MAC, counters), ping IP, serve, gen, sink", cmdEth, true},
 	}
 }
 

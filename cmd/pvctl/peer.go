@@ -4,10 +4,13 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"net"
 	"os"
+	"runtime"
 	"strconv"
+	"syscall"
 	"time"
 
 	"github.com/vfrdma/vfrdma"
@@ -20,6 +23,7 @@ type peerInfo struct {
 	QPN  uint32     `json:"qpn"`
 	GID  vfrdma.GID `json:"gid"`
 	QKey uint32     `json:"qkey"`
+	PSN  uint32     `json:"psn,omitempty"`  // its first send PSN (rdma-core's exchange carries it)
 	QPNs []uint32   `json:"qpns,omitempty"` // pingpong --srq: one per connection
 	Blob []byte     `json:"blob,omitempty"` // am: the task's address
 }
@@ -41,10 +45,16 @@ type peerFlags struct {
 	connect string // TCP address to dial (client)
 	vm      bool   // through the bench's rendezvous: VM 0 is the server
 	tag     string // rendezvous key prefix
+	// rdmaCore speaks rdma-core's pingpong exchange on --listen/--connect
+	// (port 18515 by default): the peer is ibv_rc_pingpong or
+	// ibv_ud_pingpong.
+	rdmaCore bool
 }
 
 // loopback reports whether both ends are in this process.
-func (p *peerFlags) loopback() bool { return p.listen == "" && p.connect == "" && !p.vm }
+func (p *peerFlags) loopback() bool {
+	return p.listen == "" && p.connect == "" && !p.vm && !p.rdmaCore
+}
 
 func (p *peerFlags) open(ctx context.Context) (exchanger, error) {
 	switch {
@@ -58,7 +68,12 @@ func (p *peerFlags) open(ctx context.Context) (exchanger, error) {
 			return nil, err
 		}
 		return &vmExchange{c: c, vm: vm, tag: p.tag}, nil
+	case p.rdmaCore && p.listen == "" && p.connect == "":
+		return nil, fmt.Errorf("--rdma-core needs --listen ADDR or --connect HOST (the peer is an rdma-core program)")
 	case p.listen != "":
+		if p.rdmaCore {
+			p.listen = rdmaCoreAddr(p.listen)
+		}
 		ln, err := net.Listen("tcp", p.listen)
 		if err != nil {
 			return nil, err
@@ -71,12 +86,35 @@ func (p *peerFlags) open(ctx context.Context) (exchanger, error) {
 		if err != nil {
 			return nil, fmt.Errorf("waiting for the client on %s: %w", p.listen, err)
 		}
+		if p.rdmaCore {
+			return &rdmaCoreExchange{conn: conn, srv: true}, nil
+		}
 		return &tcpExchange{conn: conn, srv: true}, nil
 	default:
 		var d net.Dialer
-		conn, err := d.DialContext(ctx, "tcp", p.connect)
+		addr := p.connect
+		if p.rdmaCore {
+			addr = rdmaCoreAddr(addr)
+		}
+		// The peer may still be starting: retry a refused connection
+		// until ctx ends.
+		var conn net.Conn
+		var err error
+		for {
+			if conn, err = d.DialContext(ctx, "tcp", addr); err == nil || !errors.Is(err, syscall.ECONNREFUSED) {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return nil, fmt.Errorf("connecting to %s: %w", addr, err)
+			case <-time.After(100 * time.Millisecond):
+			}
+		}
 		if err != nil {
 			return nil, err
+		}
+		if p.rdmaCore {
+			return &rdmaCoreExchange{conn: conn}, nil
 		}
 		return &tcpExchange{conn: conn}, nil
 	}
@@ -174,8 +212,8 @@ type endpoint struct {
 
 const testQKey = 0x1ee7
 
-func newEndpoint(ctx context.Context, d *vfrdma.Device, pd *vfrdma.PD, typ vfrdma.QPType, depth, size int) (*endpoint, error) {
-	e := &endpoint{pd: pd, depth: depth, slot: size, qkey: testQKey}
+func newEndpoint(ctx context.Context, d *vfrdma.Device, pd *vfrdma.PD, typ vfrdma.QPType, depth, size int, qkey uint32) (*endpoint, error) {
+	e := &endpoint{pd: pd, depth: depth, slot: size, qkey: qkey}
 	if typ == vfrdma.UD {
 		e.slot += vfrdma.UDHeaderRoom
 	}
@@ -209,7 +247,7 @@ func (e *endpoint) connect(ctx context.Context, peer peerInfo) error {
 		e.ah = ah
 		return e.qp.Connect(ctx, vfrdma.Remote{}, 0)
 	}
-	return e.qp.Connect(ctx, vfrdma.Remote{QPN: peer.QPN, GID: peer.GID}, 0)
+	return e.qp.Connect(ctx, vfrdma.Remote{QPN: peer.QPN, GID: peer.GID, PSN: peer.PSN}, 0)
 }
 
 // postRecv posts a receive into slot.
@@ -243,6 +281,21 @@ func waitPoll(ctx context.Context, cq *vfrdma.CQ, wcs []vfrdma.WC) (int, error) 
 		if err := cq.Wait(ctx); err != nil {
 			return 0, err
 		}
+	}
+}
+
+// spinPoll polls until it gets completions, never sleeping; it yields the
+// processor between polls (one vCPU may carry both ends) and watches ctx.
+func spinPoll(ctx context.Context, cq *vfrdma.CQ, wcs []vfrdma.WC) (int, error) {
+	for {
+		n, err := cq.Poll(wcs)
+		if n > 0 || err != nil {
+			return n, err
+		}
+		if err := ctx.Err(); err != nil {
+			return 0, err
+		}
+		runtime.Gosched()
 	}
 }
 

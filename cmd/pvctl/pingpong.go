@@ -13,9 +13,11 @@ import (
 // trafficFlags are the flags pingpong and bench share.
 type trafficFlags struct {
 	peerFlags
-	rc, ud bool
-	size   int
-	bdf    string
+	rc, ud       bool
+	size         int
+	bdf          string
+	pollDoorbell bool
+	spin         bool // pingpong: poll without ever sleeping
 }
 
 func (t *trafficFlags) register(fs *flag.FlagSet, defSize int) {
@@ -26,6 +28,8 @@ func (t *trafficFlags) register(fs *flag.FlagSet, defSize int) {
 	fs.StringVar(&t.connect, "connect", "", "connect to the other end at this TCP address (client)")
 	fs.BoolVar(&t.vm, "vm", false, "the other end is the other VM of a two-VM bench run (VM 0 is the server)")
 	fs.StringVar(&t.tag, "tag", "pvctl", "rendezvous key prefix for --vm")
+	fs.BoolVar(&t.pollDoorbell, "poll-doorbell", false, "an empty CQ poll rings the CQ's POLL doorbell and looks again, as rdma-core's provider does (on QEMU the doorbell harvests the backend's completions at once)")
+	fs.BoolVar(&t.rdmaCore, "rdma-core", false, "the other end is rdma-core's ibv_rc_pingpong / ibv_ud_pingpong: its exchange on --listen/--connect (port 18515), its buffer contents")
 }
 
 func (t *trafficFlags) typ() (vfrdma.QPType, error) {
@@ -62,7 +66,7 @@ func (t *trafficFlags) openDevice(e *env) (*vfrdma.Device, error) {
 	if err != nil {
 		return nil, err
 	}
-	return vfrdma.Open(f.Addr.String(), &vfrdma.Options{SysfsRoot: e.sysfs})
+	return vfrdma.Open(f.Addr.String(), &vfrdma.Options{SysfsRoot: e.sysfs, PollDoorbell: t.pollDoorbell})
 }
 
 // setup creates the local end(s) and connects them: two ends in loopback,
@@ -80,7 +84,11 @@ func (t *trafficFlags) setup(ctx context.Context, d *vfrdma.Device, depth, size 
 		return nil, nil, nil, err
 	}
 	return pair(ctx, &t.peerFlags, d, func() (*endpoint, error) {
-		return newEndpoint(ctx, d, pd, typ, depth, size)
+		qkey := uint32(testQKey)
+		if t.rdmaCore {
+			qkey = rdmaCoreQKey
+		}
+		return newEndpoint(ctx, d, pd, typ, depth, size, qkey)
 	})
 }
 
@@ -164,6 +172,7 @@ func cmdPingpong(e *env, args []string) error {
 	fs := flag.NewFlagSet("pingpong", flag.ContinueOnError)
 	t.register(fs, 4096)
 	fs.IntVar(&iters, "iters", 1000, "round trips")
+	fs.BoolVar(&t.spin, "spin", false, "poll the CQ without ever sleeping on it (as rdma-core's pingpongs do without -e)")
 	fs.IntVar(&srqs, "srq", 0, "N RC connections per side whose receives come from one shared receive queue per side")
 	if err := t.parse(e, fs, args); err != nil {
 		return err
@@ -205,14 +214,22 @@ func cmdPingpong(e *env, args []string) error {
 	wcs := make([]vfrdma.WC, 4)
 	var wr [1]vfrdma.SendWR
 	var sge [1]vfrdma.SGE
+	fill, check := pattern, checkPattern
+	if t.rdmaCore {
+		fill, check = fillRdmaCore, checkRdmaCore
+	}
 	send := func(ep *endpoint, seq int) error {
-		pattern(ep.send.Bytes()[:t.size], seq)
+		fill(ep.send.Bytes()[:t.size], seq)
 		ep.sendWR(&wr[0], sge[:], uint64(seq), 0, t.size)
 		_, err := ep.qp.PostSend(wr[:], 0)
 		return err
 	}
 	step := func(ep *endpoint, p *progress) error {
-		n, err := waitPoll(ctx, ep.cq, wcs)
+		wait := waitPoll
+		if t.spin {
+			wait = spinPoll
+		}
+		n, err := wait(ctx, ep.cq, wcs)
 		if err != nil {
 			return err
 		}
@@ -227,7 +244,7 @@ func cmdPingpong(e *env, args []string) error {
 			if int(wc.ByteLen) != t.size+hdr {
 				return fmt.Errorf("message %d: received %d bytes, want %d", p.recvs, int(wc.ByteLen)-hdr, t.size)
 			}
-			if err := checkPattern(ep.recv.Bytes()[hdr:hdr+t.size], p.recvs); err != nil {
+			if err := check(ep.recv.Bytes()[hdr:hdr+t.size], p.recvs); err != nil {
 				return err
 			}
 			p.recvs++

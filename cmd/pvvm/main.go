@@ -38,6 +38,7 @@ import (
 
 	"github.com/vfrdma/vfrdma/qemu"
 	"github.com/vfrdma/vfrdma/qemu/guest"
+	"github.com/vfrdma/vfrdma/qemu/proto"
 )
 
 // multiVMPrefix names tests that need more than one VM.
@@ -53,6 +54,10 @@ type config struct {
 	keep      bool
 	debug     bool
 	pvctlArgs []string
+	ref       int       // the last ref VMs run the reference stack
+	doorbells bool      // count the doorbells each device received
+	cmds      []command // pvctl commands for the vfrdma VMs
+	refCmds   []command // programs for the reference VMs
 }
 
 func main() {
@@ -65,8 +70,15 @@ func main() {
 	flag.BoolVar(&c.allowSkip, "allow-skip", false, "do not count skipped in-guest tests as failures")
 	flag.BoolVar(&c.keep, "keep", false, "keep the built image in build/pvvm")
 	flag.BoolVar(&c.debug, "debug", false, "log the bench's own steps to stderr")
+	flag.BoolVar(&c.doorbells, "doorbells", false, "count, on the device side, the doorbells each VM's pvrdma received (QEMU's trace)")
+	flag.IntVar(&c.ref, "ref", 0, "the last N VMs run the reference stack (Linux vmw_pvrdma + rdma-core) and rdma-core's or perftest's programs instead of pvctl")
 	flag.Usage = func() {
-		fmt.Fprintf(os.Stderr, "usage: pvvm [flags] -- PVCTL-ARGS...\n       pvvm [flags] -test PKGS\n\n")
+		fmt.Fprintf(os.Stderr, "usage: pvvm [flags] -- PVCTL-ARGS... [+ PVCTL-ARGS...]\n       pvvm [flags] -test PKGS\n       pvvm -vms 2 -ref 1 -- [@VM] PVCTL-ARGS + [@VM] PROGRAM ARGS...\n\n"+
+			"A command prefixed @N runs only in VM N; one prefixed retry runs again while it fails,\n"+
+			"for up to 30 s (a client whose server in another VM may not be up yet). With -ref, a\n"+
+			"command that names a program\n"+
+			"on this host's PATH (ibv_devinfo, ibv_rc_pingpong, ib_send_bw, ...) runs in the\n"+
+			"reference VMs; anything else is pvctl in the vfrdma VMs.\n\n")
 		flag.PrintDefaults()
 	}
 	flag.Parse()
@@ -104,9 +116,10 @@ func run(ctx context.Context, c *config) (int, error) {
 		}
 	}
 	opt := &qemu.Options{
-		BackendDir: filepath.Join(root, "build", "softverbs"),
-		Kernel:     kernel.Image(),
-		Timeout:    c.timeout,
+		BackendDir:     filepath.Join(root, "build", "softverbs"),
+		Kernel:         kernel.Image(),
+		Timeout:        c.timeout,
+		TraceDoorbells: c.doorbells,
 	}
 	if c.debug {
 		opt.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
@@ -119,6 +132,30 @@ func run(ctx context.Context, c *config) (int, error) {
 	opt.Initrd = kernel.Vmlinuz // placeholder so Check looks at everything else
 	if err := qemu.Check(opt); err != nil {
 		return 1, err
+	}
+
+	if c.ref < 0 || c.ref > c.vms {
+		return 2, fmt.Errorf("-ref %d: want 0 to -vms (%d)", c.ref, c.vms)
+	}
+	if c.ref > 0 && c.tests != "" {
+		return 2, errors.New("-ref runs programs, not in-guest tests: give them after --")
+	}
+	if c.tests == "" {
+		cmds, err := parseCommands(c.pvctlArgs, c.vms)
+		if err != nil {
+			return 2, err
+		}
+		for _, cmd := range cmds {
+			ref, err := c.forRef(cmd)
+			if err != nil {
+				return 2, err
+			}
+			if ref {
+				c.refCmds = append(c.refCmds, cmd)
+			} else {
+				c.cmds = append(c.cmds, cmd)
+			}
+		}
 	}
 
 	out := filepath.Join(root, "build", "pvvm")
@@ -141,6 +178,38 @@ func run(ctx context.Context, c *config) (int, error) {
 	if err := guest.WriteInitramfs(opt.Initrd, spec); err != nil {
 		return 1, err
 	}
+	if c.ref > 0 {
+		if c.ref < c.vms {
+			// A mixed run: the vfrdma guests reach the reference guests
+			// over the management network too (rdma-core's programs
+			// exchange QP addresses by TCP).
+			mods, err := kernel.MgmtModules()
+			if err != nil {
+				return 1, err
+			}
+			k := *kernel
+			k.Modules = append(append([]string(nil), kernel.Modules...), mods...)
+			spec.Kernel, spec.Net = &k, []string{proto.NetMgmt}
+			if err := guest.WriteInitramfs(opt.Initrd, spec); err != nil {
+				return 1, err
+			}
+		}
+		rspec, err := refSpec(ctx, c, spec.Init, kernel, c.refCmds)
+		if err != nil {
+			return 1, err
+		}
+		refInitrd := filepath.Join(img, "initramfs-ref.cpio")
+		if err := guest.WriteInitramfs(refInitrd, rspec); err != nil {
+			return 1, err
+		}
+		for vm := 0; vm < c.vms; vm++ {
+			if c.isRefVM(vm) {
+				opt.Initrds = append(opt.Initrds, refInitrd)
+			} else {
+				opt.Initrds = append(opt.Initrds, opt.Initrd)
+			}
+		}
+	}
 	buildTime := time.Since(t0)
 
 	if c.tests != "" {
@@ -162,13 +231,17 @@ func buildSpec(ctx context.Context, c *config, root, dir string, kernel *guest.K
 		jobs = append(jobs, job{build: func() error {
 			return guest.BuildProgram(ctx, filepath.Join(root, "cmd", "pvctl"), bin)
 		}})
-		for i, args := range splitCommands(c.pvctlArgs) {
+		for i, cmd := range c.cmds {
 			name := "pvctl"
 			if i > 0 {
 				name = fmt.Sprintf("pvctl-%d", i+1)
 			}
 			// The image holds one copy per name; they are a few MB each.
-			jobs = append(jobs, job{prog: guest.Program{Name: name, HostPath: bin, Args: args, Kind: guest.KindCmd, Timeout: c.timeout}})
+			p := guest.Program{Name: name, HostPath: bin, Args: cmd.args, Kind: guest.KindCmd, Timeout: c.timeout, Only: cmd.only}
+			if cmd.retry {
+				p.Retry = retryFor
+			}
+			jobs = append(jobs, job{prog: p})
 		}
 	} else {
 		pkgs, err := guestTestPackages(root, c.tests)

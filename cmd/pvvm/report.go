@@ -49,6 +49,11 @@ func runPvctl(ctx context.Context, c *config, opt *qemu.Options) (int, error) {
 			fmt.Println(l)
 		}
 	}
+	if err == nil && c.doorbells {
+		for _, vm := range res.VMs {
+			fmt.Printf("vm%d: device-side doorbells (QEMU's pvrdma_uar_write):%s\n", vm.Index, doorbellText(vm.Doorbells))
+		}
+	}
 	if err != nil {
 		return 1, err
 	}
@@ -62,7 +67,7 @@ func runPvctl(ctx context.Context, c *config, opt *qemu.Options) (int, error) {
 		}
 		exits := vm.Exits()
 		if len(exits) == 0 {
-			return 1, fmt.Errorf("vm%d reported no exit status for pvctl; last console lines:\n  %s", vm.Index, strings.Join(vm.Tail, "\n  "))
+			return 1, fmt.Errorf("vm%d reported no exit status for its commands; last console lines:\n  %s", vm.Index, strings.Join(vm.Tail, "\n  "))
 		}
 		for _, e := range exits {
 			if e.Code < 0 {
@@ -76,7 +81,10 @@ func runPvctl(ctx context.Context, c *config, opt *qemu.Options) (int, error) {
 	return code, nil
 }
 
-func isPvctl(prog string) bool { return prog == "pvctl" || strings.HasPrefix(prog, "pvctl-") }
+// isPvctl reports a command's step: pvctl's, or a reference program's.
+func isPvctl(prog string) bool {
+	return prog == "pvctl" || strings.HasPrefix(prog, "pvctl-") || strings.HasPrefix(prog, "ref")
+}
 
 // runTests runs the in-guest test binaries and prints one line per test,
 // the output of what failed, and the summary line.
@@ -189,4 +197,21 @@ func runTests(ctx context.Context, c *config, opt *qemu.Options, spec guest.Spec
 		return 1, nil
 	}
 	return 0, nil
+}
+
+func doorbellText(n map[string]int) string {
+	if len(n) == 0 {
+		return " none"
+	}
+	keys := make([]string, 0, len(n))
+	for k := range n {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var b strings.Builder
+	for _, k := range keys {
+		name, _, _ := strings.Cut(k, " - ") // "CQ ARMSOL - not supported"
+		fmt.Fprintf(&b, " %s=%d", strings.ReplaceAll(name, " ", "_"), n[k])
+	}
+	return b.String()
 }

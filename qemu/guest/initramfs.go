@@ -8,6 +8,7 @@ import (
 	"os"
 	"path"
 	"path/filepath"
+	"strings"
 	"time"
 
 	"github.com/u-root/u-root/pkg/cpio"
@@ -33,6 +34,18 @@ type Spec struct {
 	BindPVRDMA bool
 	// Programs run in this order.
 	Programs []Program
+	// Files are copied into the image (shared libraries, configuration),
+	// their directories made as needed.
+	Files []File
+	// Net names the bench networks whose kernel interfaces the init brings
+	// up (Manifest.Net).
+	Net []string
+}
+
+// File is a host file and where it goes in the image.
+type File struct {
+	HostPath, Path string // Path is absolute
+	Mode           uint64 // permission bits; 0 means 0o644
 }
 
 // Program is one program the init runs.
@@ -43,11 +56,13 @@ type Program struct {
 	Env      []string      // KEY=value added to the init's environment
 	Kind     string        // KindGoTest or KindCmd
 	Timeout  time.Duration // zero: DefaultTimeout
+	Only     []int         // the VMs (by index) that run it; none: every VM
+	Retry    time.Duration // rerun it while it fails, until this long after its start
 }
 
 // Manifest returns the manifest the init will read for s.
 func (s *Spec) Manifest() *Manifest {
-	m := &Manifest{BindPVRDMA: s.BindPVRDMA, Steps: []Step{}}
+	m := &Manifest{BindPVRDMA: s.BindPVRDMA, Net: s.Net, Steps: []Step{}}
 	if s.Kernel != nil {
 		for _, p := range s.Kernel.Modules {
 			m.Modules = append(m.Modules, path.Join(ModulesDir, filepath.Base(p)))
@@ -65,6 +80,8 @@ func (s *Spec) Manifest() *Manifest {
 			Env:     p.Env,
 			Kind:    p.Kind,
 			Timeout: t,
+			Only:    p.Only,
+			Retry:   p.Retry,
 		})
 	}
 	return m
@@ -141,6 +158,27 @@ func BuildInitramfs(w io.Writer, spec Spec) error {
 			b.fail(fmt.Errorf("program %s: no host path", p.Name))
 		}
 		b.file(m.Steps[i].Path, p.HostPath, 0o755)
+	}
+	made := map[string]bool{"bin": true, "dev": true, "etc": true, "etc/vfrdma": true, "lib": true, "lib/modules": true, "proc": true, "sys": true, "tmp": true}
+	for _, f := range spec.Files {
+		name := strings.TrimPrefix(path.Clean(f.Path), "/")
+		if !path.IsAbs(f.Path) || name == "" {
+			b.fail(fmt.Errorf("file %q: not an absolute path", f.Path))
+			break
+		}
+		var parents []string
+		for d := path.Dir(name); d != "." && !made[d]; d = path.Dir(d) {
+			parents = append(parents, d)
+		}
+		for i := len(parents) - 1; i >= 0; i-- {
+			b.dir(parents[i], 0o755)
+			made[parents[i]] = true
+		}
+		mode := f.Mode
+		if mode == 0 {
+			mode = 0o644
+		}
+		b.file(name, f.HostPath, mode)
 	}
 	b.record(cpio.StaticRecord(manifest, cpio.Info{Name: proto.ManifestPath, Mode: cpio.S_IFREG | 0o644}))
 	if b.err == nil {

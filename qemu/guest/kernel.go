@@ -69,23 +69,12 @@ func FindKernel(repoRoot string) (*Kernel, error) {
 	if k.Version == "" {
 		return nil, notFound("empty VERSION")
 	}
-	ents, err := os.ReadDir(filepath.Join(dir, "modules"))
-	if err != nil {
+	if _, err := os.Stat(filepath.Join(dir, "modules")); err != nil {
 		return nil, notFound("no modules directory")
 	}
-	var mods []module
-	for _, e := range ents {
-		name, ok := moduleName(e.Name())
-		if !ok || !e.Type().IsRegular() {
-			continue
-		}
-		m := module{name: name, path: filepath.Join(dir, "modules", e.Name())}
-		if !strings.HasSuffix(e.Name(), ".ko") {
-			m.unknownDeps = true
-		} else if m.deps, err = moduleDepends(m.path); err != nil {
-			return nil, fmt.Errorf("guest kernel in %s: %w", dir, err)
-		}
-		mods = append(mods, m)
+	mods, err := readModules(filepath.Join(dir, "modules"))
+	if err != nil {
+		return nil, fmt.Errorf("guest kernel in %s: %w", dir, err)
 	}
 	if len(mods) == 0 {
 		return nil, notFound("no modules")
@@ -95,6 +84,30 @@ func FindKernel(repoRoot string) (*Kernel, error) {
 		return nil, fmt.Errorf("guest kernel in %s: %w", dir, err)
 	}
 	return k, nil
+}
+
+// readModules reads the .ko (or compressed) files of dir with the
+// dependencies their metadata names (none readable for compressed ones).
+func readModules(dir string) ([]module, error) {
+	ents, err := os.ReadDir(dir)
+	if err != nil {
+		return nil, err
+	}
+	var mods []module
+	for _, e := range ents {
+		name, ok := moduleName(e.Name())
+		if !ok || !e.Type().IsRegular() {
+			continue
+		}
+		m := module{name: name, path: filepath.Join(dir, e.Name())}
+		if !strings.HasSuffix(e.Name(), ".ko") {
+			m.unknownDeps = true
+		} else if m.deps, err = moduleDepends(m.path); err != nil {
+			return nil, err
+		}
+		mods = append(mods, m)
+	}
+	return mods, nil
 }
 
 type module struct {
@@ -192,6 +205,59 @@ func orderModules(mods []module) ([]string, error) {
 		}
 		if !progress {
 			return nil, errors.New("modules depend on each other in a cycle")
+		}
+	}
+	return out, nil
+}
+
+// RefModulesDir is where `make setup` puts the reference guest's modules
+// (ib_core, ib_uverbs, vmxnet3, virtio_net and theirs, and vmw_pvrdma built
+// out of tree), under the kernel cache.
+const RefModulesDir = "ref-modules"
+
+// RefModules returns the reference guest's modules, each after those it
+// depends on.
+func (k *Kernel) RefModules() ([]string, error) {
+	dir := filepath.Join(k.Dir, RefModulesDir)
+	if _, err := os.Stat(dir); err != nil {
+		return nil, fmt.Errorf("the reference guest's modules are not in %s: run `make setup` (%w)", dir, err)
+	}
+	mods, err := readModules(dir)
+	if err != nil {
+		return nil, fmt.Errorf("reference modules in %s: %w", dir, err)
+	}
+	if len(mods) == 0 {
+		return nil, fmt.Errorf("no reference guest modules in %s: run `make setup`", dir)
+	}
+	order, err := orderModules(mods)
+	if err != nil {
+		return nil, err
+	}
+	// vmw_pvrdma takes the netdev of the slot's vmxnet3 function when it
+	// probes, which needs no symbol of vmxnet3 but needs it probed: last.
+	for i, p := range order {
+		if n, _ := moduleName(filepath.Base(p)); n == "vmw_pvrdma" {
+			order = append(append(order[:i:i], order[i+1:]...), p)
+			break
+		}
+	}
+	return order, nil
+}
+
+// MgmtModules returns the modules of the management network's NIC
+// (virtio-net over PCI) from the reference modules, each after those it
+// depends on: what a vfrdma guest loads to reach the other guests by TCP
+// (it must not load vmxnet3 or vmw_pvrdma: the driver owns those functions).
+func (k *Kernel) MgmtModules() ([]string, error) {
+	all, err := k.RefModules()
+	if err != nil {
+		return nil, err
+	}
+	var out []string
+	for _, p := range all {
+		n, _ := moduleName(filepath.Base(p))
+		if strings.HasPrefix(n, "virtio") || strings.HasSuffix(n, "failover") {
+			out = append(out, p)
 		}
 	}
 	return out, nil

@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/vfrdma/vfrdma/qemu/proto"
 )
 
 // Program kinds.
@@ -27,7 +29,12 @@ const DefaultTimeout = 60 * time.Second
 type Manifest struct {
 	Modules    []string `json:"modules,omitempty"` // paths in the image, in load order
 	BindPVRDMA bool     `json:"bind_pvrdma"`       // bind the pvrdma function's IOMMU group to vfio-pci
-	Steps      []Step   `json:"steps"`
+	// Net names the bench networks (proto.NetMgmt, proto.NetEth) whose
+	// kernel interfaces the init brings up, after the modules and before
+	// the programs, with the MAC and address of its VM (proto.NetMAC,
+	// proto.NetAddr); and loopback.
+	Net   []string `json:"net,omitempty"`
+	Steps []Step   `json:"steps"`
 }
 
 // Step is one program of a Manifest.
@@ -38,6 +45,10 @@ type Step struct {
 	Env     []string      `json:"env,omitempty"`  // KEY=value, added to the init's environment
 	Kind    string        `json:"kind"`           // KindGoTest or KindCmd
 	Timeout time.Duration `json:"timeout_ns"`     // after this the init kills the program
+	Only    []int         `json:"only,omitempty"` // the VMs (by index) that run it; none: every VM
+	// Retry reruns a step that fails, until this long after its start (a
+	// client whose server, in another VM, may not be up yet).
+	Retry time.Duration `json:"retry_ns,omitempty"`
 }
 
 // Validate reports the first thing wrong with m.
@@ -69,6 +80,11 @@ func (m *Manifest) Validate() error {
 	for _, p := range m.Modules {
 		if !strings.HasPrefix(p, "/") {
 			return fmt.Errorf("module path %q is not absolute", p)
+		}
+	}
+	for _, n := range m.Net {
+		if n != proto.NetMgmt && n != proto.NetEth {
+			return fmt.Errorf("net: unknown network %q", n)
 		}
 	}
 	return nil

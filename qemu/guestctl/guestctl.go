@@ -140,6 +140,19 @@ func (c *Conn) Kill() error {
 	return err
 }
 
+// SetLink sets this VM's Ethernet link up or down (proto.OpSetLink); it
+// returns once QEMU has applied it.
+func (c *Conn) SetLink(up bool) error {
+	ctx, cancel := context.WithTimeout(context.Background(), putTimeout)
+	defer cancel()
+	v := "down"
+	if up {
+		v = "up"
+	}
+	_, err := c.do(ctx, proto.Request{Op: proto.OpSetLink, Value: v}, 0)
+	return err
+}
+
 // Get waits until key has a value, then returns it. ctx bounds the wait:
 // its deadline goes to the host, which answers with an error when it passes
 // (the Conn stays usable); if that answer does not come within a little

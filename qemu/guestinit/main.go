@@ -20,6 +20,8 @@ import (
 	"fmt"
 	"os"
 	"runtime/debug"
+	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -86,7 +88,8 @@ func run(rep *reporter) (failed, total int) {
 	if err != nil {
 		rep.errorf("", "%v", err)
 	}
-	bdf, setupErr := setup(rep, m)
+	vmIndex, _ := strconv.Atoi(vm)
+	bdf, setupErr := setup(rep, m, vmIndex)
 
 	env := []string{
 		"PATH=" + guest.BinDir, "HOME=/tmp", "TMPDIR=/tmp",
@@ -98,6 +101,10 @@ func run(rep *reporter) (failed, total int) {
 		env = append(env, proto.EnvBDF+"="+bdf)
 	}
 	for _, s := range m.Steps {
+		if len(s.Only) > 0 && !slices.Contains(s.Only, vmIndex) {
+			total-- // another VM's step
+			continue
+		}
 		if setupErr != nil {
 			rep.emit(proto.Record{Event: proto.EventExit, Prog: s.Name, Code: -1, Msg: "not run: " + setupErr.Error()})
 			failed++
@@ -114,7 +121,7 @@ func run(rep *reporter) (failed, total int) {
 // returns the pvrdma function's address ("" if there is none and binding
 // was not asked for). Its error, already reported, means the programs must
 // not run.
-func setup(rep *reporter, m *guest.Manifest) (bdf string, err error) {
+func setup(rep *reporter, m *guest.Manifest, vm int) (bdf string, err error) {
 	t0 := time.Now()
 	if err := loadModules(m.Modules); err != nil {
 		rep.errorf("", "%v", err)
@@ -122,6 +129,14 @@ func setup(rep *reporter, m *guest.Manifest) (bdf string, err error) {
 	}
 	if len(m.Modules) > 0 {
 		rep.logf("loaded %d modules in %v", len(m.Modules), time.Since(t0).Round(time.Millisecond))
+	}
+	if len(m.Net) > 0 {
+		t0 = time.Now()
+		if err := netUp(m.Net, vm, 10*time.Second); err != nil {
+			rep.errorf("", "%v", err)
+			return "", err
+		}
+		rep.logf("brought %d interfaces up in %v", len(m.Net), time.Since(t0).Round(time.Millisecond))
 	}
 	if !m.BindPVRDMA {
 		return findPVRDMA(), nil

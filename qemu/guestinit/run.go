@@ -56,6 +56,13 @@ func runStep(rep *reporter, s guest.Step, env []string) bool {
 	rep.emit(proto.Record{Event: proto.EventStart, Prog: s.Name})
 	t0 := time.Now()
 	res := execStep(rep, s, args, env)
+	// A step with Retry runs again while it fails, until Retry has passed
+	// since its start: a client whose server in another VM is not up yet.
+	for res.rec.Code != 0 && s.Retry > 0 && time.Since(t0) < s.Retry {
+		time.Sleep(300 * time.Millisecond)
+		rep.logf("run %s again (exit %d)", s.Path, res.rec.Code)
+		res = execStep(rep, s, args, env)
+	}
 	res.rec.Elapsed = time.Since(t0).Seconds()
 	rep.emit(res.rec)
 	return res.rec.Code == 0 && !res.testFailed

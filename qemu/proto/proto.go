@@ -94,6 +94,10 @@ const (
 	// when a peer dies in mid-transfer. No reply ever comes; the VM's
 	// result says it was killed on request, which is not a failure.
 	OpKill = "kill"
+	// OpSetLink sets the link of this VM's Ethernet function (its netdev,
+	// through QEMU's monitor) up (Value "up") or down ("down"), as a cable
+	// pulled and plugged back: tests use it for link-change events.
+	OpSetLink = "set_link"
 )
 
 // Request is one line a guest sends on the control channel.
@@ -129,3 +133,29 @@ const (
 	EnvVM    = "VFRDMA_VM"    // this VM's index
 	EnvVMs   = "VFRDMA_VMS"   // VMs in the run
 )
+
+// The bench's networks. Every VM's vmxnet3 function (the "eth" network) and,
+// in runs of several VMs, a virtio-net NIC on the management network (the
+// "mgmt" network: TCP between guests, as a cluster's management network),
+// with addresses fixed by the VM's index.
+const (
+	NetEth  = "eth"
+	NetMgmt = "mgmt"
+)
+
+// NetMAC returns VM vm's MAC on network net.
+func NetMAC(net string, vm int) string {
+	if net == NetMgmt {
+		return fmt.Sprintf("52:54:00:99:00:%02x", vm)
+	}
+	return fmt.Sprintf("52:54:00:12:34:%02x", 0x56+vm)
+}
+
+// NetAddr returns VM vm's IPv4 address with its prefix on network net:
+// 192.168.100.(vm+1)/24 on mgmt, 10.10.0.(vm+1)/24 on eth.
+func NetAddr(net string, vm int) string {
+	if net == NetMgmt {
+		return fmt.Sprintf("192.168.100.%d/24", vm+1)
+	}
+	return fmt.Sprintf("10.10.0.%d/24", vm+1)
+}

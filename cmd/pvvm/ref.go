@@ -1,0 +1,198 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/vfrdma/vfrdma/qemu/guest"
+	"github.com/vfrdma/vfrdma/qemu/proto"
+)
+
+// The reference stack: Linux's vmw_pvrdma driver and rdma-core in a guest
+// on the same bench, running rdma-core's and perftest's programs.
+
+// refProvider is rdma-core's vmw_pvrdma provider and its configuration:
+// libibverbs loads the provider named by a .driver file in
+// /etc/libibverbs.d from its provider directory.
+var refProvider = []string{
+	"/etc/libibverbs.d/vmw_pvrdma.driver",
+	"/usr/lib/x86_64-linux-gnu/libibverbs/libvmw_pvrdma-rdmav34.so",
+}
+
+// command is one command line of a run, with the VMs it is for.
+type command struct {
+	args  []string
+	only  []int // none: every VM of its kind
+	retry bool  // rerun while it fails, for up to 30 s
+}
+
+// retryFor bounds a "retry" command's reruns.
+const retryFor = 30 * time.Second
+
+// parseCommands splits the arguments at lone "+" and reads an "@N" (or
+// "@N,M") prefix: that command runs only in those VMs.
+func parseCommands(args []string, vms int) ([]command, error) {
+	var out []command
+	for _, line := range splitCommands(args) {
+		c := command{args: line}
+		if strings.HasPrefix(line[0], "@") {
+			for _, f := range strings.Split(line[0][1:], ",") {
+				vm, err := strconv.Atoi(f)
+				if err != nil || vm < 0 || vm >= vms {
+					return nil, fmt.Errorf("%q: want @VM with VM from 0 to %d", line[0], vms-1)
+				}
+				c.only = append(c.only, vm)
+			}
+			c.args = line[1:]
+			if len(c.args) == 0 {
+				return nil, fmt.Errorf("%q: no command after it", line[0])
+			}
+		}
+		if c.args[0] == "retry" {
+			c.retry, c.args = true, c.args[1:]
+			if len(c.args) == 0 {
+				return nil, errors.New(`"retry": no command after it`)
+			}
+		}
+		out = append(out, c)
+	}
+	return out, nil
+}
+
+// isRefVM reports whether VM vm runs the reference stack: the last ref of
+// the run's VMs do.
+func (c *config) isRefVM(vm int) bool { return vm >= c.vms-c.ref }
+
+// kindOf says which image a command is for: a reference VM's (a program
+// from the host, found on PATH) or a vfrdma VM's (pvctl).
+func (c *config) forRef(cmd command) (bool, error) {
+	ref, vf := 0, 0
+	vms := cmd.only
+	if len(vms) == 0 {
+		for vm := 0; vm < c.vms; vm++ {
+			vms = append(vms, vm)
+		}
+	}
+	for _, vm := range vms {
+		if c.isRefVM(vm) {
+			ref++
+		} else {
+			vf++
+		}
+	}
+	switch {
+	case len(cmd.only) == 0 && c.ref > 0 && c.ref < c.vms:
+		// Unprefixed in a mixed run: a host program runs in the reference
+		// VMs, anything else is pvctl in the vfrdma VMs.
+		_, err := exec.LookPath(cmd.args[0])
+		return err == nil && !isPvctlCommand(cmd.args[0]), nil
+	case ref > 0 && vf > 0:
+		return false, fmt.Errorf("%q is for vfrdma VMs and reference VMs at once (-ref %d makes the last %d reference VMs)", strings.Join(cmd.args, " "), c.ref, c.ref)
+	}
+	return ref > 0, nil
+}
+
+func isPvctlCommand(name string) bool {
+	switch name {
+	case "list", "bind", "unbind", "info", "regs", "pingpong", "bench", "am", "eth":
+		return true
+	}
+	return false
+}
+
+// refSpec is the reference guest's image: the same init and kernel, the
+// reference modules (vmw_pvrdma among them), the kernel's network
+// interfaces up on the bench's networks, and the programs with every
+// shared library they load.
+func refSpec(ctx context.Context, c *config, init string, kernel *guest.Kernel, cmds []command) (guest.Spec, error) {
+	mods, err := kernel.RefModules()
+	if err != nil {
+		return guest.Spec{}, err
+	}
+	k := *kernel
+	k.Modules = mods
+	spec := guest.Spec{Init: init, Kernel: &k, Net: []string{proto.NetEth}}
+	if c.vms > 1 {
+		spec.Net = append(spec.Net, proto.NetMgmt)
+	}
+	need := map[string]bool{}
+	for _, f := range refProvider {
+		need[f] = true
+	}
+	for i, cmd := range cmds {
+		bin, err := exec.LookPath(cmd.args[0])
+		if err != nil {
+			return spec, fmt.Errorf("reference program %q: %w (make setup installs ibverbs-utils and perftest)", cmd.args[0], err)
+		}
+		p := guest.Program{
+			Name: fmt.Sprintf("ref%d-%s", i+1, filepath.Base(bin)), HostPath: bin,
+			Args: cmd.args[1:], Kind: guest.KindCmd, Timeout: c.timeout, Only: cmd.only,
+		}
+		if cmd.retry {
+			p.Retry = retryFor
+		}
+		spec.Programs = append(spec.Programs, p)
+		need[bin] = false // the program itself goes to /bin; its libraries:
+		libs, err := sharedLibs(ctx, bin)
+		if err != nil {
+			return spec, err
+		}
+		for _, l := range libs {
+			need[l] = true
+		}
+	}
+	provLibs, err := sharedLibs(ctx, refProvider[1])
+	if err != nil {
+		return spec, err
+	}
+	for _, l := range provLibs {
+		need[l] = true
+	}
+	var paths []string
+	for p, ok := range need {
+		if ok {
+			paths = append(paths, p)
+		}
+	}
+	sort.Strings(paths)
+	for _, p := range paths {
+		if _, err := os.Stat(p); err != nil {
+			return spec, fmt.Errorf("reference stack: %w (make setup installs ibverbs-providers)", err)
+		}
+		spec.Files = append(spec.Files, guest.File{HostPath: p, Path: p, Mode: 0o755})
+	}
+	return spec, nil
+}
+
+// sharedLibs lists the shared libraries bin loads (ldd), the dynamic
+// loader among them.
+func sharedLibs(ctx context.Context, bin string) ([]string, error) {
+	out, err := exec.CommandContext(ctx, "ldd", bin).Output()
+	if err != nil {
+		return nil, fmt.Errorf("ldd %s: %w", bin, err)
+	}
+	var libs []string
+	sc := bufio.NewScanner(bytes.NewReader(out))
+	for sc.Scan() {
+		f := strings.Fields(sc.Text())
+		switch {
+		case len(f) >= 3 && f[1] == "=>" && strings.HasPrefix(f[2], "/"):
+			libs = append(libs, f[2])
+		case len(f) >= 1 && strings.HasPrefix(f[0], "/"):
+			libs = append(libs, f[0]) // the loader
+		case len(f) >= 3 && f[1] == "=>" && f[2] == "not":
+			return nil, fmt.Errorf("ldd %s: %s is not found", bin, f[0])
+		}
+	}
+	return libs, nil
+}
