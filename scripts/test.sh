@@ -70,17 +70,30 @@ run_tier() {
   esac
 }
 
+# Each tier's output goes to the terminal and to build/test-logs/<tier>.log;
+# a failed tier's digest (the failing tests and their first error lines) is
+# printed again at the end, where a log's tail is what a reader sees.
+LOGS=$PWD/build/test-logs
+mkdir -p "$LOGS"
+
+digest() {
+  grep -E -- '--- FAIL|^FAIL|  FAIL \(|panic:|Error Trace:|Error:|Messages:|init error|timed out|failed|FAILED' "$1" | head -40
+}
+
 tiers=("$@")
 [ ${#tiers[@]} -gt 0 ] || tiers=(vet host backend guest guest-2vm guest-3vm reference interop)
 passed=0 failed=0 failures=()
 for t in "${tiers[@]}"; do
   echo "=== tier: $t"
   t0=$SECONDS
-  run_tier "$t"
-  rc=$?
+  run_tier "$t" 2>&1 | tee "$LOGS/$t.log"
+  rc=${PIPESTATUS[0]}
   if [ $rc = 0 ]; then passed=$((passed + 1)); else failed=$((failed + 1)); failures+=("$t"); fi
   echo "=== tier: $t: $([ $rc = 0 ] && echo ok || echo "FAILED ($rc)") in $((SECONDS - t0))s"
 done
-for t in "${failures[@]}"; do echo "failed tier: $t"; done
+for t in "${failures[@]}"; do
+  echo "failed tier: $t (whole log: build/test-logs/$t.log); digest:"
+  digest "$LOGS/$t.log" | sed 's/^/    /'
+done
 echo "tiers: $passed passed, $failed failed"
 [ "$failed" = 0 ]
