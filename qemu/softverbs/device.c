@@ -18,7 +18,19 @@ struct sv_state sv = {
 	.wake_fd = -1,
 };
 
-static struct ibv_device sv_device;
+/*
+ * The device sits where rdma-core puts a struct verbs_device: the generic
+ * part first, then the owning provider's ops. Provider libraries linked
+ * into a program (libmlx5, libefa, ...) tell their own devices apart by
+ * comparing that ops pointer, e.g. in mlx5dv_open_device or
+ * efadv_query_device; here it is NULL (no provider owns softverbs0), so
+ * they answer "not my device" instead of reading past the structure.
+ */
+static struct {
+	struct ibv_device ibv;
+	const void *ops;          /* verbs_device.ops: always NULL */
+	void *reserved[6];        /* rest of struct verbs_device, zero */
+} sv_dev;
 static pthread_once_t sv_device_once = PTHREAD_ONCE_INIT;
 
 /* fork(2): the state is copied while locked, so the child sees it whole.
@@ -50,14 +62,14 @@ static void sv_device_init(void)
 	pthread_atfork(sv_atfork_prepare, sv_atfork_parent, sv_atfork_child);
 
 	sv.debug = dbg && *dbg && strcmp(dbg, "0") != 0;
-	sv_device.node_type = IBV_NODE_CA;
-	sv_device.transport_type = IBV_TRANSPORT_IB;
-	snprintf(sv_device.name, sizeof(sv_device.name), "%s", SV_DEV_NAME);
-	snprintf(sv_device.dev_name, sizeof(sv_device.dev_name), "%s", SV_DEV_NAME);
+	sv_dev.ibv.node_type = IBV_NODE_CA;
+	sv_dev.ibv.transport_type = IBV_TRANSPORT_IB;
+	snprintf(sv_dev.ibv.name, sizeof(sv_dev.ibv.name), "%s", SV_DEV_NAME);
+	snprintf(sv_dev.ibv.dev_name, sizeof(sv_dev.ibv.dev_name), "%s", SV_DEV_NAME);
 	/* No sysfs entries exist for this device; these paths are placeholders. */
-	snprintf(sv_device.dev_path, sizeof(sv_device.dev_path),
+	snprintf(sv_dev.ibv.dev_path, sizeof(sv_dev.ibv.dev_path),
 		 "/sys/class/infiniband_verbs/%s", SV_DEV_NAME);
-	snprintf(sv_device.ibdev_path, sizeof(sv_device.ibdev_path),
+	snprintf(sv_dev.ibv.ibdev_path, sizeof(sv_dev.ibv.ibdev_path),
 		 "/sys/class/infiniband/%s", SV_DEV_NAME);
 }
 
@@ -261,7 +273,7 @@ SV_EXPORT struct ibv_device **ibv_get_device_list(int *num_devices)
 		errno = ENOMEM;
 		return NULL;
 	}
-	list[0] = &sv_device;
+	list[0] = &sv_dev.ibv;
 	if (num_devices)
 		*num_devices = 1;
 	return list;
@@ -279,7 +291,7 @@ SV_EXPORT const char *ibv_get_device_name(struct ibv_device *device)
 
 SV_EXPORT int ibv_get_device_index(struct ibv_device *device)
 {
-	return device == &sv_device ? 0 : -1;
+	return device == &sv_dev.ibv ? 0 : -1;
 }
 
 static __be64 sv_node_guid(void)
@@ -306,26 +318,48 @@ SV_EXPORT __be64 ibv_get_device_guid(struct ibv_device *device)
 	return sv_node_guid();
 }
 
-/* ---- contexts ---- */
+/* ---- contexts ----
+ *
+ * A context is the tail of an otherwise empty struct verbs_context:
+ * abi_compat says "extended" and every extended op is NULL, so the inline
+ * extended verbs of <infiniband/verbs.h> find no op and take their legacy
+ * path or fail with EOPNOTSUPP. Provider code that gets a softverbs
+ * context (e.g. efadv_query_device, which logs "not an EFA device"
+ * through verbs_get_ctx() before failing) finds the structure it expects.
+ */
+struct sv_context_box {
+	unsigned char vctx_head[offsetof(struct verbs_context, context)];
+	struct sv_context ctx;
+};
+_Static_assert(offsetof(struct sv_context_box, ctx) ==
+		       offsetof(struct verbs_context, context),
+	       "the context must sit where verbs_context.context does");
+_Static_assert(offsetof(struct sv_context, ibv) == 0,
+	       "struct ibv_context must open struct sv_context");
 
 SV_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 {
+	struct sv_context_box *box;
 	struct sv_context *ctx;
+	size_t vctx_size = sizeof(struct verbs_context);
 	int ret;
 
 	pthread_once(&sv_device_once, sv_device_init);
-	if (device != &sv_device) {
+	if (device != &sv_dev.ibv) {
 		errno = ENODEV;
 		return NULL;
 	}
-	ctx = calloc(1, sizeof(*ctx));
-	if (!ctx) {
+	box = calloc(1, sizeof(*box));
+	if (!box) {
 		errno = ENOMEM;
 		return NULL;
 	}
+	memcpy(box->vctx_head + offsetof(struct verbs_context, sz), &vctx_size,
+	       sizeof(vctx_size));
+	ctx = &box->ctx;
 	ctx->ibv.async_fd = eventfd(0, EFD_CLOEXEC | EFD_SEMAPHORE);
 	if (ctx->ibv.async_fd < 0) {
-		free(ctx);
+		free(box);
 		return NULL;
 	}
 	sv_lock();
@@ -333,16 +367,16 @@ SV_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 	if (ret) {
 		sv_unlock();
 		close(ctx->ibv.async_fd);
-		free(ctx);
+		free(box);
 		errno = -ret;
 		return NULL;
 	}
 	ctx->ibv.device = device;
 	ctx->ibv.cmd_fd = -1;
 	ctx->ibv.num_comp_vectors = 1;
+	ctx->ibv.abi_compat = __VERBS_ABI_IS_EXTENDED;
 	pthread_mutex_init(&ctx->ibv.mutex, NULL);
-	/* abi_compat stays NULL: the extended inline verbs take their
-	 * legacy paths. The data path goes through ops. */
+	/* The data path goes through the legacy ops. */
 	ctx->ibv.ops.poll_cq = sv_poll_cq;
 	ctx->ibv.ops.req_notify_cq = sv_req_notify_cq;
 	ctx->ibv.ops.post_send = sv_post_send;
@@ -398,7 +432,7 @@ SV_EXPORT int ibv_close_device(struct ibv_context *context)
 	sv_list_del(&ctx->link);
 	close(ctx->ibv.async_fd);
 	pthread_mutex_destroy(&ctx->ibv.mutex);
-	free(ctx);
+	free(sv_container_of(ctx, struct sv_context_box, ctx));
 	sv_node_release();
 	sv_unlock();
 	sv_kick(); /* refusals of held messages may be queued */

@@ -8,8 +8,16 @@
  * (ACK/NAK) go back on the connection the data came in on. Messages to
  * this process travel the same way, through a connection to itself.
  *
- * RC is stop-and-wait per QP: the head send WQE goes out, and the next one
- * only after the receiver's ACK. The receiver answers
+ * RC keeps up to SV_RC_WINDOW messages of a QP in flight, numbered from 0
+ * since RESET (struct sv_hdr psn). The receiver takes message rcv_nxt
+ * only; it drops a later one without a reply (an earlier message was
+ * refused, and its sender goes back to it) and answers an earlier one, a
+ * copy sent again after a lost connection, with ACK (or adopts it, while
+ * the message is still held). Replies come in message order; the sender
+ * matches each to its head WQE by the frame id (seq), so replies to frames
+ * it has given up on are ignored. Any NAK or a lost connection sends the
+ * sender back to its head WQE: every WQE in flight is queued again and
+ * goes out after the retry delay. The receiver answers
  *   ACK        message placed in a receive buffer;
  *   NAK RNR    no receive posted (when the sender's rnr_retry is 7 the
  *              receiver instead holds the message until one is posted);
@@ -108,29 +116,35 @@ static struct sv_conn *sv_conn_to(const char *node)
 	return sv_conn_new(fd, node);
 }
 
-/* Writes as much queued output as the socket takes. */
+/* Writes as much queued output as the socket takes, up to SV_IOV frames
+ * per system call. */
 static void sv_conn_flush(struct sv_conn *c)
 {
-	struct sv_out *o;
-
-	while (!c->dead && (o = sv_list_first(&c->outq, struct sv_out, link))) {
-		size_t plen = o->buf ? o->buf->len : 0;
-		size_t total = sizeof(o->hdr) + plen;
-		struct iovec iov[2];
+	while (!c->dead && !sv_list_empty(&c->outq)) {
+		struct iovec iov[2 * SV_IOV];
 		struct msghdr msg = { .msg_iov = iov };
+		struct sv_list *p;
+		size_t k = 0;
 		ssize_t n;
 
-		if (o->off < sizeof(o->hdr)) {
-			iov[0].iov_base = (char *)&o->hdr + o->off;
-			iov[0].iov_len = sizeof(o->hdr) - o->off;
-			iov[1].iov_base = o->buf ? o->buf->data : NULL;
-			iov[1].iov_len = plen;
-			msg.msg_iovlen = plen ? 2 : 1;
-		} else {
-			iov[0].iov_base = o->buf->data + (o->off - sizeof(o->hdr));
-			iov[0].iov_len = total - o->off;
-			msg.msg_iovlen = 1;
+		sv_list_each(p, &c->outq) {
+			struct sv_out *o = sv_container_of(p, struct sv_out, link);
+			size_t plen = o->buf ? o->buf->len : 0;
+
+			if (k + 2 > 2 * SV_IOV)
+				break;
+			if (o->off < sizeof(o->hdr)) {
+				iov[k++] = (struct iovec){ (char *)&o->hdr + o->off,
+							   sizeof(o->hdr) - o->off };
+				if (plen)
+					iov[k++] = (struct iovec){ o->buf->data, plen };
+			} else {
+				iov[k++] = (struct iovec){
+					o->buf->data + (o->off - sizeof(o->hdr)),
+					sizeof(o->hdr) + plen - o->off };
+			}
 		}
+		msg.msg_iovlen = k;
 		n = sendmsg(c->fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT);
 		if (n < 0) {
 			if (errno == EINTR)
@@ -139,9 +153,16 @@ static void sv_conn_flush(struct sv_conn *c)
 				c->dead = 1;
 			return;
 		}
-		o->off += (size_t)n;
 		c->out_bytes -= (size_t)n;
-		if (o->off == total) {
+		while (n > 0) {
+			struct sv_out *o = sv_list_first(&c->outq, struct sv_out, link);
+			size_t left = sizeof(o->hdr) + (o->buf ? o->buf->len : 0) - o->off;
+
+			if ((size_t)n < left) {
+				o->off += (size_t)n;
+				return; /* the socket is full */
+			}
+			n -= (ssize_t)left;
 			sv_list_del(&o->link);
 			sv_buf_put(o->buf);
 			free(o);
@@ -162,7 +183,10 @@ static void sv_conn_queue(struct sv_conn *c, const struct sv_hdr *h,
 	o->buf = sv_buf_get(b);
 	sv_list_add_tail(&c->outq, &o->link);
 	c->out_bytes += sizeof(*h) + (b ? b->len : 0);
-	sv_conn_flush(c);
+	/* While the progress thread handles what it read, frames wait for
+	 * the end of the batch and leave together. */
+	if (!sv.batching)
+		sv_conn_flush(c);
 }
 
 void sv_send_reply(uint64_t conn_id, uint8_t type, uint8_t syndrome,
@@ -216,11 +240,28 @@ static uint64_t sv_timeout_ns(const struct sv_qp *qp)
 	return ns;
 }
 
-/* The head WQE must go again later; or fails once its retries are used. */
+/* Every WQE in flight goes back to the queue: the next transmission
+ * starts again at the head. */
+static void sv_rc_rewind(struct sv_qp *qp)
+{
+	struct sv_list *p;
+
+	sv_list_each(p, &qp->sq) {
+		struct sv_swqe *w = sv_container_of(p, struct sv_swqe, link);
+
+		if (w->state != SV_WQE_INFLIGHT)
+			break;
+		w->state = SV_WQE_QUEUED;
+	}
+	qp->inflight = 0;
+}
+
+/* The head WQE must go again later (and the WQEs in flight behind it); or
+ * it fails once its retries are used. */
 static void sv_rc_retry(struct sv_qp *qp, struct sv_swqe *w, int rnr,
 			uint64_t delay, uint64_t now)
 {
-	w->state = SV_WQE_QUEUED;
+	sv_rc_rewind(qp);
 	if (rnr) {
 		if (qp->attr.rnr_retry != 7 && qp->rnr_left-- <= 0) {
 			sv_qp_fail(qp, w, IBV_WC_RNR_RETRY_EXC_ERR);
@@ -359,11 +400,33 @@ static void sv_rc_hold_or_rnr(struct sv_conn *c, struct sv_qp *qp,
 	}
 	held->conn_id = c->id;
 	held->seq = h->seq;
+	held->psn = h->psn;
 	held->src_qpn = h->src_qpn;
 	held->flags = h->flags;
 	held->imm = h->imm;
 	held->data = sv_buf_get(b);
 	sv_list_add_tail(&qp->held, &held->link);
+	qp->rcv_nxt++; /* taken: it is placed when a receive comes */
+}
+
+/* A message the QP has already taken, sent again after its sender lost
+ * the connection the reply was to travel on: ACK it if it was placed;
+ * if it is still held, the reply goes to this copy when it is placed. */
+static void sv_rc_duplicate(struct sv_conn *c, struct sv_qp *qp,
+			    const struct sv_hdr *h)
+{
+	struct sv_list *p;
+
+	sv_list_each(p, &qp->held) {
+		struct sv_held *held = sv_container_of(p, struct sv_held, link);
+
+		if (held->psn == h->psn) {
+			held->conn_id = c->id;
+			held->seq = h->seq;
+			return;
+		}
+	}
+	sv_send_reply(c->id, SV_F_ACK, 0, h->src_qpn, qp->ibv.qp_num, h->seq, 0);
 }
 
 /* A connected QP takes messages only from the QP it is connected to
@@ -392,6 +455,12 @@ static void sv_rc_rx(struct sv_conn *c, const struct sv_hdr *h, struct sv_buf *b
 			      h->dst_qpn, h->seq, 0);
 		return;
 	}
+	if (h->psn != qp->rcv_nxt) {
+		if ((int32_t)(h->psn - qp->rcv_nxt) > 0)
+			return; /* after a refused one: its sender goes back */
+		sv_rc_duplicate(c, qp, h);
+		return;
+	}
 	if (!sv_list_empty(&qp->held)) {
 		sv_rc_hold_or_rnr(c, qp, h, b); /* keep the order */
 		return;
@@ -399,8 +468,11 @@ static void sv_rc_rx(struct sv_conn *c, const struct sv_hdr *h, struct sv_buf *b
 	r = sv_rx_deliver(qp, h->src_qpn, h->flags, h->imm, NULL, b);
 	if (r == SV_RX_NORECV)
 		sv_rc_hold_or_rnr(c, qp, h, b);
-	else
+	else {
+		if (r == SV_RX_OK)
+			qp->rcv_nxt++;
 		sv_reply_rx(c->id, qp, h->src_qpn, h->seq, r);
+	}
 }
 
 static void sv_unreliable_rx(const struct sv_hdr *h, struct sv_buf *b)
@@ -442,6 +514,8 @@ static void sv_reply_in(const struct sv_hdr *h)
 		return; /* stale: the WQE was flushed or the QP reset */
 	if (h->type == SV_F_ACK) {
 		sv_complete_send(qp, w, IBV_WC_SUCCESS);
+		qp->snd_una++;
+		qp->inflight--;
 		qp->retry_left = qp->attr.retry_cnt;
 		qp->rnr_left = qp->attr.rnr_retry;
 		qp->retry_at = 0;
@@ -456,7 +530,7 @@ static void sv_reply_in(const struct sv_hdr *h)
 			sv_qp_fail(qp, w, IBV_WC_RETRY_EXC_ERR);
 			break;
 		}
-		w->state = SV_WQE_QUEUED;
+		sv_rc_rewind(qp);
 		qp->retry_at = now + 10000000ull;
 		break;
 	case SV_NAK_RNR:
@@ -486,22 +560,81 @@ static void sv_frame_in(struct sv_conn *c, const struct sv_hdr *h, struct sv_buf
 	}
 }
 
-/* Reads and handles complete frames until the socket is drained. */
+/* Takes up to 'want' bytes of the read-ahead buffer into dst. */
+static size_t sv_conn_take(struct sv_conn *c, void *dst, size_t want)
+{
+	size_t n = c->rtail - c->rhead;
+
+	if (n > want)
+		n = want;
+	memcpy(dst, c->rbuf + c->rhead, n);
+	c->rhead += n;
+	return n;
+}
+
+/*
+ * Reads and handles complete frames until the socket is drained (or 256
+ * frames were handled: the rest stays in the read-ahead buffer, which
+ * sv_conn_pending reports). Small frames come out of one read of up to
+ * SV_RBUF bytes; a large payload is read straight into its buffer.
+ */
 static void sv_conn_read(struct sv_conn *c)
 {
 	int frames = 0;
 
+	if (!c->rbuf && !(c->rbuf = malloc(SV_RBUF))) {
+		c->dead = 1;
+		return;
+	}
 	while (!c->dead && frames < 256) {
+		size_t need;
 		ssize_t n;
 
 		if (c->in_got < sizeof(c->in_hdr)) {
-			n = recv(c->fd, (char *)&c->in_hdr + c->in_got,
-				 sizeof(c->in_hdr) - c->in_got, MSG_DONTWAIT);
-		} else {
-			size_t off = c->in_got - sizeof(c->in_hdr);
-			n = recv(c->fd, c->in_buf->data + off, c->in_hdr.len - off,
-				 MSG_DONTWAIT);
+			c->in_got += sv_conn_take(c, (char *)&c->in_hdr + c->in_got,
+						  sizeof(c->in_hdr) - c->in_got);
+			if (c->in_got == sizeof(c->in_hdr)) {
+				const struct sv_hdr *h = &c->in_hdr;
+
+				if (h->magic != SV_MAGIC || h->type < SV_F_DATA ||
+				    h->type > SV_F_NAK || h->len > SV_MAX_MSG) {
+					c->dead = 1; /* not one of ours: drop the peer */
+					return;
+				}
+				if (h->len && !(c->in_buf = sv_buf_new(h->len))) {
+					c->dead = 1;
+					return;
+				}
+			}
 		}
+		if (c->in_got >= sizeof(c->in_hdr)) {
+			size_t off = c->in_got - sizeof(c->in_hdr);
+
+			c->in_got += sv_conn_take(c, c->in_buf ? c->in_buf->data + off : NULL,
+						  c->in_hdr.len - off);
+			if (c->in_got == sizeof(c->in_hdr) + c->in_hdr.len) {
+				struct sv_hdr h = c->in_hdr;
+				struct sv_buf *b = c->in_buf;
+
+				c->in_buf = NULL;
+				c->in_got = 0;
+				sv_frame_in(c, &h, b);
+				sv_buf_put(b);
+				frames++;
+				continue;
+			}
+		}
+		if (c->rhead < c->rtail)
+			continue;
+		/* The buffer is used up: read more. */
+		c->rhead = c->rtail = 0;
+		need = c->in_got < sizeof(c->in_hdr) ? 0 :
+			sizeof(c->in_hdr) + c->in_hdr.len - c->in_got;
+		if (need >= SV_RBUF / 2)
+			n = recv(c->fd, c->in_buf->data + (c->in_got - sizeof(c->in_hdr)),
+				 need, MSG_DONTWAIT);
+		else
+			n = recv(c->fd, c->rbuf, SV_RBUF, MSG_DONTWAIT);
 		if (n == 0) {
 			c->dead = 1;
 			return;
@@ -513,37 +646,67 @@ static void sv_conn_read(struct sv_conn *c)
 				c->dead = 1;
 			return;
 		}
-		c->in_got += (size_t)n;
-		if (c->in_got == sizeof(c->in_hdr)) {
-			const struct sv_hdr *h = &c->in_hdr;
-
-			if (h->magic != SV_MAGIC || h->type < SV_F_DATA ||
-			    h->type > SV_F_NAK || h->len > SV_MAX_MSG) {
-				c->dead = 1; /* not one of ours: drop the peer */
-				return;
-			}
-			if (h->len) {
-				c->in_buf = sv_buf_new(h->len);
-				if (!c->in_buf) {
-					c->dead = 1;
-					return;
-				}
-			}
-		}
-		if (c->in_got == sizeof(c->in_hdr) + c->in_hdr.len) {
-			struct sv_hdr h = c->in_hdr;
-			struct sv_buf *b = c->in_buf;
-
-			c->in_buf = NULL;
-			c->in_got = 0;
-			sv_frame_in(c, &h, b);
-			sv_buf_put(b);
-			frames++;
-		}
+		if (need >= SV_RBUF / 2)
+			c->in_got += (size_t)n;
+		else
+			c->rtail = (size_t)n;
 	}
 }
 
+/* Whether a connection has frames read ahead but not handled yet. */
+static int sv_conn_pending(const struct sv_conn *c)
+{
+	return !c->dead && c->rhead < c->rtail;
+}
+
 /* ---- sending ---- */
+
+/*
+ * Where a destination GID lives: sv_resolve_gid reads the fabric's GID
+ * file, an open and a read per call, too slow for every message. Found
+ * routes are kept for SV_ROUTE_NS (a GID that moves to another node is
+ * seen that much later; its messages meanwhile are refused and retried)
+ * and forgotten when their node cannot be reached.
+ */
+#define SV_ROUTES 16
+#define SV_ROUTE_NS 100000000ull
+
+static struct sv_route {
+	union ibv_gid gid;
+	char node[128];
+	uint64_t until;
+} sv_routes[SV_ROUTES];
+static unsigned sv_route_next;
+
+static struct sv_route *sv_route(const union ibv_gid *gid, uint64_t now)
+{
+	struct sv_route *r;
+
+	for (unsigned i = 0; i < SV_ROUTES; i++) {
+		r = &sv_routes[i];
+		if (r->until > now && memcmp(&r->gid, gid, sizeof(*gid)) == 0)
+			return r;
+	}
+	r = &sv_routes[sv_route_next++ % SV_ROUTES];
+	if (sv_resolve_gid(gid, r->node, sizeof(r->node)) != 0) {
+		r->until = 0;
+		return NULL;
+	}
+	r->gid = *gid;
+	r->until = now + SV_ROUTE_NS;
+	return r;
+}
+
+/* The connection to the node of a GID, or NULL if it cannot be reached. */
+static struct sv_conn *sv_conn_to_gid(const union ibv_gid *gid, uint64_t now)
+{
+	struct sv_route *r = sv_route(gid, now);
+	struct sv_conn *c = r ? sv_conn_to(r->node) : NULL;
+
+	if (r && !c)
+		r->until = 0;
+	return c;
+}
 
 static void sv_fill_hdr(struct sv_hdr *h, const struct sv_qp *qp,
 			const struct sv_swqe *w, uint32_t dst_qpn,
@@ -565,12 +728,9 @@ static void sv_fill_hdr(struct sv_hdr *h, const struct sv_qp *qp,
 static void sv_rc_transmit(struct sv_qp *qp, struct sv_swqe *w, uint64_t now)
 {
 	const union ibv_gid *dgid = &qp->attr.ah_attr.grh.dgid;
-	struct sv_conn *c = NULL;
-	char node[128];
+	struct sv_conn *c = sv_conn_to_gid(dgid, now);
 	struct sv_hdr h;
 
-	if (sv_resolve_gid(dgid, node, sizeof(node)) == 0)
-		c = sv_conn_to(node);
 	if (!c) {
 		sv_rc_retry(qp, w, 0, sv_timeout_ns(qp), now);
 		return;
@@ -578,6 +738,7 @@ static void sv_rc_transmit(struct sv_qp *qp, struct sv_swqe *w, uint64_t now)
 	sv_fill_hdr(&h, qp, w, qp->attr.dest_qp_num, &qp->sgid, dgid);
 	if (qp->attr.rnr_retry == 7)
 		h.flags |= SV_FL_HOLD;
+	h.psn = qp->snd_una + qp->inflight++;
 	h.seq = ++sv.next_seq;
 	w->seq = h.seq;
 	w->conn_id = c->id;
@@ -589,12 +750,9 @@ static void sv_unreliable_transmit(struct sv_qp *qp, struct sv_swqe *w)
 {
 	int ud = qp->ibv.qp_type == IBV_QPT_UD;
 	const union ibv_gid *dgid = ud ? &w->dgid : &qp->attr.ah_attr.grh.dgid;
-	struct sv_conn *c = NULL;
-	char node[128];
+	struct sv_conn *c = sv_conn_to_gid(dgid, sv_now_ns());
 	struct sv_hdr h;
 
-	if (sv_resolve_gid(dgid, node, sizeof(node)) == 0)
-		c = sv_conn_to(node);
 	/* a peer that does not read loses datagrams rather than our memory */
 	if (c && c->out_bytes < SV_UNRELIABLE_BACKLOG) {
 		sv_fill_hdr(&h, qp, w, ud ? w->remote_qpn : qp->attr.dest_qp_num,
@@ -629,13 +787,27 @@ static void sv_service_qp(struct sv_qp *qp, uint64_t now)
 	if (qp->attr.qp_state != IBV_QPS_RTS)
 		return;
 	if (qp->ibv.qp_type == IBV_QPT_RC) {
-		w = sv_list_first(&qp->sq, struct sv_swqe, link);
-		if (!w || w->state == SV_WQE_INFLIGHT || now < qp->retry_at)
+		struct sv_list *p;
+
+		if (now < qp->retry_at)
 			return;
-		if (w->err != IBV_WC_SUCCESS)
-			sv_qp_fail(qp, w, w->err);
-		else
+		/* the queued WQEs after those in flight, while the window has room */
+		sv_list_each(p, &qp->sq) {
+			w = sv_container_of(p, struct sv_swqe, link);
+			if (w->state == SV_WQE_INFLIGHT)
+				continue;
+			if (qp->inflight >= SV_RC_WINDOW)
+				break;
+			if (w->err != IBV_WC_SUCCESS) {
+				/* fails at the head, after those before it */
+				if (qp->inflight == 0)
+					sv_qp_fail(qp, w, w->err);
+				break;
+			}
 			sv_rc_transmit(qp, w, now);
+			if (w->state != SV_WQE_INFLIGHT)
+				break; /* not sent: retried later, or failed */
+		}
 		return;
 	}
 	while (qp->attr.qp_state == IBV_QPS_RTS &&
@@ -665,16 +837,36 @@ static void sv_conn_reap(uint64_t now)
 			struct sv_swqe *w = sv_list_first(&qp->sq, struct sv_swqe, link);
 			struct sv_list *hp, *ht;
 
-			if (qp->ibv.qp_type == IBV_QPT_RC && w &&
-			    w->state == SV_WQE_INFLIGHT && w->conn_id == c->id)
+			struct sv_list *ip;
+			int lost = 0;
+
+			sv_list_each(ip, &qp->sq) {
+				struct sv_swqe *iw = sv_container_of(ip, struct sv_swqe, link);
+
+				if (iw->state != SV_WQE_INFLIGHT)
+					break;
+				lost |= iw->conn_id == c->id;
+			}
+			if (qp->ibv.qp_type == IBV_QPT_RC && lost)
 				sv_rc_retry(qp, w, 0, sv_timeout_ns(qp), now);
+			/* Held messages from the lost connection are forgotten,
+			 * and so are those taken after the first of them (their
+			 * senders are told to go back): the QP takes again from
+			 * the first one, which its sender, if alive, sends again. */
+			lost = 0;
 			sv_list_each_safe(hp, ht, &qp->held) {
 				struct sv_held *h = sv_container_of(hp, struct sv_held, link);
 
-				if (h->conn_id == c->id) {
-					sv_list_del(hp);
-					sv_held_free(h);
-				}
+				if (!lost && h->conn_id != c->id)
+					continue;
+				if (!lost)
+					qp->rcv_nxt = h->psn;
+				lost = 1;
+				if (h->conn_id != c->id)
+					sv_send_reply(h->conn_id, SV_F_NAK, SV_NAK_NOT_READY,
+						      h->src_qpn, qp->ibv.qp_num, h->seq, 0);
+				sv_list_del(hp);
+				sv_held_free(h);
 			}
 		}
 		sv_list_each_safe(q, qt, &c->outq) {
@@ -685,6 +877,7 @@ static void sv_conn_reap(uint64_t now)
 			free(o);
 		}
 		sv_buf_put(c->in_buf);
+		free(c->rbuf);
 		close(c->fd);
 		sv_list_del(&c->link);
 		free(c);
@@ -768,6 +961,13 @@ static void *sv_progress(void *arg)
 			pc[n++] = c;
 		}
 		timed = sv_next_wait(now, &ts);
+		for (size_t i = 2; i < n; i++) {
+			if (sv_conn_pending(pc[i])) {
+				/* frames read ahead wait: do not sleep */
+				ts = (struct timespec){ 0, 0 };
+				timed = 1;
+			}
+		}
 
 		sv_unlock();
 		ppoll(pfd, n, timed ? &ts : NULL, NULL);
@@ -785,18 +985,50 @@ static void *sv_progress(void *arg)
 				sv_conn_new(fd, "");
 		}
 		/* Connections are only freed by sv_conn_reap in this thread,
-		 * so the pointers in pc stay valid here. */
+		 * so the pointers in pc stay valid here. The replies to what is
+		 * read leave together, at the top of the loop. */
+		sv.batching = 1;
 		for (size_t i = 2; i < n; i++) {
-			if (pfd[i].revents & (POLLIN | POLLHUP | POLLERR))
+			if ((pfd[i].revents & (POLLIN | POLLHUP | POLLERR)) ||
+			    sv_conn_pending(pc[i]))
 				sv_conn_read(pc[i]);
 			if (!pc[i]->dead && (pfd[i].revents & POLLOUT))
 				sv_conn_flush(pc[i]);
 		}
+		sv.batching = 0;
 	}
 	sv_unlock();
 	free(pfd);
 	free(pc);
 	return NULL;
+}
+
+/*
+ * Moves a QP's work forward in the calling thread (a post call), so that a
+ * send leaves, or a held message is placed, without waking the progress
+ * thread: on a busy host each wake-up is a scheduling delay on the path of
+ * every message. Returns 1 when the progress thread must look all the same:
+ * a connection it does not poll yet, output the socket did not take, a
+ * connection that failed, or a head send WQE still waiting (for a retry
+ * time, or for the QP to reach RTS).
+ */
+int sv_service_now(struct sv_qp *qp)
+{
+	uint64_t conns = sv.next_conn_id;
+	struct sv_swqe *w;
+	struct sv_list *p;
+
+	sv_service_qp(qp, sv_now_ns());
+	if (sv.next_conn_id != conns)
+		return 1;
+	sv_list_each(p, &sv.conns) {
+		struct sv_conn *c = sv_container_of(p, struct sv_conn, link);
+
+		if (c->dead || !sv_list_empty(&c->outq))
+			return 1;
+	}
+	w = sv_list_first(&qp->sq, struct sv_swqe, link);
+	return w && w->state == SV_WQE_QUEUED;
 }
 
 void sv_kick(void)
@@ -863,6 +1095,7 @@ int sv_fabric_start(void)
 	ret = sv_bind_node_socket();
 	if (ret)
 		return ret;
+	memset(sv_routes, 0, sizeof(sv_routes)); /* a new node: nothing known */
 	ret = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 	if (ret < 0) {
 		ret = -errno;

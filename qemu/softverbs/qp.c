@@ -189,6 +189,7 @@ static void sv_flush_sq(struct sv_qp *qp)
 	sv_list_each_safe(p, t, &qp->sq)
 		sv_complete_send(qp, sv_container_of(p, struct sv_swqe, link),
 				 IBV_WC_WR_FLUSH_ERR);
+	qp->inflight = 0;
 }
 
 static void sv_flush_rq(struct sv_qp *qp)
@@ -269,6 +270,7 @@ static void sv_qp_reset(struct sv_qp *qp)
 	memset(&qp->sgid, 0, sizeof(qp->sgid));
 	qp->retry_at = 0;
 	qp->retry_left = qp->rnr_left = 0;
+	qp->snd_una = qp->inflight = qp->rcv_nxt = 0;
 	sv_qp_set_state(qp, IBV_QPS_RESET);
 }
 
@@ -630,7 +632,7 @@ int sv_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
 		 struct ibv_send_wr **bad)
 {
 	struct sv_qp *qp = to_qp(ibqp);
-	int ret = 0;
+	int ret = 0, kick;
 
 	sv_lock();
 	switch (qp->attr.qp_state) {
@@ -657,8 +659,10 @@ int sv_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
 	/* In SQE or ERR new send WQEs are flushed at once. */
 	if (qp->attr.qp_state == IBV_QPS_SQE || qp->attr.qp_state == IBV_QPS_ERR)
 		sv_flush_sq(qp);
+	kick = sv_service_now(qp);
 	sv_unlock();
-	sv_kick();
+	if (kick)
+		sv_kick();
 	return ret;
 }
 
@@ -709,7 +713,7 @@ int sv_post_recv(struct ibv_qp *ibqp, struct ibv_recv_wr *wr,
 		*bad = wr;
 	if (qp->attr.qp_state == IBV_QPS_ERR)
 		sv_flush_rq(qp);
-	kick = !sv_list_empty(&qp->held);
+	kick = !sv_list_empty(&qp->held) && sv_service_now(qp);
 	sv_unlock();
 	if (kick)
 		sv_kick();

@@ -1,7 +1,9 @@
 /*
- * librdmacm stand-in. QEMU imports these 19 calls for RDMA live migration
- * only; softverbs has no connection manager, so each one fails with
- * ENOSYS (returning -1, or NULL for pointers) without side effects.
+ * librdmacm stand-in. QEMU imports 19 of these calls, for RDMA live
+ * migration only; perftest imports the same 19 plus rdma_create_qp_ex and
+ * rdma_reject, for its -R (RDMA CM) mode only. softverbs has no connection
+ * manager, so each one fails with ENOSYS (returning -1, or NULL for
+ * pointers) without side effects.
  * Opaque pointer types replace the librdmacm structures: nothing here
  * looks inside them.
  */
@@ -58,6 +60,12 @@ CM_EXPORT int rdma_create_qp(void *id, void *pd, void *init)
 	return cm_fail();
 }
 
+CM_EXPORT int rdma_create_qp_ex(void *id, void *init_ex)
+{
+	(void)id; (void)init_ex;
+	return cm_fail();
+}
+
 CM_EXPORT void rdma_destroy_qp(void *id) { (void)id; }
 
 CM_EXPORT int rdma_connect(void *id, void *param)
@@ -75,6 +83,13 @@ CM_EXPORT int rdma_listen(void *id, int backlog)
 CM_EXPORT int rdma_accept(void *id, void *param)
 {
 	(void)id; (void)param;
+	return cm_fail();
+}
+
+CM_EXPORT int rdma_reject(void *id, const void *private_data,
+			  unsigned char private_data_len)
+{
+	(void)id; (void)private_data; (void)private_data_len;
 	return cm_fail();
 }
 

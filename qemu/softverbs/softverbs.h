@@ -43,6 +43,7 @@
 #define SV_PORT 1
 #define SV_GID_TBL_LEN 256
 #define SV_MAX_SGE 4
+#define SV_RC_WINDOW 64 /* RC messages a QP may have in flight */
 #define SV_MAX_QP 1024
 #define SV_MAX_QP_WR 16384
 #define SV_MAX_CQ 2048
@@ -210,6 +211,7 @@ struct sv_held {
 	struct sv_list link;
 	uint64_t conn_id;
 	uint64_t seq;
+	uint32_t psn;
 	uint32_t src_qpn;
 	uint8_t flags;
 	uint32_t imm;
@@ -232,11 +234,15 @@ struct sv_qp {
 	uint64_t retry_at;            /* RC: monotonic ns before which the head waits */
 	int retry_left, rnr_left;
 	uint64_t not_yet_until; /* while the peer QP is still connecting: give up after this */
+	/* RC message numbers (counted from 0 since RESET; not the IB PSNs):
+	 * the sender's head WQE is message snd_una and 'inflight' WQEs after
+	 * it are on the wire; the receiver takes message rcv_nxt next. */
+	uint32_t snd_una, inflight, rcv_nxt;
 };
 
 /* ---- wire format between nodes ---- */
 
-#define SV_MAGIC 0x53564631u /* "SVF1" */
+#define SV_MAGIC 0x53564632u /* "SVF2" */
 
 enum sv_frame_type { SV_F_DATA = 1, SV_F_ACK = 2, SV_F_NAK = 3 };
 
@@ -265,6 +271,7 @@ struct sv_hdr {
 	uint32_t qkey;
 	uint32_t imm;
 	uint32_t rnr_timer;   /* NAK RNR: receiver's min_rnr_timer code */
+	uint32_t psn;         /* RC data: the message's number on its QP */
 	uint64_t seq;
 	uint8_t sgid[16], dgid[16];
 };
@@ -287,7 +294,12 @@ struct sv_conn {
 	struct sv_hdr in_hdr;
 	size_t in_got;
 	struct sv_buf *in_buf;
+	uint8_t *rbuf;        /* bytes read ahead: rbuf[rhead, rtail) */
+	size_t rhead, rtail;
 };
+
+#define SV_RBUF 65536
+#define SV_IOV 64             /* frames gathered into one sendmsg */
 
 /* ---- process-wide state ---- */
 
@@ -311,6 +323,7 @@ struct sv_state {
 	struct sv_list mr_hash[SV_HASH];
 	uint32_t next_qpn, next_key;
 	uint64_t next_seq, next_conn_id;
+	int batching;                 /* progress thread: replies wait for the batch's end */
 	int debug;
 };
 
@@ -395,6 +408,7 @@ int sv_qp_can_receive(const struct sv_qp *qp);
 int sv_fabric_start(void);    /* called locked */
 void sv_fabric_stop(void);    /* called locked; drops the lock while joining */
 void sv_kick(void);           /* wake the progress thread */
+int sv_service_now(struct sv_qp *qp); /* called locked; 1: the thread must look */
 void sv_held_free(struct sv_held *h);
 void sv_send_reply(uint64_t conn_id, uint8_t type, uint8_t syndrome,
 		   uint32_t dst_qpn, uint32_t src_qpn, uint64_t seq,

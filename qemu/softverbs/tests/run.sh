@@ -1,7 +1,8 @@
 #!/bin/sh
-# Runs the softverbs unit tests, then rdma-core's ibverbs-utils between
-# two processes over the backend. Prints "softverbs: N passed, M failed"
-# last; exits 1 on any failure. Needs OUT (the build directory).
+# Runs the softverbs unit tests and the provider-library checks, then
+# rdma-core's ibverbs-utils and perftest's ib_send_bw / ib_send_lat
+# between two processes over the backend. Prints "softverbs: N passed,
+# M failed" last; exits 1 on any failure. Needs OUT (the build directory).
 set -u
 : "${OUT:?OUT must name the build directory}"
 export LD_LIBRARY_PATH="$OUT"
@@ -28,6 +29,19 @@ else
 	bad "unit tests did not finish"
 fi
 
+# ---- rdma-core's provider libraries (as perftest links them) ----
+SOFTVERBS_NODE=providers timeout 20 "$OUT/softverbs-providers" > "$WORK/prov.out" 2>&1
+cat "$WORK/prov.out"
+line=$(grep '^providers: ' "$WORK/prov.out" | tail -1)
+if [ -n "$line" ]; then
+	p=$(echo "$line" | sed 's/^providers: \([0-9]*\) passed, \([0-9]*\) failed$/\1/')
+	f=$(echo "$line" | sed 's/^providers: \([0-9]*\) passed, \([0-9]*\) failed$/\2/')
+	pass=$((pass + p))
+	fail=$((fail + f))
+else
+	bad "provider checks did not finish"
+fi
+
 # ---- ibv_devinfo ----
 for args in "" "-v"; do
 	name="ibv_devinfo $args"
@@ -46,23 +60,24 @@ else
 	bad "ibv_devinfo -v shows GID 1" "$WORK/di.out"
 fi
 
-# ---- pingpong: server and client over loopback TCP, each its own node ----
+# ---- two processes: server and client over loopback TCP, each its own node ----
 # TCP ports for the address exchange: a per-run base, away from others' runs
 port=$((20000 + $$ % 20000))
-pingpong() {
-	name="$*"
-	port=$((port + 1))
+
+# pair PROG ARGS...: runs "PROG -p PORT ARGS" as node server and, once it
+# listens, "PROG -p PORT ARGS 127.0.0.1" as node client. Output in
+# $WORK/srv.out and $WORK/cli.out, exit statuses in $src and $crc.
+pair() {
 	prog=$1
 	shift
-	iters=1000
-	case " $* " in *" -n "*) iters=$(echo "$*" | sed 's/.*-n \([0-9]*\).*/\1/') ;; esac
-	SOFTVERBS_NODE=server timeout 25 "$prog" -g 1 -p $port "$@" \
+	port=$((port + 1))
+	SOFTVERBS_NODE=server timeout 25 "$prog" -p $port "$@" \
 		> "$WORK/srv.out" 2>&1 &
 	spid=$!
 	# the client retries until the server listens
 	tries=0
 	while :; do
-		SOFTVERBS_NODE=client timeout 25 "$prog" -g 1 -p $port "$@" 127.0.0.1 \
+		SOFTVERBS_NODE=client timeout 25 "$prog" -p $port "$@" 127.0.0.1 \
 			> "$WORK/cli.out" 2>&1
 		crc=$?
 		if [ $crc -ne 0 ] && grep -q "Couldn't connect" "$WORK/cli.out" &&
@@ -75,16 +90,31 @@ pingpong() {
 	done
 	wait $spid
 	src=$?
+}
+
+# pair_bad NAME: reports a failed pair run with both outputs.
+pair_bad() {
+	echo "--- server (rc=$src)" > "$WORK/pp.out"
+	cat "$WORK/srv.out" >> "$WORK/pp.out"
+	echo "--- client (rc=$crc)" >> "$WORK/pp.out"
+	cat "$WORK/cli.out" >> "$WORK/pp.out"
+	bad "$1" "$WORK/pp.out"
+}
+
+# ---- rdma-core's pingpong programs ----
+pingpong() {
+	name="$*"
+	iters=1000
+	case " $* " in *" -n "*) iters=$(echo "$*" | sed 's/.*-n \([0-9]*\).*/\1/') ;; esac
+	prog=$1
+	shift
+	pair "$prog" -g 1 "$@"
 	if [ $src -eq 0 ] && [ $crc -eq 0 ] &&
 	   grep -q "^$iters iters in" "$WORK/srv.out" &&
 	   grep -q "^$iters iters in" "$WORK/cli.out"; then
 		ok "$name ($(grep 'iters in' "$WORK/cli.out"))"
 	else
-		echo "--- server (rc=$src)" > "$WORK/pp.out"
-		cat "$WORK/srv.out" >> "$WORK/pp.out"
-		echo "--- client (rc=$crc)" >> "$WORK/pp.out"
-		cat "$WORK/cli.out" >> "$WORK/pp.out"
-		bad "$name" "$WORK/pp.out"
+		pair_bad "$name"
 	fi
 }
 
@@ -96,6 +126,37 @@ pingpong ibv_ud_pingpong -e
 pingpong ibv_srq_pingpong
 pingpong ibv_srq_pingpong -e
 pingpong ibv_uc_pingpong
+
+# ---- perftest: ib_send_bw and ib_send_lat, RC SEND ----
+# -x 1: the node's GID. Left to itself perftest takes index 0 on an
+# Ethernet port (no entry is IPv4-mapped or RoCE v2), the placeholder
+# that never routes. The figures go into the ok line.
+perftest() {
+	prog=$1
+	size=$2
+	iters=$3
+	name="$prog -s $size -n $iters"
+	pair "$prog" -x 1 -s "$size" -n "$iters"
+	# the result row: "<bytes> <iterations> <figures>..."
+	srow=$(awk -v s="$size" -v n="$iters" '$1 == s && $2 == n' "$WORK/srv.out")
+	crow=$(awk -v s="$size" -v n="$iters" '$1 == s && $2 == n' "$WORK/cli.out")
+	case $prog in
+	ib_send_bw) # BW peak, BW average [MB/s], MsgRate [Mpps]
+		fig=$(echo "$crow" | awk '$5 > 0 { printf "%.0f msg/s, %s MB/s", $5 * 1e6, $4 }') ;;
+	*) # t_min, t_max, t_typical, t_avg [usec], ...
+		fig=$(echo "$crow" | awk '$5 > 0 { printf "t_typical %s us, t_avg %s us", $5, $6 }') ;;
+	esac
+	if [ $src -eq 0 ] && [ $crc -eq 0 ] && [ -n "$srow" ] && [ -n "$fig" ]; then
+		ok "$name ($fig)"
+	else
+		pair_bad "$name"
+	fi
+}
+
+perftest ib_send_bw 64 5000
+perftest ib_send_bw 4096 5000
+perftest ib_send_lat 64 1000
+perftest ib_send_lat 4096 1000
 
 echo "softverbs: $pass passed, $fail failed"
 [ $fail -eq 0 ]
