@@ -242,7 +242,7 @@ func amRaw(ctx context.Context, t *trafficFlags, d *vfrdma.Device, sizes []int, 
 		case x != nil && x.server():
 			row, err = benchReceive(ctx, a, messages, vfrdma.RC)
 		default:
-			row, err = benchSend(ctx, a, b, messages, 32, x)
+			row, err = benchSend(ctx, a, b, messages, 32, sendOpts{}, x)
 		}
 		if err != nil {
 			return nil, x, err

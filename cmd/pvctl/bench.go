@@ -5,6 +5,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -23,6 +24,12 @@ type benchRow struct {
 	P99US           float64 `json:"p99_us"`
 	Doorbells       uint64  `json:"doorbells"`
 	DoorbellsPerMsg float64 `json:"doorbells_per_message"`
+	// Where the sender's time went, per message: inside PostSend (the
+	// doorbell's exit included), inside CQ.Poll (a POLL doorbell's exit
+	// included), asleep in CQ.Wait; the rest is the loop's own.
+	PostUSPerMsg    float64 `json:"post_us_per_msg"`
+	PollUSPerMsg    float64 `json:"poll_us_per_msg"`
+	WaitUSPerMsg    float64 `json:"wait_us_per_msg"`
 	ReceivesChecked int     `json:"receives_checked,omitempty"`
 	// The receiver's side, spin or wait (benchwait.go); CPU is the
 	// process's (benchResult.ReceiverCPU).
@@ -35,11 +42,14 @@ type benchRow struct {
 }
 
 type benchResult struct {
-	Transport string     `json:"transport"`
-	Size      int        `json:"size"`
-	Mode      string     `json:"mode"` // loopback, or sender/receiver between two hosts
-	Latency   string     `json:"latency"`
-	Rows      []benchRow `json:"rows"`
+	Transport string `json:"transport"`
+	Size      int    `json:"size"`
+	Window    int    `json:"window,omitempty"` // messages in flight at most; 0: four batches
+	// SenderSpins: the sender polls without sleeping (--send-spin).
+	SenderSpins bool       `json:"sender_spins,omitempty"`
+	Mode        string     `json:"mode"` // loopback, or sender/receiver between two hosts
+	Latency     string     `json:"latency"`
+	Rows        []benchRow `json:"rows"`
 
 	// Whose CPU time the receiver figures are: "process" (getrusage
 	// RUSAGE_SELF), in loopback "process, sender included".
@@ -53,6 +63,7 @@ type benchResult struct {
 func cmdBench(e *env, args []string) error {
 	var t trafficFlags
 	var messages int
+	var so sendOpts
 	var batchList string
 	var spin, wait bool
 	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
@@ -61,6 +72,8 @@ func cmdBench(e *env, args []string) error {
 	fs.BoolVar(&wait, "wait", false, "the receiver sleeps on a wait set (event.WaitSet, kind FD) whenever its CQ is empty, instead of spinning; its CPU time is reported")
 	fs.IntVar(&messages, "messages", 20000, "messages per batch size")
 	fs.StringVar(&batchList, "batches", "1,8,32,256", "batch sizes (messages per doorbell)")
+	fs.BoolVar(&so.spin, "send-spin", false, "the sender never sleeps on the interrupt while completions are due: it polls, yielding the processor, as perftest does")
+	fs.IntVar(&so.window, "window", 0, "messages in flight at most, whatever the batch, but at least one batch (default: four batches); perftest's ib_send_bw keeps 128 (its -t)")
 	if err := t.parse(e, fs, args); err != nil {
 		return err
 	}
@@ -84,6 +97,9 @@ func cmdBench(e *env, args []string) error {
 		batches = append(batches, b)
 	}
 	depth := 512
+	if so.window < 0 || so.window > depth {
+		return fmt.Errorf("--window %d: want 1 to %d messages (0: four batches)", so.window, depth)
+	}
 	d, err := t.openDevice(e)
 	if err != nil {
 		return err
@@ -99,7 +115,7 @@ func cmdBench(e *env, args []string) error {
 		defer x.close()
 	}
 	typ, _ := t.typ()
-	res := benchResult{Transport: typ.String(), Size: t.size, Mode: "loopback", Latency: "post to send completion"}
+	res := benchResult{Transport: typ.String(), Size: t.size, Mode: "loopback", Latency: "post to send completion", Window: so.window, SenderSpins: so.spin}
 	switch {
 	case x != nil && x.server():
 		res.Mode = "receiver"
@@ -145,14 +161,14 @@ func cmdBench(e *env, args []string) error {
 				r, err := benchReceiveLoop(ctx, b, messages, typ, recvMode)
 				rch <- result{r, err}
 			}()
-			row, err = benchSend(ctx, a, nil, messages, batch, x)
+			row, err = benchSend(ctx, a, nil, messages, batch, so, x)
 			rr := <-rch
 			if err == nil {
 				err = rr.err
 			}
 			row.addReceiver(recvMode, rr.r)
 		default:
-			row, err = benchSend(ctx, a, b, messages, batch, x)
+			row, err = benchSend(ctx, a, b, messages, batch, so, x)
 		}
 		if err != nil {
 			return fmt.Errorf("batch %d: %w", batch, err)
@@ -188,21 +204,40 @@ func cmdBench(e *env, args []string) error {
 		}
 		return w.Flush()
 	}
-	fmt.Fprintf(e.out, "%s send bench, %d-byte messages, %s, at most 4 batches in flight; latency: %s\n", res.Transport, res.Size, res.Mode, res.Latency)
-	fmt.Fprintln(w, "batch\tmessages\tmsg/s\tp50 µs\tp99 µs\tdoorbells/msg\t")
+	inFlight := "4 batches"
+	if so.window > 0 {
+		inFlight = fmt.Sprintf("%d messages", so.window)
+	}
+	if so.spin {
+		inFlight += ", sender spinning"
+	}
+	fmt.Fprintf(e.out, "%s send bench, %d-byte messages, %s, at most %s in flight; latency: %s\n", res.Transport, res.Size, res.Mode, inFlight, res.Latency)
+	fmt.Fprintln(w, "batch\tmessages\tmsg/s\tp50 µs\tp99 µs\tdoorbells/msg\tpost µs/msg\tpoll µs/msg\twait µs/msg\t")
 	for _, r := range res.Rows {
-		fmt.Fprintf(w, "%d\t%d\t%.0f\t%.1f\t%.1f\t%.3f\t\n", r.Batch, r.Messages, r.MessagesPerSec, r.P50US, r.P99US, r.DoorbellsPerMsg)
+		fmt.Fprintf(w, "%d\t%d\t%.0f\t%.1f\t%.1f\t%.3f\t%.2f\t%.2f\t%.2f\t\n", r.Batch, r.Messages, r.MessagesPerSec, r.P50US, r.P99US, r.DoorbellsPerMsg, r.PostUSPerMsg, r.PollUSPerMsg, r.WaitUSPerMsg)
 	}
 	return w.Flush()
+}
+
+// sendOpts are benchSend's choices beyond the batch.
+type sendOpts struct {
+	// window: messages in flight at most; 0 means four batches: enough to
+	// keep the device busy, few enough that the latency is the device's
+	// and not the queue's.
+	window int
+	// spin: never sleep on the interrupt; poll and yield instead.
+	spin bool
 }
 
 // benchSend sends messages from a; b, in loopback, receives them in the
 // same loop (reposting its receives). Between hosts the peer runs
 // benchReceive.
-func benchSend(ctx context.Context, a, b *endpoint, messages, batch int, x exchanger) (benchRow, error) {
-	// At most four batches in flight: enough to keep the device busy, few
-	// enough that the latency is the device's and not the queue's.
-	depth := min(a.depth, 4*batch)
+func benchSend(ctx context.Context, a, b *endpoint, messages, batch int, so sendOpts, x exchanger) (benchRow, error) {
+	window := so.window
+	if window <= 0 {
+		window = 4 * batch
+	}
+	depth := min(a.depth, max(window, batch)) // a batch is one chain
 	recvEnd := b
 	if recvEnd != nil {
 		if err := recvEnd.fillRecvs(); err != nil {
@@ -223,27 +258,38 @@ func benchSend(ctx context.Context, a, b *endpoint, messages, batch int, x excha
 	if a.msgSize > 0 {
 		size = a.msgSize
 	}
+	var inPost, inPoll, inWait time.Duration
 	start := time.Now()
 	idle := 0
 	for done < messages || (recvEnd != nil && a.qp.Type() == vfrdma.RC && received < messages) {
-		if n := min(batch, messages-sent, depth-(sent-done)); n > 0 && (n == batch || sent+n == messages) {
+		// Post batches while the window has room for one (as perftest
+		// posts up to its tx depth before it polls).
+		for {
+			n := min(batch, messages-sent, depth-(sent-done))
+			if n <= 0 || (n != batch && sent+n != messages) {
+				break
+			}
 			// Receive slots (loopback) follow the queue, not the window.
 			now := time.Now()
 			for i := 0; i < n; i++ {
 				a.sendWR(&wrs[i], sges[i:i+1], uint64(sent+i), (sent+i)%a.depth, size)
 				postedAt[sent+i] = now
 			}
-			if _, err := a.qp.PostSend(wrs[:n], 0); err != nil {
+			_, err := a.qp.PostSend(wrs[:n], 0)
+			inPost += time.Since(now)
+			if err != nil {
 				return benchRow{}, err
 			}
 			sent += n
 		}
 		progress := false
+		t0 := time.Now()
 		k, err := a.cq.Poll(wcs)
+		now := time.Now()
+		inPoll += now.Sub(t0)
 		if err != nil {
 			return benchRow{}, err
 		}
-		now := time.Now()
 		for _, wc := range wcs[:k] {
 			if wc.Status != vfrdma.WCSuccess {
 				return benchRow{}, fmt.Errorf("send completion %+v", wc)
@@ -263,13 +309,20 @@ func benchSend(ctx context.Context, a, b *endpoint, messages, batch int, x excha
 				}
 				received++
 				progress = true
-				if err := recvEnd.postRecv(int(wc.WRID)); err != nil {
+			}
+			if k > 0 {
+				if err := recvEnd.repost(wcs[:k]); err != nil {
 					return benchRow{}, err
 				}
 			}
 		}
 		if progress {
 			idle = 0
+		} else if so.spin {
+			if err := ctx.Err(); err != nil {
+				return benchRow{}, err
+			}
+			runtime.Gosched()
 		} else if idle++; idle > 64 {
 			// Nothing to reap for a while: sleep on the interrupt.
 			cq := a.cq
@@ -277,7 +330,9 @@ func benchSend(ctx context.Context, a, b *endpoint, messages, batch int, x excha
 				cq = recvEnd.cq
 			}
 			wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+			t0 := time.Now()
 			err := cq.Wait(wctx)
+			inWait += time.Since(t0)
 			cancel()
 			if err != nil && ctx.Err() != nil {
 				return benchRow{}, err
@@ -297,6 +352,9 @@ func benchSend(ctx context.Context, a, b *endpoint, messages, batch int, x excha
 	row := benchRow{Batch: batch, Messages: messages, Seconds: el.Seconds(), MessagesPerSec: float64(messages) / el.Seconds(),
 		P50US: us(lat[len(lat)/2]), P99US: us(lat[len(lat)*99/100]), Doorbells: after.Doorbells - before.Doorbells}
 	row.DoorbellsPerMsg = float64(row.Doorbells) / float64(messages)
+	row.PostUSPerMsg = us(inPost) / float64(messages)
+	row.PollUSPerMsg = us(inPoll) / float64(messages)
+	row.WaitUSPerMsg = us(inWait) / float64(messages)
 	if recvEnd != nil {
 		row.ReceivesChecked = received
 	}
@@ -327,9 +385,9 @@ func benchReceive(ctx context.Context, a *endpoint, messages int, typ vfrdma.QPT
 				return benchRow{}, fmt.Errorf("receive completion %+v", wc)
 			}
 			got++
-			if err := a.postRecv(int(wc.WRID)); err != nil {
-				return benchRow{}, err
-			}
+		}
+		if err := a.repost(wcs[:n]); err != nil {
+			return benchRow{}, err
 		}
 	}
 	el := time.Since(start)

@@ -159,11 +159,11 @@ loop:
 				return r, fmt.Errorf("receive completion %+v", wc)
 			}
 			r.got++
-			if err := a.postRecv(int(wc.WRID)); err != nil {
-				return r, err
-			}
 		}
 		if n > 0 {
+			if err := a.repost(wcs[:n]); err != nil {
+				return r, err
+			}
 			progress.Store(int64(r.got))
 			continue
 		}

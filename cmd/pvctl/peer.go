@@ -208,6 +208,9 @@ type endpoint struct {
 	ah      *vfrdma.AH
 	peer    peerInfo
 	qkey    uint32
+	// rwrs and rsges hold the chain repost builds (one SGE per WR).
+	rwrs  []vfrdma.RecvWR
+	rsges []vfrdma.SGE
 }
 
 const testQKey = 0x1ee7
@@ -254,6 +257,25 @@ func (e *endpoint) connect(ctx context.Context, peer peerInfo) error {
 func (e *endpoint) postRecv(slot int) error {
 	wr := [1]vfrdma.RecvWR{{WRID: uint64(slot), SGEs: []vfrdma.SGE{e.recv.SGE(slot*e.slot, e.slot)}}}
 	_, err := e.qp.PostRecv(wr[:], 0)
+	return err
+}
+
+// repost posts again, as one chain (one doorbell), the receives whose
+// completions are in wcs: each into the slot its WRID names.
+func (e *endpoint) repost(wcs []vfrdma.WC) error {
+	if len(wcs) == 0 {
+		return nil
+	}
+	if len(wcs) > len(e.rwrs) {
+		e.rwrs = make([]vfrdma.RecvWR, len(wcs))
+		e.rsges = make([]vfrdma.SGE, len(wcs))
+	}
+	for i, wc := range wcs {
+		slot := int(wc.WRID)
+		e.rsges[i] = e.recv.SGE(slot*e.slot, e.slot)
+		e.rwrs[i] = vfrdma.RecvWR{WRID: wc.WRID, SGEs: e.rsges[i : i+1]}
+	}
+	_, err := e.qp.PostRecv(e.rwrs[:len(wcs)], 0)
 	return err
 }
 
