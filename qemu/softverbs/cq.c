@@ -306,12 +306,14 @@ int sv_poll_cq(struct ibv_cq *ibcq, int n, struct ibv_wc *wc)
 
 	if (n < 0)
 		return -EINVAL;
-	/* Empty CQ: answer without the lock, so a busy-polling caller does
-	 * not compete with the progress thread for it, and give up the CPU:
-	 * the completion it waits for is made by that thread. */
+	/* Empty CQ: make progress here if the lock is free (what the
+	 * connections hold may complete this CQ), else give up the CPU: the
+	 * completion it waits for is then made by the progress thread. */
 	if (__atomic_load_n(&cq->count, __ATOMIC_ACQUIRE) == 0) {
-		sched_yield();
-		return 0;
+		if (!sv_poll_progress())
+			sched_yield();
+		if (__atomic_load_n(&cq->count, __ATOMIC_ACQUIRE) == 0)
+			return 0;
 	}
 	sv_lock();
 	while (got < n && cq->count) {

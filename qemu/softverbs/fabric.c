@@ -578,13 +578,13 @@ static size_t sv_conn_take(struct sv_conn *c, void *dst, size_t want)
  * sv_conn_pending reports). Small frames come out of one read of up to
  * SV_RBUF bytes; a large payload is read straight into its buffer.
  */
-static void sv_conn_read(struct sv_conn *c)
+static int sv_conn_read(struct sv_conn *c)
 {
 	int frames = 0;
 
 	if (!c->rbuf && !(c->rbuf = malloc(SV_RBUF))) {
 		c->dead = 1;
-		return;
+		return 0;
 	}
 	while (!c->dead && frames < 256) {
 		size_t need;
@@ -599,11 +599,11 @@ static void sv_conn_read(struct sv_conn *c)
 				if (h->magic != SV_MAGIC || h->type < SV_F_DATA ||
 				    h->type > SV_F_NAK || h->len > SV_MAX_MSG) {
 					c->dead = 1; /* not one of ours: drop the peer */
-					return;
+					return frames;
 				}
 				if (h->len && !(c->in_buf = sv_buf_new(h->len))) {
 					c->dead = 1;
-					return;
+					return frames;
 				}
 			}
 		}
@@ -637,20 +637,21 @@ static void sv_conn_read(struct sv_conn *c)
 			n = recv(c->fd, c->rbuf, SV_RBUF, MSG_DONTWAIT);
 		if (n == 0) {
 			c->dead = 1;
-			return;
+			return frames;
 		}
 		if (n < 0) {
 			if (errno == EINTR)
 				continue;
 			if (errno != EAGAIN && errno != EWOULDBLOCK)
 				c->dead = 1;
-			return;
+			return frames;
 		}
 		if (need >= SV_RBUF / 2)
 			c->in_got += (size_t)n;
 		else
 			c->rtail = (size_t)n;
 	}
+	return frames;
 }
 
 /* Whether a connection has frames read ahead but not handled yet. */
@@ -1029,6 +1030,53 @@ int sv_service_now(struct sv_qp *qp)
 	}
 	w = sv_list_first(&qp->sq, struct sv_swqe, link);
 	return w && w->state == SV_WQE_QUEUED;
+}
+
+/*
+ * Progress from a thread polling an empty CQ: if nobody holds the lock,
+ * read what the connections have (without waiting), move every QP's work
+ * forward and send the replies, as the progress thread would. A busy
+ * poller then sees a message as soon as it arrives instead of after the
+ * progress thread's wake-up. Returns whether a frame was handled; the
+ * progress thread is woken when it must look (as after a post call).
+ */
+int sv_poll_progress(void)
+{
+	uint64_t conns, now;
+	int frames = 0, kick = 0;
+	struct sv_list *p;
+
+	if (pthread_mutex_trylock(&sv.lock) != 0)
+		return 0;
+	if (sv.listen_fd < 0 || sv.stop) {
+		sv_unlock();
+		return 0;
+	}
+	conns = sv.next_conn_id;
+	sv.batching = 1;
+	sv_list_each(p, &sv.conns) {
+		struct sv_conn *c = sv_container_of(p, struct sv_conn, link);
+
+		if (!c->dead)
+			frames += sv_conn_read(c);
+	}
+	sv.batching = 0;
+	if (frames) {
+		now = sv_now_ns();
+		sv_list_each(p, &sv.qps)
+			sv_service_qp(sv_container_of(p, struct sv_qp, all), now);
+	}
+	sv_list_each(p, &sv.conns) {
+		struct sv_conn *c = sv_container_of(p, struct sv_conn, link);
+
+		sv_conn_flush(c);
+		kick |= c->dead || !sv_list_empty(&c->outq) || sv_conn_pending(c);
+	}
+	kick |= sv.next_conn_id != conns;
+	sv_unlock();
+	if (kick)
+		sv_kick();
+	return frames > 0;
 }
 
 void sv_kick(void)

@@ -409,6 +409,7 @@ int sv_fabric_start(void);    /* called locked */
 void sv_fabric_stop(void);    /* called locked; drops the lock while joining */
 void sv_kick(void);           /* wake the progress thread */
 int sv_service_now(struct sv_qp *qp); /* called locked; 1: the thread must look */
+int sv_poll_progress(void);   /* called unlocked, from an empty poll */
 void sv_held_free(struct sv_held *h);
 void sv_send_reply(uint64_t conn_id, uint8_t type, uint8_t syndrome,
 		   uint32_t dst_qpn, uint32_t src_qpn, uint64_t seq,
