@@ -16,31 +16,28 @@ fail=0
 ok() { pass=$((pass + 1)); echo "ok $1"; }
 bad() { fail=$((fail + 1)); echo "FAIL $1"; [ -n "${2:-}" ] && sed 's/^/    /' "$2"; }
 
+# tally NAME FILE WHAT: adds the "NAME: N passed, M failed" line of FILE to
+# the counts, or counts WHAT as failed when the line is missing.
+tally() {
+	cat "$2"
+	line=$(grep "^$1: " "$2" | tail -1)
+	if [ -n "$line" ]; then
+		p=$(echo "$line" | sed "s/^$1: \([0-9]*\) passed, \([0-9]*\) failed\$/\1/")
+		f=$(echo "$line" | sed "s/^$1: \([0-9]*\) passed, \([0-9]*\) failed\$/\2/")
+		pass=$((pass + p))
+		fail=$((fail + f))
+	else
+		bad "$3 did not finish"
+	fi
+}
+
 # ---- unit tests ----
 timeout 60 "$OUT/softverbs-test" > "$WORK/unit.out" 2>&1
-cat "$WORK/unit.out"
-line=$(grep '^unit: ' "$WORK/unit.out" | tail -1)
-if [ -n "$line" ]; then
-	p=$(echo "$line" | sed 's/^unit: \([0-9]*\) passed, \([0-9]*\) failed$/\1/')
-	f=$(echo "$line" | sed 's/^unit: \([0-9]*\) passed, \([0-9]*\) failed$/\2/')
-	pass=$((pass + p))
-	fail=$((fail + f))
-else
-	bad "unit tests did not finish"
-fi
+tally unit "$WORK/unit.out" "unit tests"
 
 # ---- rdma-core's provider libraries (as perftest links them) ----
 SOFTVERBS_NODE=providers timeout 20 "$OUT/softverbs-providers" > "$WORK/prov.out" 2>&1
-cat "$WORK/prov.out"
-line=$(grep '^providers: ' "$WORK/prov.out" | tail -1)
-if [ -n "$line" ]; then
-	p=$(echo "$line" | sed 's/^providers: \([0-9]*\) passed, \([0-9]*\) failed$/\1/')
-	f=$(echo "$line" | sed 's/^providers: \([0-9]*\) passed, \([0-9]*\) failed$/\2/')
-	pass=$((pass + p))
-	fail=$((fail + f))
-else
-	bad "provider checks did not finish"
-fi
+tally providers "$WORK/prov.out" "provider checks"
 
 # ---- ibv_devinfo ----
 for args in "" "-v"; do
