@@ -659,7 +659,14 @@ int sv_post_send(struct ibv_qp *ibqp, struct ibv_send_wr *wr,
 	/* In SQE or ERR new send WQEs are flushed at once. */
 	if (qp->attr.qp_state == IBV_QPS_SQE || qp->attr.qp_state == IBV_QPS_ERR)
 		sv_flush_sq(qp);
-	kick = sv_service_now(qp);
+	/* An RC QP with messages in flight is clocked by their replies: the
+	 * progress thread, woken by the next one, sends what queued meanwhile
+	 * in one system call. Otherwise the send leaves from here. */
+	if (qp->ibv.qp_type == IBV_QPT_RC && qp->inflight > 0 &&
+	    qp->attr.qp_state == IBV_QPS_RTS)
+		kick = 0;
+	else
+		kick = sv_service_now(qp);
 	sv_unlock();
 	if (kick)
 		sv_kick();
