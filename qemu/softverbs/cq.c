@@ -310,7 +310,7 @@ int sv_poll_cq(struct ibv_cq *ibcq, int n, struct ibv_wc *wc)
 	 * connections hold may complete this CQ), else give up the CPU: the
 	 * completion it waits for is then made by the progress thread. */
 	if (__atomic_load_n(&cq->count, __ATOMIC_ACQUIRE) == 0) {
-		if (!sv_poll_progress())
+		if (sv.no_poll_progress || !sv_poll_progress())
 			sched_yield();
 		if (__atomic_load_n(&cq->count, __ATOMIC_ACQUIRE) == 0)
 			return 0;

@@ -58,10 +58,12 @@ static void sv_atfork_child(void)
 static void sv_device_init(void)
 {
 	const char *dbg = getenv("SOFTVERBS_DEBUG");
+	const char *pp = getenv("SOFTVERBS_POLL_PROGRESS");
 
 	pthread_atfork(sv_atfork_prepare, sv_atfork_parent, sv_atfork_child);
 
 	sv.debug = dbg && *dbg && strcmp(dbg, "0") != 0;
+	sv.no_poll_progress = pp && strcmp(pp, "0") == 0;
 	sv_dev.ibv.node_type = IBV_NODE_CA;
 	sv_dev.ibv.transport_type = IBV_TRANSPORT_IB;
 	snprintf(sv_dev.ibv.name, sizeof(sv_dev.ibv.name), "%s", SV_DEV_NAME);

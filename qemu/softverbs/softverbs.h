@@ -325,6 +325,7 @@ struct sv_state {
 	uint64_t next_seq, next_conn_id;
 	int batching;                 /* progress thread: replies wait for the batch's end */
 	int debug;
+	int no_poll_progress;         /* SOFTVERBS_POLL_PROGRESS=0 */
 };
 
 extern struct sv_state sv;
