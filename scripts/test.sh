@@ -12,6 +12,13 @@ SV_OUT=$PWD/build/softverbs
 TWO_VM_TESTS='^(TestGuest|TestMultiVM[^3])'
 THREE_VM_TESTS='^TestMultiVM3'
 
+# pvvm_failure OUT: what a failed pvvm run said: its error and problem lines
+# (they head a long message whose tail is the guest's console), then the tail.
+pvvm_failure() {
+  echo "$1" | grep -E -- '^pvvm|^vm[0-9]+: .*(exited|never ran|did not finish|reported no)|QEMU|qemu-system|signal' | head -20
+  echo "$1" | tail -40
+}
+
 # Interop: a vfrdma guest (VM 0, pvctl pingpong --rdma-core, every byte it
 # receives checked) and a reference guest (VM 1, rdma-core's pingpongs),
 # both directions, RC and UD, 1000 iterations at 64 B and 4096 B; and
@@ -30,8 +37,9 @@ interop_tier() {
   unset 'cmds[${#cmds[@]}-1]' # the last "+"
   out=$($GO run ./cmd/pvvm -vms 2 -ref 1 -- "${cmds[@]}" 2>&1)
   rc=$?
+  echo "$out" > "$LOGS/interop-pvvm.log" # the whole run, for a failure's post-mortem
   echo "$out" | grep -E 'pingpong: 1000|iters in|received, 0% loss'
-  [ $rc = 0 ] || { echo "$out" | tail -40; return $rc; }
+  [ $rc = 0 ] || { pvvm_failure "$out"; return $rc; }
   echo "$out" | grep -q '5 sent, 5 received' || { echo "the reference guest did not answer the vfrdma guest's pings"; return 1; }
   [ "$(echo "$out" | grep -c 'every byte checked')" = 8 ] || { echo "not every vfrdma pingpong finished"; return 1; }
   [ "$(echo "$out" | grep -c 'iters in')" = 8 ] || { echo "not every rdma-core pingpong finished"; return 1; }
@@ -50,8 +58,9 @@ reference_tier() {
     @0 ib_send_lat -x 1 -n 1000 -s 64 + @1 retry ib_send_lat -x 1 -n 1000 -s 64 192.168.100.1 + \
     @0 ib_send_bw -x 1 -Q 1 -n 5000 -s 64 + @1 retry ib_send_bw -x 1 -Q 1 -n 5000 -s 64 192.168.100.1 2>&1)
   rc=$?
+  echo "$out" > "$LOGS/reference-pvvm.log" # the whole run, for a failure's post-mortem
   echo "$out" | grep -E 'PORT_ACTIVE|usec/iter|^vm.:  *(64|4096) |doorbells'
-  [ $rc = 0 ] || { echo "$out" | tail -40; return $rc; }
+  [ $rc = 0 ] || { pvvm_failure "$out"; return $rc; }
   [ "$(echo "$out" | grep -c 'state:.*PORT_ACTIVE')" = 2 ] || { echo "the port is not ACTIVE in both reference guests"; return 1; }
   [ "$(echo "$out" | grep -c 'iters in')" = 4 ] || { echo "a pingpong did not report its iterations"; return 1; }
 }
