@@ -57,6 +57,14 @@
 
 enum sv_rx { SV_RX_OK, SV_RX_NORECV, SV_RX_LEN, SV_RX_PROT };
 
+/* Frames the progress thread handles per connection before it lets go of
+ * the lock (and polls again): a flood must not keep a post call waiting. */
+#define SV_THREAD_FRAMES 32
+
+/* Frames a poller handles per connection and call: it came to poll, and
+ * its own work (posting receives, say) must not wait behind a flood. */
+#define SV_POLL_FRAMES 16
+
 /* ---- connections ---- */
 
 static struct sv_conn *sv_conn_new(int fd, const char *peer)
@@ -573,12 +581,12 @@ static size_t sv_conn_take(struct sv_conn *c, void *dst, size_t want)
 }
 
 /*
- * Reads and handles complete frames until the socket is drained (or 256
+ * Reads and handles complete frames until the socket is drained (or max
  * frames were handled: the rest stays in the read-ahead buffer, which
  * sv_conn_pending reports). Small frames come out of one read of up to
  * SV_RBUF bytes; a large payload is read straight into its buffer.
  */
-static int sv_conn_read(struct sv_conn *c)
+static int sv_conn_read(struct sv_conn *c, int max)
 {
 	int frames = 0;
 
@@ -586,7 +594,7 @@ static int sv_conn_read(struct sv_conn *c)
 		c->dead = 1;
 		return 0;
 	}
-	while (!c->dead && frames < 256) {
+	while (!c->dead && frames < max) {
 		size_t need;
 		ssize_t n;
 
@@ -726,7 +734,9 @@ static void sv_fill_hdr(struct sv_hdr *h, const struct sv_qp *qp,
 	memcpy(h->dgid, dgid->raw, 16);
 }
 
-static void sv_rc_transmit(struct sv_qp *qp, struct sv_swqe *w, uint64_t now)
+/* Sends the WQE: 0, or -1 when it could not go (a retry is scheduled, or
+ * its retries are used up and it failed: then w and the SQ are gone). */
+static int sv_rc_transmit(struct sv_qp *qp, struct sv_swqe *w, uint64_t now)
 {
 	const union ibv_gid *dgid = &qp->attr.ah_attr.grh.dgid;
 	struct sv_conn *c = sv_conn_to_gid(dgid, now);
@@ -734,7 +744,7 @@ static void sv_rc_transmit(struct sv_qp *qp, struct sv_swqe *w, uint64_t now)
 
 	if (!c) {
 		sv_rc_retry(qp, w, 0, sv_timeout_ns(qp), now);
-		return;
+		return -1;
 	}
 	sv_fill_hdr(&h, qp, w, qp->attr.dest_qp_num, &qp->sgid, dgid);
 	if (qp->attr.rnr_retry == 7)
@@ -745,6 +755,7 @@ static void sv_rc_transmit(struct sv_qp *qp, struct sv_swqe *w, uint64_t now)
 	w->conn_id = c->id;
 	w->state = SV_WQE_INFLIGHT;
 	sv_conn_queue(c, &h, w->data);
+	return 0;
 }
 
 static void sv_unreliable_transmit(struct sv_qp *qp, struct sv_swqe *w)
@@ -805,9 +816,8 @@ static void sv_service_qp(struct sv_qp *qp, uint64_t now)
 					sv_qp_fail(qp, w, w->err);
 				break;
 			}
-			sv_rc_transmit(qp, w, now);
-			if (w->state != SV_WQE_INFLIGHT)
-				break; /* not sent: retried later, or failed */
+			if (sv_rc_transmit(qp, w, now) != 0)
+				break; /* not sent: retried later, or failed (w is gone) */
 		}
 		return;
 	}
@@ -992,7 +1002,7 @@ static void *sv_progress(void *arg)
 		for (size_t i = 2; i < n; i++) {
 			if ((pfd[i].revents & (POLLIN | POLLHUP | POLLERR)) ||
 			    sv_conn_pending(pc[i]))
-				sv_conn_read(pc[i]);
+				sv_conn_read(pc[i], SV_THREAD_FRAMES);
 			if (!pc[i]->dead && (pfd[i].revents & POLLOUT))
 				sv_conn_flush(pc[i]);
 		}
@@ -1040,6 +1050,7 @@ int sv_service_now(struct sv_qp *qp)
  * progress thread's wake-up. Returns whether a frame was handled; the
  * progress thread is woken when it must look (as after a post call).
  */
+
 int sv_poll_progress(void)
 {
 	uint64_t conns, now;
@@ -1058,7 +1069,7 @@ int sv_poll_progress(void)
 		struct sv_conn *c = sv_container_of(p, struct sv_conn, link);
 
 		if (!c->dead)
-			frames += sv_conn_read(c);
+			frames += sv_conn_read(c, SV_POLL_FRAMES);
 	}
 	sv.batching = 0;
 	if (frames) {

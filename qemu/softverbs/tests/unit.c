@@ -841,6 +841,29 @@ out:
 	pair_close(&p);
 }
 
+struct trickle {
+	struct pair *p;
+	int n, sz, rx, failed;
+};
+
+/* Posts n receives, one every 300 us, from a thread of its own: they appear
+ * while the sender's window is on the wire, whatever the posting thread of
+ * the sends is doing. */
+static void *trickle_recvs(void *arg)
+{
+	struct trickle *t = arg;
+
+	for (int i = 0; i < t->n; i++) {
+		usleep(300);
+		if (post_recv(t->p->qp[1], (uint64_t)i, t->p->buf + t->rx + i * t->sz,
+			      (uint32_t)t->sz, t->p->mr->lkey) != 0) {
+			t->failed = 1;
+			break;
+		}
+	}
+	return NULL;
+}
+
 /* A window of sends meets a receiver that keeps running out of receives
  * (rnr_retry < 7, so it answers RNR): the refused message and every one
  * sent behind it go again, and each arrives once, in order, with its
@@ -849,40 +872,45 @@ out:
  * message first.) */
 static void t_rc_window_rnr(void)
 {
-	enum { ROUNDS = 3, N = 48, SZ = 60000, RX = 4 << 20 };
+	enum { ROUNDS = 3, N = 48, SZ = 16000, RX = 4 << 20 };
 	struct conn_opts o = { 6, 7, 14, 1 };
 	struct ibv_qp_attr a = { .min_rnr_timer = 14 }; /* 1.28 ms */
 	struct pair p = { 0 };
 	struct ibv_wc wc[N];
 
 	for (int round = 0; round < ROUNDS; round++) {
-		int got = 0, posted = 0, sent = 0;
+		struct trickle t = { .p = &p, .n = N, .sz = SZ, .rx = RX };
+		int got = 0, sent = 0;
 		uint64_t end = now_ms() + 10000;
+		pthread_t th;
 
 		CHECK(pair_open(&p, IBV_QPT_RC, 8 << 20, &o) == 0);
 		CHECK(ibv_modify_qp(p.qp[1], &a, IBV_QP_MIN_RNR_TIMER) == 0);
-		for (int i = 0; i < N; i++) {
+		for (int i = 0; i < N; i++)
 			p.buf[i * SZ] = (uint8_t)i;
-			CHECK(post_send(p.qp[0], (uint64_t)i, p.buf + i * SZ, SZ, p.mr->lkey,
-					IBV_SEND_SIGNALED, NULL, 0) == 0);
+		CHECK(pthread_create(&th, NULL, trickle_recvs, &t) == 0);
+		for (int i = 0; i < N; i++) {
+			if (post_send(p.qp[0], (uint64_t)i, p.buf + i * SZ, SZ, p.mr->lkey,
+				      IBV_SEND_SIGNALED, NULL, 0) != 0)
+				break;
+			sent++;
 		}
-		while (got < N && now_ms() < end) {
-			int n;
+		while (got < sent && now_ms() < end) {
+			int n = ibv_poll_cq(p.cq[1], N, wc);
 
-			if (posted < N) {
-				CHECK(post_recv(p.qp[1], (uint64_t)posted, p.buf + RX + posted * SZ,
-						SZ, p.mr->lkey) == 0);
-				posted++;
-			}
-			usleep(300);
-			n = ibv_poll_cq(p.cq[1], N, wc);
-			for (int i = 0; i < n; i++, got++) {
-				CHECK(wc[i].status == IBV_WC_SUCCESS && wc[i].wr_id == (uint64_t)got);
-				CHECK(wc[i].byte_len == SZ && p.buf[RX + got * SZ] == (uint8_t)got);
-			}
+			for (int i = 0; i < n && wc[i].wr_id == (uint64_t)got &&
+					wc[i].status == IBV_WC_SUCCESS &&
+					wc[i].byte_len == SZ &&
+					p.buf[RX + got * SZ] == (uint8_t)got; i++)
+				got++;
+			if (n > 0 && got < sent && wc[n - 1].wr_id != (uint64_t)(got - 1))
+				break; /* out of order, a copy, or an error: checked below */
+			usleep(100);
 		}
+		pthread_join(th, NULL);
+		CHECK(sent == N && !t.failed);
 		CHECK(got == N);
-		while (sent < N) {
+		for (sent = 0; sent < N;) {
 			int n = poll_n(p.cq[0], wc, N - sent, 3000);
 
 			CHECK(n > 0);
