@@ -96,12 +96,12 @@ func (p *peerFlags) open(ctx context.Context) (exchanger, error) {
 		if p.rdmaCore {
 			addr = rdmaCoreAddr(addr)
 		}
-		// The peer may still be starting: retry a refused connection
-		// until ctx ends.
+		// The peer may still be starting, or its address not resolved
+		// yet on a busy bench: retry until ctx ends.
 		var conn net.Conn
 		var err error
 		for {
-			if conn, err = d.DialContext(ctx, "tcp", addr); err == nil || !errors.Is(err, syscall.ECONNREFUSED) {
+			if conn, err = d.DialContext(ctx, "tcp", addr); err == nil || !dialRetriable(err) {
 				break
 			}
 			select {
@@ -323,4 +323,17 @@ func spinPoll(ctx context.Context, cq *vfrdma.CQ, wcs []vfrdma.WC) (int, error) 
 
 func withTimeout(d time.Duration) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), d)
+}
+
+// dialRetriable reports a failed dial that a peer still starting explains:
+// nobody listening yet (ECONNREFUSED), or no answer to ARP yet — its host
+// unreachable for the moment (EHOSTUNREACH, ENETUNREACH; seen on the
+// bench's management network under load) or the attempt timed out.
+func dialRetriable(err error) bool {
+	for _, e := range []error{syscall.ECONNREFUSED, syscall.EHOSTUNREACH, syscall.ENETUNREACH, syscall.ETIMEDOUT} {
+		if errors.Is(err, e) {
+			return true
+		}
+	}
+	return false
 }
