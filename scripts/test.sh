@@ -35,7 +35,7 @@ interop_tier() {
            @1 ibv_ud_pingpong -g 1 -n 1000 -s $size + @0 pingpong --rdma-core --connect 192.168.100.2 --ud --size $size --iters 1000 +)
   done
   unset 'cmds[${#cmds[@]}-1]' # the last "+"
-  out=$($GO run ./cmd/pvvm -vms 2 -ref 1 -- "${cmds[@]}" 2>&1)
+  out=$($GO run ./cmd/pvvm -vms 2 -ref 1 -timeout 2m -- "${cmds[@]}" 2>&1)
   rc=$?
   echo "$out" > "$LOGS/interop-pvvm.log" # the whole run, for a failure's post-mortem
   echo "$out" | grep -E 'pingpong: 1000|iters in|received, 0% loss'
@@ -51,7 +51,7 @@ interop_tier() {
 # must read ACTIVE in both.
 reference_tier() {
   local out rc
-  out=$($GO run ./cmd/pvvm -vms 2 -ref 2 -doorbells -- \
+  out=$($GO run ./cmd/pvvm -vms 2 -ref 2 -doorbells -timeout 2m -- \
     ibv_devinfo -v + \
     @0 ibv_rc_pingpong -g 1 -n 1000 -s 4096 + @1 retry ibv_rc_pingpong -g 1 -n 1000 -s 4096 192.168.100.1 + \
     @0 ibv_ud_pingpong -g 1 -n 1000 -s 2048 + @1 retry ibv_ud_pingpong -g 1 -n 1000 -s 2048 192.168.100.1 + \
