@@ -38,6 +38,7 @@ var (
 	ErrQEMURefused     = errors.New("bench: QEMU refused to start")
 	ErrQEMUExited      = errors.New("bench: QEMU exited before the guest finished")
 	ErrTimeout         = errors.New("bench: guest timed out")
+	ErrStopped         = errors.New("bench: run stopped")
 	ErrConsoleFlood    = errors.New("bench: output flood")
 	ErrGuestIncomplete = errors.New("bench: guest did not finish")
 )
@@ -63,6 +64,9 @@ type Options struct {
 	// VM's pvrdma received (QEMU's pvrdma_uar_write trace event, logged to
 	// a file of the run): VMResult.Doorbells.
 	TraceDoorbells bool
+	// Env is added to every QEMU process's environment (and so reaches the
+	// software backend: SOFTVERBS_DROP_UD=N, its test hook, for one).
+	Env []string
 
 	// OnRecord, if set, receives every record as it arrives, from the VM's
 	// reader goroutine (calls for one VM are in order; different VMs race).
@@ -89,6 +93,9 @@ type VMResult struct {
 	// class and operation ("QP SEND", "QP RECV", "CQ ARM", "CQ POLL", ...),
 	// with Options.TraceDoorbells.
 	Doorbells map[string]int
+	// Backend holds the VM's software-backend counters at the end of the
+	// run: its traffic and every message the fabric dropped, by reason.
+	Backend []fabric.Counter
 }
 
 // Tests returns the EventTest records.
@@ -310,6 +317,7 @@ func runVM(ctx context.Context, o *Options, idx, n int, work, ethSock, mgmtSock 
 		// batch 32, medians of 4, 125 000 msg/s with it, 151 000 without).
 		"SOFTVERBS_POLL_PROGRESS=0",
 	)
+	cmd.Env = append(cmd.Env, o.Env...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGKILL}
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
@@ -400,6 +408,9 @@ func runVM(ctx context.Context, o *Options, idx, n int, work, ethSock, mgmtSock 
 	}
 	v.Tail = conTail.lines()
 	v.Stderr = errTail.lines()
+	if cs, err := fab.Counters(node); err == nil {
+		v.Backend = cs
+	}
 
 	select {
 	case <-flood:
@@ -415,6 +426,9 @@ func runVM(ctx context.Context, o *Options, idx, n int, work, ethSock, mgmtSock 
 		return nil
 	}
 	if ctx.Err() != nil {
+		if cause := context.Cause(ctx); !errors.Is(cause, context.DeadlineExceeded) {
+			return fmt.Errorf("%w: %v; last console lines:\n%s", ErrStopped, cause, indent(v.Tail))
+		}
 		return fmt.Errorf("%w after %v; last console lines:\n%s", ErrTimeout, o.Timeout, indent(v.Tail))
 	}
 	if refusal := qemuRefusal(v.Stderr, mx.Path()); refusal != "" {

@@ -12,11 +12,17 @@ SV_OUT=$PWD/build/softverbs
 TWO_VM_TESTS='^(TestGuest|TestMultiVM[^3])'
 THREE_VM_TESTS='^TestMultiVM3'
 
-# pvvm_failure OUT: what a failed pvvm run said: its error and problem lines
-# (they head a long message whose tail is the guest's console), then the tail.
+# The VM tiers' limits. A command (one ping-pong, say) is killed after
+# CMD_LIMIT and then the whole run stops within seconds (pvvm -limit): a lost
+# message costs that, not the run's limit. The ping-pongs take 1-6 s here.
+CMD_LIMIT=20s
+RUN_LIMIT=2m
+
+# pvvm_failure OUT: what a failed pvvm run said: its post-mortem (every VM's
+# commands, backend drop counters and console tail, lines "pvvm: ...") and
+# its other problem lines.
 pvvm_failure() {
-  echo "$1" | grep -E -- '^pvvm|^vm[0-9]+: .*(exited|never ran|did not finish|reported no)|QEMU|qemu-system|signal' | head -20
-  echo "$1" | tail -40
+  echo "$1" | grep -E -- '^pvvm|^vm[0-9]+: .*(exited|never ran|did not finish|reported no|stalled)|QEMU|qemu-system|signal' | head -120
 }
 
 # Interop: a vfrdma guest (VM 0, pvctl pingpong --rdma-core, every byte it
@@ -35,10 +41,10 @@ interop_tier() {
            @1 ibv_ud_pingpong -g 1 -n 1000 -s $size + @0 pingpong --rdma-core --connect 192.168.100.2 --ud --size $size --iters 1000 +)
   done
   unset 'cmds[${#cmds[@]}-1]' # the last "+"
-  out=$($GO run ./cmd/pvvm -vms 2 -ref 1 -timeout 2m -- "${cmds[@]}" 2>&1)
+  out=$($GO run ./cmd/pvvm -vms 2 -ref 1 -timeout $RUN_LIMIT -limit $CMD_LIMIT -counters -- "${cmds[@]}" 2>&1)
   rc=$?
   echo "$out" > "$LOGS/interop-pvvm.log" # the whole run, for a failure's post-mortem
-  echo "$out" | grep -E 'pingpong: 1000|iters in|received, 0% loss'
+  echo "$out" | grep -E 'pingpong: 1000|iters in|received, 0% loss|backend:'
   [ $rc = 0 ] || { pvvm_failure "$out"; return $rc; }
   echo "$out" | grep -q '5 sent, 5 received' || { echo "the reference guest did not answer the vfrdma guest's pings"; return 1; }
   [ "$(echo "$out" | grep -c 'every byte checked')" = 8 ] || { echo "not every vfrdma pingpong finished"; return 1; }
@@ -51,7 +57,7 @@ interop_tier() {
 # must read ACTIVE in both.
 reference_tier() {
   local out rc
-  out=$($GO run ./cmd/pvvm -vms 2 -ref 2 -doorbells -timeout 2m -- \
+  out=$($GO run ./cmd/pvvm -vms 2 -ref 2 -doorbells -timeout $RUN_LIMIT -limit $CMD_LIMIT -counters -- \
     ibv_devinfo -v + \
     @0 ibv_rc_pingpong -g 1 -n 1000 -s 4096 + @1 retry ibv_rc_pingpong -g 1 -n 1000 -s 4096 192.168.100.1 + \
     @0 ibv_ud_pingpong -g 1 -n 1000 -s 2048 + @1 retry ibv_ud_pingpong -g 1 -n 1000 -s 2048 192.168.100.1 + \
@@ -59,10 +65,30 @@ reference_tier() {
     @0 ib_send_bw -x 1 -Q 1 -n 5000 -s 64 + @1 retry ib_send_bw -x 1 -Q 1 -n 5000 -s 64 192.168.100.1 2>&1)
   rc=$?
   echo "$out" > "$LOGS/reference-pvvm.log" # the whole run, for a failure's post-mortem
-  echo "$out" | grep -E 'PORT_ACTIVE|usec/iter|^vm.:  *(64|4096) |doorbells'
+  echo "$out" | grep -E 'PORT_ACTIVE|usec/iter|^vm.:  *(64|4096) |doorbells|backend:'
   [ $rc = 0 ] || { pvvm_failure "$out"; return $rc; }
   [ "$(echo "$out" | grep -c 'state:.*PORT_ACTIVE')" = 2 ] || { echo "the port is not ACTIVE in both reference guests"; return 1; }
   [ "$(echo "$out" | grep -c 'iters in')" = 4 ] || { echo "a pingpong did not report its iterations"; return 1; }
+}
+
+# A lost datagram must fail the run within seconds and say where: the
+# backend loses one UD datagram on purpose (its SOFTVERBS_DROP_UD hook) in a
+# vfrdma-to-rdma-core UD ping-pong; pvctl must report the stall with its
+# queues' state, the run must stop long before its limit, and the
+# post-mortem must name the command and the drop counter.
+lossy_tier() {
+  local out rc t0=$SECONDS
+  out=$($GO run ./cmd/pvvm -vms 2 -ref 1 -timeout $RUN_LIMIT -limit $CMD_LIMIT -drop-ud 100 -- \
+    @0 pingpong --rdma-core --listen 0.0.0.0 --ud --size 64 --iters 1000 --stall 5s + \
+    @1 retry ibv_ud_pingpong -g 1 -n 1000 -s 64 192.168.100.1 2>&1)
+  rc=$?
+  echo "$out" > "$LOGS/lossy-pvvm.log"
+  echo "$out" | grep -E '^pvvm: (stopped|vm[0-9]: (`|backend))|stalled' | cut -c1-240
+  [ $rc != 0 ] || { echo "a run that lost a datagram passed"; return 1; }
+  echo "$out" | grep -q 'drop_injected=1' || { echo "the post-mortem does not show the backend's drop counter"; return 1; }
+  echo "$out" | grep -q 'stalled: no completion' || { echo "pvctl did not report the stall"; return 1; }
+  echo "$out" | grep -q 'pvvm: stopped: .*pingpong' || { echo "the post-mortem does not name the failed command"; return 1; }
+  echo "lossy: the lost datagram failed the run in $((SECONDS - t0)) s (limit $RUN_LIMIT), naming the command and the drop"
 }
 
 run_tier() {
@@ -75,22 +101,28 @@ run_tier() {
     guest-3vm) $GO run ./cmd/pvvm -vms 3 -test am -run "$THREE_VM_TESTS" ;;
     reference) reference_tier ;;
     interop)   interop_tier ;;
+    lossy)     lossy_tier ;;
     *) echo "unknown tier $1" >&2; return 2 ;;
   esac
 }
 
-# Each tier's output goes to the terminal and to build/test-logs/<tier>.log;
-# a failed tier's digest (the failing tests and their first error lines) is
-# printed again at the end, where a log's tail is what a reader sees.
-LOGS=$PWD/build/test-logs
+# Each tier's output goes to the terminal and to
+# build/test-logs/<run>/<tier>.log, one directory per run of this script
+# (build/test-logs/latest is the newest; the last 30 are kept), so a run's
+# logs are never overwritten by the next; a failed tier's digest (the failing
+# tests and their first error lines) is printed again at the end, where a
+# log's tail is what a reader sees.
+LOGS=$PWD/build/test-logs/$(date +%Y%m%d-%H%M%S)-$$
 mkdir -p "$LOGS"
+ln -sfn "$(basename "$LOGS")" "$PWD/build/test-logs/latest"
+ls -1d "$PWD"/build/test-logs/2*/ 2>/dev/null | head -n -30 | xargs -r rm -rf
 
 digest() {
   grep -E -- '--- FAIL|^FAIL|  FAIL \(|panic:|Error Trace:|Error:|Messages:|init error|timed out|failed|FAILED' "$1" | head -40
 }
 
 tiers=("$@")
-[ ${#tiers[@]} -gt 0 ] || tiers=(vet host backend guest guest-2vm guest-3vm reference interop)
+[ ${#tiers[@]} -gt 0 ] || tiers=(vet host backend guest guest-2vm guest-3vm reference interop lossy)
 passed=0 failed=0 failures=()
 for t in "${tiers[@]}"; do
   echo "=== tier: $t"
@@ -101,7 +133,7 @@ for t in "${tiers[@]}"; do
   echo "=== tier: $t: $([ $rc = 0 ] && echo ok || echo "FAILED ($rc)") in $((SECONDS - t0))s"
 done
 for t in "${failures[@]}"; do
-  echo "failed tier: $t (whole log: build/test-logs/$t.log); digest:"
+  echo "failed tier: $t (whole log: ${LOGS#$PWD/}/$t.log); digest:"
   digest "$LOGS/$t.log" | sed 's/^/    /'
 done
 echo "tiers: $passed passed, $failed failed"

@@ -164,16 +164,37 @@ type pingpongResult struct {
 	SRQDoorbellsPerRecv float64 `json:"srq_doorbells_per_recv,omitempty"`
 }
 
+// stalled is a ping-pong's error when no completion came for too long: a
+// message was lost (or never sent). It says how far the run got and what
+// the endpoint's queues hold, so a loss can be told from a bug.
+func stalled(ep *endpoint, after time.Duration, sends, recvs, roundTrips int) error {
+	sq, rq := ep.qp.Outstanding()
+	ctx, cancel := withTimeout(2 * time.Second)
+	defer cancel()
+	state, err := ep.qp.QueryState(ctx)
+	dev := state.String()
+	if err != nil {
+		dev = "query failed: " + err.Error()
+	}
+	st := ep.cq.Stats()
+	return fmt.Errorf("stalled: no completion for %v after %d round trips (this end completed %d sends and %d receives); "+
+		"QP %#x (%v) state %v, device says %s, outstanding %d sends and %d receives; CQ %#x: %d polls (%d empty), %d CQEs, %d flushed, %d dropped, %d interrupts",
+		after, roundTrips, sends, recvs, ep.qp.QPN(), ep.qp.Type(), ep.qp.State(), dev, sq, rq,
+		ep.cq.Handle(), st.Polls, st.Empty, st.CQEs, st.Flushed, st.Dropped, st.Interrupts)
+}
+
 // cmdPingpong bounces a message back and forth and checks every byte, in
 // the spirit of ibv_rc_pingpong.
 func cmdPingpong(e *env, args []string) error {
 	var t trafficFlags
 	var iters, srqs int
+	var stall time.Duration
 	fs := flag.NewFlagSet("pingpong", flag.ContinueOnError)
 	t.register(fs, 4096)
 	fs.IntVar(&iters, "iters", 1000, "round trips")
 	fs.BoolVar(&t.spin, "spin", false, "poll the CQ without ever sleeping on it (as rdma-core's pingpongs do without -e)")
 	fs.IntVar(&srqs, "srq", 0, "N RC connections per side whose receives come from one shared receive queue per side")
+	fs.DurationVar(&stall, "stall", 10*time.Second, "fail, with the queues' state, when no completion comes for this long (a lost message)")
 	if err := t.parse(e, fs, args); err != nil {
 		return err
 	}
@@ -184,6 +205,9 @@ func cmdPingpong(e *env, args []string) error {
 	}
 	if iters < 1 {
 		return fmt.Errorf("--iters %d: want 1 or more round trips", iters)
+	}
+	if stall <= 0 {
+		return fmt.Errorf("--stall %v: want a positive duration", stall)
 	}
 	d, err := t.openDevice(e)
 	if err != nil {
@@ -224,12 +248,18 @@ func cmdPingpong(e *env, args []string) error {
 		_, err := ep.qp.PostSend(wr[:], 0)
 		return err
 	}
+	var pa, pb progress
 	step := func(ep *endpoint, p *progress) error {
 		wait := waitPoll
 		if t.spin {
 			wait = spinPoll
 		}
-		n, err := wait(ctx, ep.cq, wcs)
+		sctx, scancel := context.WithTimeout(ctx, stall)
+		n, err := wait(sctx, ep.cq, wcs)
+		scancel()
+		if err != nil && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+			return stalled(ep, stall, p.sends, p.recvs, pa.recvs)
+		}
 		if err != nil {
 			return err
 		}
@@ -274,7 +304,6 @@ func cmdPingpong(e *env, args []string) error {
 			return err
 		}
 	}
-	var pa, pb progress
 	start := time.Now()
 	for i := 0; i < iters; i++ {
 		switch {

@@ -31,6 +31,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -49,15 +50,50 @@ type config struct {
 	tests     string
 	run       string
 	timeout   time.Duration
+	limit     time.Duration // each command's own limit (0: the run's)
+	dropUD    string        // the backend's SOFTVERBS_DROP_UD test hook
+	counters  bool          // print every VM's backend counters
 	verbose   bool
 	allowSkip bool
 	keep      bool
 	debug     bool
 	pvctlArgs []string
-	ref       int       // the last ref VMs run the reference stack
-	doorbells bool      // count the doorbells each device received
-	cmds      []command // pvctl commands for the vfrdma VMs
-	refCmds   []command // programs for the reference VMs
+	ref       int               // the last ref VMs run the reference stack
+	doorbells bool              // count the doorbells each device received
+	cmds      []command         // pvctl commands for the vfrdma VMs
+	refCmds   []command         // programs for the reference VMs
+	progs     map[string]string // a program's name in the image → its command line
+}
+
+// commandLine is the command line a program of the image runs.
+func (c *config) commandLine(prog string) string {
+	if l, ok := c.progs[prog]; ok {
+		return l
+	}
+	return prog
+}
+
+// nameProgram records the command line behind a program of the image, as
+// it was given (with its @VM and retry prefixes), for messages.
+func (c *config) nameProgram(prog, bin string, cmd command) {
+	if c.progs == nil {
+		c.progs = map[string]string{}
+	}
+	var words []string
+	if len(cmd.only) > 0 {
+		vms := make([]string, len(cmd.only))
+		for i, vm := range cmd.only {
+			vms[i] = strconv.Itoa(vm)
+		}
+		words = append(words, "@"+strings.Join(vms, ","))
+	}
+	if cmd.retry {
+		words = append(words, "retry")
+	}
+	if bin != "" {
+		words = append(words, bin)
+	}
+	c.progs[prog] = strings.Join(append(words, cmd.args...), " ")
 }
 
 func main() {
@@ -66,6 +102,9 @@ func main() {
 	flag.StringVar(&c.tests, "test", "", `run in-guest tests of these packages (comma-separated directories, or "all")`)
 	flag.StringVar(&c.run, "run", "", "only tests matching this regexp (-test.run)")
 	flag.DurationVar(&c.timeout, "timeout", 5*time.Minute, "hard limit for the whole run")
+	flag.DurationVar(&c.limit, "limit", 0, "each command's own time limit: past it the command is killed and the run stopped (default: -timeout)")
+	flag.StringVar(&c.dropUD, "drop-ud", "", "test hook: every VM's backend loses the Nth (,Mth...) UD datagram it receives (SOFTVERBS_DROP_UD)")
+	flag.BoolVar(&c.counters, "counters", false, "print each VM's backend counters (traffic, and drops by reason) at the end")
 	flag.BoolVar(&c.verbose, "v", false, "stream the console and every program's output")
 	flag.BoolVar(&c.allowSkip, "allow-skip", false, "do not count skipped in-guest tests as failures")
 	flag.BoolVar(&c.keep, "keep", false, "keep the built image in build/pvvm")
@@ -120,6 +159,9 @@ func run(ctx context.Context, c *config) (int, error) {
 		Kernel:         kernel.Image(),
 		Timeout:        c.timeout,
 		TraceDoorbells: c.doorbells,
+	}
+	if c.dropUD != "" {
+		opt.Env = append(opt.Env, "SOFTVERBS_DROP_UD="+c.dropUD)
 	}
 	if c.debug {
 		opt.Log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
@@ -237,10 +279,11 @@ func buildSpec(ctx context.Context, c *config, root, dir string, kernel *guest.K
 				name = fmt.Sprintf("pvctl-%d", i+1)
 			}
 			// The image holds one copy per name; they are a few MB each.
-			p := guest.Program{Name: name, HostPath: bin, Args: cmd.args, Kind: guest.KindCmd, Timeout: c.timeout, Only: cmd.only}
+			p := guest.Program{Name: name, HostPath: bin, Args: cmd.args, Kind: guest.KindCmd, Timeout: c.cmdLimit(), Only: cmd.only}
 			if cmd.retry {
 				p.Retry = retryFor
 			}
+			c.nameProgram(name, "pvctl", cmd)
 			jobs = append(jobs, job{prog: p})
 		}
 	} else {
@@ -289,6 +332,14 @@ func buildSpec(ctx context.Context, c *config, root, dir string, kernel *guest.K
 		}
 	}
 	return spec, nil
+}
+
+// cmdLimit is the time limit of one command of a run.
+func (c *config) cmdLimit() time.Duration {
+	if c.limit > 0 && c.limit < c.timeout {
+		return c.limit
+	}
+	return c.timeout
 }
 
 // splitCommands splits pvctl arguments at lone "+" into several command

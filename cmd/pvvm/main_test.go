@@ -1,10 +1,19 @@
 package main
 
 import (
+	"errors"
 	"os"
 	"path/filepath"
 	"reflect"
+	"strings"
 	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+
+	"github.com/vfrdma/vfrdma/qemu"
+	"github.com/vfrdma/vfrdma/qemu/fabric"
+	"github.com/vfrdma/vfrdma/qemu/proto"
 )
 
 func TestSplitCommands(t *testing.T) {
@@ -56,5 +65,52 @@ func TestGuestPackages(t *testing.T) {
 	}
 	if got, err := guestTestPackages(root, "./a, c"); err != nil || !reflect.DeepEqual(got, []string{"a", "c"}) {
 		t.Fatalf("list = %q, %v", got, err)
+	}
+}
+
+// A failed run's messages name the command as it was given: its VM, its
+// retry prefix and its arguments.
+func TestCommandLineNamesTheCommandAsGiven(t *testing.T) {
+	var c config
+	c.nameProgram("pvctl-2", "pvctl", command{args: []string{"pingpong", "--ud"}, only: []int{0}})
+	c.nameProgram("ref1-ibv_ud_pingpong", "", command{args: []string{"ibv_ud_pingpong", "-g", "1"}, only: []int{1, 2}, retry: true})
+	assert.Equal(t, "@0 pvctl pingpong --ud", c.commandLine("pvctl-2"))
+	assert.Equal(t, "@1,2 retry ibv_ud_pingpong -g 1", c.commandLine("ref1-ibv_ud_pingpong"))
+	assert.Equal(t, "other", c.commandLine("other"), "an unknown program is named as it is")
+}
+
+func TestCommandLimitIsBoundedByTheRun(t *testing.T) {
+	c := config{timeout: 2 * time.Minute}
+	assert.Equal(t, 2*time.Minute, c.cmdLimit(), "no -limit: the run's")
+	c.limit = 20 * time.Second
+	assert.Equal(t, 20*time.Second, c.cmdLimit())
+	c.limit = time.Hour
+	assert.Equal(t, 2*time.Minute, c.cmdLimit(), "never past the run's")
+}
+
+// The post-mortem of a failed run shows every VM, not only the failed one:
+// each command's end, the backend's drops and the console's tail.
+func TestPostMortemShowsEveryVM(t *testing.T) {
+	var c config
+	c.nameProgram("pvctl", "pvctl", command{args: []string{"pingpong"}, only: []int{0}})
+	c.nameProgram("ref1-ibv_ud_pingpong", "", command{args: []string{"ibv_ud_pingpong"}, only: []int{1}})
+	res := &qemu.Result{VMs: []*qemu.VMResult{
+		{Index: 0, Records: []proto.Record{{Event: proto.EventStart, Prog: "pvctl"}, {Event: proto.EventExit, Prog: "pvctl", Code: 1, Elapsed: 7}},
+			Backend: []fabric.Counter{{Name: "drop_injected", Value: 1}}, Tail: []string{"zero-tail"}},
+		{Index: 1, Records: []proto.Record{{Event: proto.EventStart, Prog: "ref1-ibv_ud_pingpong"}}, Tail: []string{"one-tail"}},
+	}}
+	var b strings.Builder
+	postMortem(&b, &c, res, errors.New("vm0 failed"))
+	out := b.String()
+	for _, want := range []string{
+		"pvvm: stopped: vm0 failed",
+		"pvvm: vm0: `@0 pvctl pingpong`: exit 1 after 7.0s",
+		"pvvm: vm0: backend: drop_injected=1",
+		"pvvm: vm0 console: zero-tail",
+		"pvvm: vm1: `@1 ibv_ud_pingpong`: still running",
+		"pvvm: vm1: backend: no counters",
+		"pvvm: vm1 console: one-tail",
+	} {
+		assert.Contains(t, out, want)
 	}
 }

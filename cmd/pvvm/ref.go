@@ -136,11 +136,12 @@ func refSpec(ctx context.Context, c *config, init string, kernel *guest.Kernel, 
 		}
 		p := guest.Program{
 			Name: fmt.Sprintf("ref%d-%s", i+1, filepath.Base(bin)), HostPath: bin,
-			Args: cmd.args[1:], Kind: guest.KindCmd, Timeout: c.timeout, Only: cmd.only,
+			Args: cmd.args[1:], Kind: guest.KindCmd, Timeout: c.cmdLimit(), Only: cmd.only,
 		}
 		if cmd.retry {
 			p.Retry = retryFor
 		}
+		c.nameProgram(p.Name, "", cmd)
 		spec.Programs = append(spec.Programs, p)
 		need[bin] = false // the program itself goes to /bin; its libraries:
 		libs, err := sharedLibs(ctx, bin)

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"sort"
 	"strings"
@@ -10,15 +11,28 @@ import (
 	"time"
 
 	"github.com/vfrdma/vfrdma/qemu"
+	"github.com/vfrdma/vfrdma/qemu/fabric"
 	"github.com/vfrdma/vfrdma/qemu/guest"
 	"github.com/vfrdma/vfrdma/qemu/proto"
 )
 
+// stopGrace is how long the other VMs of a run go on after a command failed
+// in one: long enough for a peer that noticed the failure to report it, short
+// enough that a peer left waiting for the failed command costs seconds.
+const stopGrace = 3 * time.Second
+
 // runPvctl boots the VM(s) running pvctl, prints its output as it comes
 // (prefixed by the VM when there are several) and returns the first
-// non-zero exit status.
+// non-zero exit status. In a run of several VMs, a command that fails (or
+// is killed at its -limit) stops the whole run stopGrace later: its peer in
+// another VM would wait for it until the run's -timeout. A failed run ends
+// with a post-mortem of every VM: its commands' exits, its backend's
+// counters (what the fabric dropped, by reason) and its console's tail.
 func runPvctl(ctx context.Context, c *config, opt *qemu.Options) (int, error) {
+	ctx, stop := context.WithCancelCause(ctx)
+	defer stop(nil)
 	var mu sync.Mutex
+	var stopping *time.Timer
 	// One VM: its output as it comes. Several: each VM's output as a block
 	// once they are done, so the reports do not interleave.
 	held := make([][]string, c.vms)
@@ -28,6 +42,10 @@ func runPvctl(ctx context.Context, c *config, opt *qemu.Options) (int, error) {
 		prefix := ""
 		if c.vms > 1 {
 			prefix = fmt.Sprintf("vm%d: ", vm)
+		}
+		if r.Event == proto.EventExit && r.Code != 0 && c.vms > 1 && stopping == nil {
+			cause := fmt.Errorf("vm%d: `%s` failed (%s): the run was stopped %v later", vm, c.commandLine(r.Prog), exitText(r), stopGrace)
+			stopping = time.AfterFunc(stopGrace, func() { stop(cause) })
 		}
 		switch {
 		case r.Event == proto.EventOut && isPvctl(r.Prog) && c.vms > 1:
@@ -44,6 +62,11 @@ func runPvctl(ctx context.Context, c *config, opt *qemu.Options) (int, error) {
 		opt.OnConsole = func(vm int, line string) { fmt.Fprintf(os.Stderr, "vm%d console: %s\n", vm, line) }
 	}
 	res, err := qemu.Run(ctx, c.vms, opt)
+	mu.Lock()
+	if stopping != nil {
+		stopping.Stop()
+	}
+	mu.Unlock()
 	for _, lines := range held {
 		for _, l := range lines {
 			fmt.Println(l)
@@ -57,6 +80,21 @@ func runPvctl(ctx context.Context, c *config, opt *qemu.Options) (int, error) {
 	if err != nil {
 		return 1, err
 	}
+	if c.counters {
+		for _, vm := range res.VMs {
+			fmt.Printf("vm%d: backend: %s\n", vm.Index, fabric.FormatCounters(vm.Backend))
+		}
+	}
+	code, err := pvctlVerdict(res)
+	if err != nil || code != 0 {
+		postMortem(os.Stderr, c, res, context.Cause(ctx))
+	}
+	return code, err
+}
+
+// pvctlVerdict is a run's exit status: the first error, else the first
+// non-zero exit status of a command.
+func pvctlVerdict(res *qemu.Result) (int, error) {
 	code := 0
 	for _, vm := range res.VMs {
 		if vm.Err != nil {
@@ -79,6 +117,59 @@ func runPvctl(ctx context.Context, c *config, opt *qemu.Options) (int, error) {
 		}
 	}
 	return code, nil
+}
+
+// postMortem writes what every VM of a failed run was doing, each line
+// starting "pvvm: vmN": why the run stopped, each command's end, the
+// backend's counters and the console's last lines.
+func postMortem(w io.Writer, c *config, res *qemu.Result, cause error) {
+	fmt.Fprintf(w, "pvvm: the run failed; every VM's state follows\n")
+	if cause != nil {
+		fmt.Fprintf(w, "pvvm: stopped: %v\n", cause)
+	}
+	for _, vm := range res.VMs {
+		p := fmt.Sprintf("pvvm: vm%d", vm.Index)
+		if vm.Err != nil {
+			first, _, _ := strings.Cut(vm.Err.Error(), "\n")
+			fmt.Fprintf(w, "%s: %s\n", p, first)
+		}
+		ended := map[string]bool{}
+		for _, e := range vm.Exits() {
+			ended[e.Prog] = true
+			fmt.Fprintf(w, "%s: `%s`: %s after %.1fs\n", p, c.commandLine(e.Prog), exitText(e), e.Elapsed)
+		}
+		for _, r := range vm.Records {
+			if r.Event == proto.EventStart && !ended[r.Prog] {
+				fmt.Fprintf(w, "%s: `%s`: still running\n", p, c.commandLine(r.Prog))
+			}
+		}
+		if vm.Backend != nil {
+			fmt.Fprintf(w, "%s: backend: %s\n", p, fabric.FormatCounters(vm.Backend))
+		} else {
+			fmt.Fprintf(w, "%s: backend: no counters (the VM's QEMU never opened the backend)\n", p)
+		}
+		tail := vm.Tail
+		if len(tail) > postMortemLines {
+			tail = tail[len(tail)-postMortemLines:]
+		}
+		for _, l := range tail {
+			fmt.Fprintf(w, "%s console: %s\n", p, l)
+		}
+	}
+}
+
+// postMortemLines bounds each VM's console tail in a post-mortem.
+const postMortemLines = 25
+
+// exitText says how a command ended.
+func exitText(r proto.Record) string {
+	switch {
+	case r.Code == 0:
+		return "ok"
+	case r.Msg != "":
+		return fmt.Sprintf("exit %d, %s", r.Code, r.Msg)
+	}
+	return fmt.Sprintf("exit %d", r.Code)
 }
 
 // isPvctl reports a command's step: pvctl's, or a reference program's.

@@ -58,7 +58,10 @@ func runStep(rep *reporter, s guest.Step, env []string) bool {
 	res := execStep(rep, s, args, env)
 	// A step with Retry runs again while it fails, until Retry has passed
 	// since its start: a client whose server in another VM is not up yet.
-	for res.rec.Code != 0 && s.Retry > 0 && time.Since(t0) < s.Retry {
+	// One killed at its time limit is not run again: it hung (a lost
+	// message, say), and a peer that served the hung attempt would not
+	// serve another.
+	for res.rec.Code != 0 && !res.timedOut && s.Retry > 0 && time.Since(t0) < s.Retry {
 		time.Sleep(300 * time.Millisecond)
 		rep.logf("run %s again (exit %d)", s.Path, res.rec.Code)
 		res = execStep(rep, s, args, env)
@@ -71,6 +74,7 @@ func runStep(rep *reporter, s guest.Step, env []string) bool {
 type stepResult struct {
 	rec        proto.Record // the EventExit record, without Elapsed
 	testFailed bool
+	timedOut   bool // killed at the step's time limit
 }
 
 func execStep(rep *reporter, s guest.Step, args, env []string) stepResult {
@@ -158,6 +162,7 @@ func execStep(rep *reporter, s guest.Step, args, env []string) stepResult {
 	switch {
 	case killed:
 		res = exit(-1, fmt.Sprintf("killed: timeout after %v", s.Timeout))
+		res.timedOut = true
 	case waitErr == nil:
 		res = exit(0, "")
 	default:

@@ -50,6 +50,7 @@ static void sv_atfork_child(void)
 		close(sv.wake_fd);
 	}
 	sv.refs = 0;
+	sv_stats_forget();
 	sv.listen_fd = sv.wake_fd = -1;
 	sv.stop = 0;
 	sv_unlock(); /* taken by this thread in sv_atfork_prepare */
@@ -192,6 +193,7 @@ int sv_node_acquire(void)
 		return ret;
 
 	sv_node_gid1(sv.node, &sv.gid1);
+	sv_stats_open();
 	ret = sv_fabric_start();
 	if (ret)
 		return ret;

@@ -488,10 +488,22 @@ static void sv_unreliable_rx(const struct sv_hdr *h, struct sv_buf *b)
 	struct sv_qp *qp = sv_qp_find(h->dst_qpn);
 	uint8_t grh[SV_GRH_BYTES];
 
-	if (!qp || qp->ibv.qp_type != h->qpt || !sv_qp_can_receive(qp))
+	enum sv_rx r;
+
+	if (!qp || qp->ibv.qp_type != h->qpt) {
+		sv_stat_add(SV_ST_DROP_NO_QP, 1);
 		return;
+	}
+	if (!sv_qp_can_receive(qp)) {
+		sv_stat_add(SV_ST_DROP_QP_STATE, 1);
+		return;
+	}
 	if (h->qpt == IBV_QPT_UD) {
-		if (h->qkey != qp->attr.qkey)
+		if (h->qkey != qp->attr.qkey) {
+			sv_stat_add(SV_ST_DROP_QKEY, 1);
+			return;
+		}
+		if (sv_drop_hook())
 			return;
 		/* an IPv6-style header, as RoCE v1 hardware writes it */
 		memset(grh, 0, sizeof(grh));
@@ -502,10 +514,17 @@ static void sv_unreliable_rx(const struct sv_hdr *h, struct sv_buf *b)
 		grh[7] = 1;
 		memcpy(grh + 8, h->sgid, 16);
 		memcpy(grh + 24, h->dgid, 16);
-		sv_rx_deliver(qp, h->src_qpn, h->flags, h->imm, grh, b);
+		r = sv_rx_deliver(qp, h->src_qpn, h->flags, h->imm, grh, b);
+		if (r == SV_RX_OK)
+			sv_stat_add(SV_ST_UD_DELIVERED, 1);
 	} else if (sv_from_peer(qp, h)) {
-		sv_rx_deliver(qp, h->src_qpn, h->flags, h->imm, NULL, b);
+		r = sv_rx_deliver(qp, h->src_qpn, h->flags, h->imm, NULL, b);
+	} else {
+		sv_stat_add(SV_ST_DROP_NOT_PEER, 1);
+		return;
 	}
+	if (r == SV_RX_NORECV)
+		sv_stat_add(SV_ST_DROP_NO_RECV, 1);
 }
 
 /* ACK or NAK for the RC send WQE in flight. */
@@ -532,6 +551,7 @@ static void sv_reply_in(const struct sv_hdr *h)
 	}
 	switch (h->syndrome) {
 	case SV_NAK_NOT_YET:
+		sv_stat_add(SV_ST_RC_NAK_NOT_YET, 1);
 		if (qp->not_yet_until == 0)
 			qp->not_yet_until = now + 10000000000ull;
 		if (now > qp->not_yet_until) {
@@ -542,9 +562,11 @@ static void sv_reply_in(const struct sv_hdr *h)
 		qp->retry_at = now + 10000000ull;
 		break;
 	case SV_NAK_RNR:
+		sv_stat_add(SV_ST_RC_NAK_RNR, 1);
 		sv_rc_retry(qp, w, 1, sv_rnr_us[h->rnr_timer & 31] * 1000ull, now);
 		break;
 	case SV_NAK_NOT_READY:
+		sv_stat_add(SV_ST_RC_NAK_NOT_READY, 1);
 		sv_rc_retry(qp, w, 0, sv_timeout_ns(qp), now);
 		break;
 	case SV_NAK_INV_REQ:
@@ -607,6 +629,7 @@ static int sv_conn_read(struct sv_conn *c, int max)
 				if (h->magic != SV_MAGIC || h->type < SV_F_DATA ||
 				    h->type > SV_F_NAK || h->len > SV_MAX_MSG) {
 					c->dead = 1; /* not one of ours: drop the peer */
+					sv_stat_add(SV_ST_BAD_FRAME, 1);
 					return frames;
 				}
 				if (h->len && !(c->in_buf = sv_buf_new(h->len))) {
@@ -706,6 +729,15 @@ static struct sv_route *sv_route(const union ibv_gid *gid, uint64_t now)
 	return r;
 }
 
+/* Whether a GID resolves to a node (after sv_conn_to_gid failed: tells
+ * "not registered" from "registered, node unreachable" for the counters). */
+static int sv_route_known(const union ibv_gid *gid)
+{
+	char node[128];
+
+	return sv_resolve_gid(gid, node, sizeof(node)) == 0;
+}
+
 /* The connection to the node of a GID, or NULL if it cannot be reached. */
 static struct sv_conn *sv_conn_to_gid(const union ibv_gid *gid, uint64_t now)
 {
@@ -771,6 +803,13 @@ static void sv_unreliable_transmit(struct sv_qp *qp, struct sv_swqe *w)
 			    ud ? &w->sgid : &qp->sgid, dgid);
 		h.qkey = w->remote_qkey;
 		sv_conn_queue(c, &h, w->data);
+		if (ud)
+			sv_stat_add(SV_ST_UD_SENT, 1);
+	} else if (c) {
+		sv_stat_add(SV_ST_DROP_BACKLOG, 1);
+	} else {
+		sv_stat_add(sv_route_known(dgid) ? SV_ST_DROP_UNREACHABLE :
+			    SV_ST_DROP_NO_ROUTE, 1);
 	}
 	sv_complete_send(qp, w, IBV_WC_SUCCESS);
 }
@@ -843,6 +882,8 @@ static void sv_conn_reap(uint64_t now)
 			continue;
 		sv_dbg("connection %llu (%s) closed\n", (unsigned long long)c->id,
 		       c->peer[0] ? c->peer : "incoming");
+		if (!sv.stop)
+			sv_stat_add(SV_ST_CONN_LOST, 1);
 		sv_list_each(q, &sv.qps) {
 			struct sv_qp *qp = sv_container_of(q, struct sv_qp, all);
 			struct sv_swqe *w = sv_list_first(&qp->sq, struct sv_swqe, link);
@@ -883,6 +924,8 @@ static void sv_conn_reap(uint64_t now)
 		sv_list_each_safe(q, qt, &c->outq) {
 			struct sv_out *o = sv_container_of(q, struct sv_out, link);
 
+			if (o->hdr.type == SV_F_DATA && o->hdr.qpt != IBV_QPT_RC)
+				sv_stat_add(SV_ST_DROP_CONN_LOST, 1);
 			sv_list_del(q);
 			sv_buf_put(o->buf);
 			free(o);

@@ -242,6 +242,7 @@ void sv_qp_fail(struct sv_qp *qp, struct sv_swqe *w, enum ibv_wc_status st)
 {
 	sv_complete_send(qp, w, st);
 	if (qp->ibv.qp_type == IBV_QPT_RC) {
+		sv_stat_add(SV_ST_RC_FAILED, 1);
 		sv_qp_to_error(qp);
 	} else if (qp->attr.qp_state != IBV_QPS_ERR) {
 		sv_qp_set_state(qp, IBV_QPS_SQE);

@@ -348,6 +348,33 @@ extern struct sv_state sv;
 #define to_ah(a) sv_container_of(a, struct sv_ah, ibv)
 #define to_channel(c) sv_container_of(c, struct sv_channel, ibv)
 
+/* ---- stats.c ---- */
+enum sv_stat {
+	SV_ST_UD_SENT,          /* UD datagrams handed to a connection */
+	SV_ST_UD_DELIVERED,     /* UD datagrams placed in a receive */
+	SV_ST_DROP_NO_ROUTE,    /* sender: destination GID not registered */
+	SV_ST_DROP_UNREACHABLE, /* sender: the destination node did not answer */
+	SV_ST_DROP_BACKLOG,     /* sender: the connection held too much */
+	SV_ST_DROP_CONN_LOST,   /* UD/UC frames queued on a connection that died */
+	SV_ST_DROP_NO_QP,       /* receiver: no such QP, or another type */
+	SV_ST_DROP_QP_STATE,    /* receiver: the QP is not receiving (RESET/INIT/ERR) */
+	SV_ST_DROP_QKEY,        /* receiver: Q_Key mismatch */
+	SV_ST_DROP_NOT_PEER,    /* receiver: UC from a QP it is not connected to */
+	SV_ST_DROP_NO_RECV,     /* receiver: no receive posted */
+	SV_ST_DROP_INJECTED,    /* receiver: SOFTVERBS_DROP_UD */
+	SV_ST_BAD_FRAME,        /* connections dropped for a malformed frame */
+	SV_ST_CONN_LOST,        /* connections that failed */
+	SV_ST_RC_NAK_RNR,       /* RC: RNR NAKs received */
+	SV_ST_RC_NAK_NOT_READY, /* RC: NOT_READY NAKs received */
+	SV_ST_RC_NAK_NOT_YET,   /* RC: NOT_YET NAKs received */
+	SV_ST_RC_FAILED,        /* RC: send WQEs completed in error */
+	SV_ST_COUNT
+};
+void sv_stat_add(enum sv_stat s, uint64_t n);
+void sv_stats_open(void);   /* called locked, when the node comes up */
+void sv_stats_forget(void); /* in a forked child */
+int sv_drop_hook(void);     /* 1: drop this UD datagram (test hook) */
+
 /* ---- util.c ---- */
 uint64_t sv_now_ns(void);
 struct sv_buf *sv_buf_new(uint32_t len);

@@ -1021,6 +1021,91 @@ out:
 	pair_close(&p);
 }
 
+/* The node's counter NAME from $FABRIC/stats/<node> (see stats.c), or -1. */
+static long long stat_of(const char *name)
+{
+	char path[700];
+	uint8_t b[16 + 64 * 32];
+	ssize_t n;
+	uint32_t cnt;
+	int fd;
+
+	snprintf(path, sizeof(path), "%s/stats/%s", fabric, node);
+	fd = open(path, O_RDONLY);
+	if (fd < 0)
+		return -1;
+	n = read(fd, b, sizeof(b));
+	close(fd);
+	if (n < 16 || memcmp(b, "SVSTATS1", 8) != 0)
+		return -1;
+	memcpy(&cnt, b + 8, 4);
+	for (uint32_t i = 0; i < cnt && 16 + (i + 1) * 32 <= (size_t)n; i++) {
+		uint64_t v;
+
+		if (strncmp((char *)b + 16 + i * 32, name, 24) != 0)
+			continue;
+		memcpy(&v, b + 16 + i * 32 + 24, 8);
+		return (long long)v;
+	}
+	return -1;
+}
+
+/* Every datagram the fabric loses is counted by reason, in a file others
+ * read (the bench prints it when a run fails). */
+static void t_drop_counters(void)
+{
+	struct pair p;
+	struct ibv_wc wc[4];
+	uint8_t *r;
+	long long sent, deliv, norecv, noqp, qkey;
+
+	CHECK(pair_open(&p, IBV_QPT_UD, 3 * 8192, &dflt) == 0);
+	r = p.buf + 8192;
+	sent = stat_of("ud_sent");
+	deliv = stat_of("ud_delivered");
+	norecv = stat_of("drop_no_recv");
+	noqp = stat_of("drop_no_qp");
+	qkey = stat_of("drop_qkey");
+	CHECK(sent >= 0 && deliv >= 0 && norecv >= 0 && noqp >= 0 && qkey >= 0);
+	/* delivered */
+	CHECK(post_recv(p.qp[1], 1, r, 4096 + 40, p.mr->lkey) == 0);
+	CHECK(post_send(p.qp[0], 2, p.buf, 8, p.mr->lkey, IBV_SEND_SIGNALED, p.ah,
+			p.qp[1]->qp_num) == 0);
+	CHECK(poll_n(p.cq[1], wc, 1, 3000) == 1 && wc[0].status == IBV_WC_SUCCESS);
+	CHECK(stat_of("ud_delivered") == deliv + 1);
+	/* no receive posted */
+	CHECK(post_send(p.qp[0], 3, p.buf, 8, p.mr->lkey, IBV_SEND_SIGNALED, p.ah,
+			p.qp[1]->qp_num) == 0);
+	for (int i = 0; i < 300 && stat_of("drop_no_recv") == norecv; i++)
+		usleep(10000);
+	CHECK(stat_of("drop_no_recv") == norecv + 1);
+	/* no such QP */
+	CHECK(post_send(p.qp[0], 4, p.buf, 8, p.mr->lkey, IBV_SEND_SIGNALED, p.ah,
+			0xfff0) == 0);
+	for (int i = 0; i < 300 && stat_of("drop_no_qp") == noqp; i++)
+		usleep(10000);
+	CHECK(stat_of("drop_no_qp") == noqp + 1);
+	/* wrong Q_Key */
+	{
+		struct ibv_sge s = { (uintptr_t)p.buf, 8, p.mr->lkey };
+		struct ibv_send_wr w = { .wr_id = 5, .sg_list = &s, .num_sge = 1,
+					 .opcode = IBV_WR_SEND }, *bad;
+
+		w.wr.ud.ah = p.ah;
+		w.wr.ud.remote_qpn = p.qp[1]->qp_num;
+		w.wr.ud.remote_qkey = 0x22222222;
+		CHECK(post_recv(p.qp[1], 6, r, 4096 + 40, p.mr->lkey) == 0);
+		CHECK(ibv_post_send(p.qp[0], &w, &bad) == 0);
+		for (int i = 0; i < 300 && stat_of("drop_qkey") == qkey; i++)
+			usleep(10000);
+		CHECK(stat_of("drop_qkey") == qkey + 1);
+	}
+	CHECK(stat_of("ud_sent") == sent + 4);
+	CHECK(stat_of("ud_delivered") == deliv + 1);
+out:
+	pair_close(&p);
+}
+
 /* A UD send with a bad key puts the QP in SQE; receives go on; SQE -> RTS. */
 static void t_ud_sqe(void)
 {
@@ -2113,6 +2198,7 @@ int main(int argc, char **argv)
 	run("uc_loopback", t_uc_loopback);
 	run("ud_loopback", t_ud_loopback);
 	run("ud_sqe", t_ud_sqe);
+	run("drop_counters", t_drop_counters);
 	run("bad_lkey", t_bad_lkey);
 	run("access_rights", t_access_rights);
 	run("short_recv", t_short_recv);
