@@ -1,0 +1,52 @@
+package qemu
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// fakeQEMU is a stand-in for qemu-system-x86_64: the VM named vm1 dies at
+// once, as a guest whose kernel panicked at boot; the others run (sleep)
+// until they are killed.
+const fakeQEMU = `#!/bin/sh
+if [ "$SOFTVERBS_NODE" = vm1 ]; then
+  echo "Kernel panic - not syncing: timer doesn't work through Interrupt-remapped IO-APIC"
+  exit 0
+fi
+exec sleep 600
+`
+
+// A VM that dies stops the others of its run within seconds, instead of
+// leaving them to wait for it until the run's limit; each VM says why it
+// ended.
+func TestAVMThatDiesStopsTheRun(t *testing.T) {
+	if os.Geteuid() != 0 {
+		t.Skip("the bench checks it runs as root: run as root")
+	}
+	dir := t.TempDir()
+	files := map[string]string{"qemu": fakeQEMU, "vmlinuz": "", "initrd": "", "backend/libibverbs.so.1": ""}
+	for name, body := range files {
+		p := filepath.Join(dir, name)
+		require.NoError(t, os.MkdirAll(filepath.Dir(p), 0o755))
+		require.NoError(t, os.WriteFile(p, []byte(body), 0o755))
+	}
+	opt := &Options{
+		QEMU: filepath.Join(dir, "qemu"), BackendDir: filepath.Join(dir, "backend"),
+		Kernel: filepath.Join(dir, "vmlinuz"), Initrd: filepath.Join(dir, "initrd"),
+		Timeout: 5 * time.Minute, Log: discard(),
+	}
+	res, err := Run(context.Background(), 2, opt)
+	require.NoError(t, err)
+	require.Len(t, res.VMs, 2)
+	assert.ErrorIs(t, res.VMs[1].Err, ErrQEMUExited)
+	assert.Contains(t, res.VMs[1].Tail, "Kernel panic - not syncing: timer doesn't work through Interrupt-remapped IO-APIC")
+	// Stopped by vm1's death, not by the run's limit (ErrTimeout).
+	require.ErrorIs(t, res.VMs[0].Err, ErrStopped)
+	assert.Contains(t, res.VMs[0].Err.Error(), "vm1 failed")
+}
