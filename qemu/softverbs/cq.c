@@ -107,8 +107,11 @@ SV_EXPORT int ibv_get_cq_event(struct ibv_comp_channel *channel,
 		}
 		sv_lock();
 		e = sv_list_first(&ch->events, struct sv_cq_event, link);
-		if (e)
+		if (e) {
 			sv_list_del(&e->link);
+			/* destroy waits until the caller has acked it */
+			e->cq->events_reported++;
+		}
 		sv_unlock();
 		if (e) {
 			*cq = &e->cq->ibv;
@@ -126,6 +129,7 @@ SV_EXPORT void ibv_ack_cq_events(struct ibv_cq *cq, unsigned int nevents)
 		return;
 	sv_lock();
 	cq->comp_events_completed += nevents;
+	pthread_cond_broadcast(&cq->cond);
 	sv_unlock();
 }
 
@@ -229,6 +233,18 @@ SV_EXPORT int ibv_destroy_cq(struct ibv_cq *ibcq)
 		sv_unlock();
 		return EBUSY;
 	}
+	/*
+	 * As libibverbs promises: destroy waits until every event that
+	 * ibv_get_cq_event returned for this CQ has been acknowledged. The
+	 * caller of ibv_get_cq_event goes on using the CQ until it acks
+	 * (QEMU's completion thread arms and polls it, then acks): freeing
+	 * it earlier was a use after free in QEMU's process, seen as QEMU
+	 * dying of SIGSEGV when a guest destroyed a CQ while its event was
+	 * being handled. Events still queued are dropped (never returned).
+	 */
+	sv_cq_purge_events(cq);
+	while (cq->events_reported != cq->ibv.comp_events_completed)
+		pthread_cond_wait(&cq->ibv.cond, &sv.lock);
 	sv_cq_free(cq);
 	sv_unlock();
 	return 0;

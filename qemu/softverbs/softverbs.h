@@ -168,6 +168,7 @@ struct sv_cq {
 	uint32_t cap, head, count;
 	int armed;
 	int refs;                     /* QPs using it */
+	uint32_t events_reported;     /* events ibv_get_cq_event handed out */
 };
 
 /* A receive WQE (RQ or SRQ). */
