@@ -49,4 +49,11 @@ func TestAVMThatDiesStopsTheRun(t *testing.T) {
 	// Stopped by vm1's death, not by the run's limit (ErrTimeout).
 	require.ErrorIs(t, res.VMs[0].Err, ErrStopped)
 	assert.Contains(t, res.VMs[0].Err.Error(), "vm1 failed")
+	assert.Contains(t, res.VMs[0].QEMUState, "state S", "a stopped VM says what its QEMU was doing")
+}
+
+func TestProcessStateDescribesARunningProcess(t *testing.T) {
+	s := processState(os.Getpid())
+	assert.Regexp(t, `^state [RSD], [0-9.]+ s user \+ [0-9.]+ s system CPU, threads: [0-9]+ [A-Z]`, s)
+	assert.Contains(t, processState(1<<30), "unknown")
 }

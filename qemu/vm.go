@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -96,6 +97,10 @@ type VMResult struct {
 	// Backend holds the VM's software-backend counters at the end of the
 	// run: its traffic and every message the fabric dropped, by reason.
 	Backend []fabric.Counter
+	// QEMUState, for a VM stopped before it was done, says what its QEMU
+	// process was doing then (scheduler state, CPU time, threads): a guest
+	// that made no progress for lack of CPU is told from a stuck QEMU.
+	QEMUState string
 }
 
 // Tests returns the EventTest records.
@@ -417,6 +422,7 @@ func runVM(ctx context.Context, o *Options, idx, n int, work, ethSock, mgmtSock 
 	case <-flood:
 		<-exited
 	case <-ctx.Done():
+		v.QEMUState = processState(cmd.Process.Pid)
 		kill()
 		<-exited
 	}
@@ -660,4 +666,48 @@ func (t *tail) lines() []string {
 		return append([]string(nil), t.buf[len(t.buf)-t.n:]...)
 	}
 	return append([]string(nil), t.buf...)
+}
+
+// processState describes a running process from /proc: its scheduler
+// state, the CPU time it has used and its threads' states.
+func processState(pid int) string {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return "unknown: " + err.Error()
+	}
+	// The fields after the command name, which is in parentheses.
+	i := strings.LastIndexByte(string(b), ')')
+	if i < 0 {
+		return "unknown"
+	}
+	f := strings.Fields(string(b[i+1:]))
+	if len(f) < 13 {
+		return "unknown"
+	}
+	utime, _ := strconv.ParseFloat(f[11], 64)
+	stime, _ := strconv.ParseFloat(f[12], 64)
+	const hz = 100 // USER_HZ on Linux
+	states := map[string]int{}
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/stat", pid))
+	for _, t := range tasks {
+		tb, err := os.ReadFile(t)
+		if err != nil {
+			continue
+		}
+		if j := strings.LastIndexByte(string(tb), ')'); j >= 0 {
+			if tf := strings.Fields(string(tb[j+1:])); len(tf) > 0 {
+				states[tf[0]]++
+			}
+		}
+	}
+	keys := make([]string, 0, len(states))
+	for k := range states {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	var ts []string
+	for _, k := range keys {
+		ts = append(ts, fmt.Sprintf("%d %s", states[k], k))
+	}
+	return fmt.Sprintf("state %s, %.1f s user + %.1f s system CPU, threads: %s", f[0], utime/hz, stime/hz, strings.Join(ts, ", "))
 }

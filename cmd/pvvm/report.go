@@ -143,6 +143,9 @@ func postMortem(w io.Writer, c *config, res *qemu.Result, cause error) {
 				fmt.Fprintf(w, "%s: `%s`: still running\n", p, c.commandLine(r.Prog))
 			}
 		}
+		if vm.QEMUState != "" {
+			fmt.Fprintf(w, "%s: QEMU when stopped: %s\n", p, vm.QEMUState)
+		}
 		if vm.Backend != nil {
 			fmt.Fprintf(w, "%s: backend: %s\n", p, fabric.FormatCounters(vm.Backend))
 		} else {
