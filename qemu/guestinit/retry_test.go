@@ -42,3 +42,22 @@ func TestRetryDoesNotRerunAStepKilledAtItsLimit(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 1, strings.Count(string(b), "\n"), "attempts")
 }
+
+// A program past its time limit gets SIGQUIT before SIGKILL: a Go program
+// prints its goroutines' stacks on it, which say where it hung.
+func TestAStepPastItsLimitIsAskedToQuitFirst(t *testing.T) {
+	body := `trap 'echo got SIGQUIT; exit 3' QUIT; echo started; while :; do sleep 0.05; done`
+	recs, ok := runOne(t, guest.Step{Name: "p", Path: script(t, body), Kind: guest.KindCmd, Timeout: 500 * time.Millisecond})
+	require.False(t, ok)
+	var lines []string
+	for _, r := range recs {
+		if r.Event == proto.EventOut {
+			lines = append(lines, r.Line)
+		}
+	}
+	require.NotEmpty(t, lines)
+	assert.Equal(t, "started", lines[0])
+	assert.Contains(t, lines, "got SIGQUIT")
+	exit := recs[len(recs)-1]
+	assert.Equal(t, "killed: timeout after 500ms", exit.Msg)
+}

@@ -26,6 +26,9 @@ const (
 	// outputGrace bounds the wait for a program's output to end after the
 	// program has exited and its process group was killed.
 	outputGrace = 2 * time.Second
+	// quitGrace is how long a program past its time limit has to print
+	// its stacks after SIGQUIT before it is killed.
+	quitGrace = 2 * time.Second
 	// reapWait bounds the wait for a killed program to be reaped.
 	reapWait = 5 * time.Second
 )
@@ -137,11 +140,18 @@ func execStep(rep *reporter, s guest.Step, args, env []string) stepResult {
 	case waitErr = <-waitDone:
 	case <-timer.C:
 		killed = true
-		unix.Kill(-pgid, unix.SIGKILL)
+		// SIGQUIT first: a Go program (pvctl, a test binary) prints every
+		// goroutine's stack on it, which says where it hung; others end.
+		unix.Kill(-pgid, unix.SIGQUIT)
 		select {
 		case waitErr = <-waitDone:
-		case <-time.After(reapWait):
-			waitErr = errors.New("not reaped after SIGKILL")
+		case <-time.After(quitGrace):
+			unix.Kill(-pgid, unix.SIGKILL)
+			select {
+			case waitErr = <-waitDone:
+			case <-time.After(reapWait):
+				waitErr = errors.New("not reaped after SIGKILL")
+			}
 		}
 	}
 	// What the program left running would hold the pipe open and the device
