@@ -16,6 +16,8 @@
 #include <sys/eventfd.h>
 #include <unistd.h>
 
+static void sv_cq_reap(struct sv_cq *cq);
+
 /* ---- channel ---- */
 
 SV_EXPORT struct ibv_comp_channel *ibv_create_comp_channel(struct ibv_context *context)
@@ -129,7 +131,7 @@ SV_EXPORT void ibv_ack_cq_events(struct ibv_cq *cq, unsigned int nevents)
 		return;
 	sv_lock();
 	cq->comp_events_completed += nevents;
-	pthread_cond_broadcast(&cq->cond);
+	sv_cq_reap(to_cq(cq));
 	sv_unlock();
 }
 
@@ -205,6 +207,32 @@ static void sv_cq_purge_events(struct sv_cq *cq)
 	}
 }
 
+/* Frees a destroyed CQ's memory once no event of it is out. Called locked. */
+static void sv_cq_reap(struct sv_cq *cq)
+{
+	if (!cq->zombie || cq->events_reported != cq->ibv.comp_events_completed)
+		return;
+	pthread_mutex_destroy(&cq->ibv.mutex);
+	pthread_cond_destroy(&cq->ibv.cond);
+	free(cq->ring);
+	free(cq);
+}
+
+/*
+ * Takes a CQ out of its context and frees it. Called locked.
+ *
+ * The receiver of an event (ibv_get_cq_event) goes on using the CQ until
+ * it acks the event: QEMU's completion thread arms and polls the CQ, then
+ * acks, while the guest may destroy that CQ from its vCPU thread. Freeing
+ * it there was a use after free in QEMU's process: a loop of the interop
+ * tier saw the reference guest's QEMU die of SIGSEGV, and abort on a
+ * corrupted heap, as the next ping-pong started. libibverbs makes destroy
+ * wait for the acks instead; here a wait could deadlock QEMU (its
+ * completion thread takes the big QEMU lock to raise an interrupt, which
+ * the destroying vCPU thread holds). So the CQ is emptied and detached at
+ * once (polls of it return nothing, arming it does nothing), its queued
+ * events are dropped, and its memory is freed by the last ack.
+ */
 void sv_cq_free(struct sv_cq *cq)
 {
 	struct sv_context *ctx = to_ctx(cq->ibv.context);
@@ -215,10 +243,10 @@ void sv_cq_free(struct sv_cq *cq)
 		to_channel(cq->ibv.channel)->refs--;
 	sv_list_del(&cq->link);
 	ctx->n_cq--;
-	pthread_mutex_destroy(&cq->ibv.mutex);
-	pthread_cond_destroy(&cq->ibv.cond);
-	free(cq->ring);
-	free(cq);
+	__atomic_store_n(&cq->count, 0, __ATOMIC_RELEASE);
+	cq->armed = SV_ARM_NONE;
+	cq->zombie = 1;
+	sv_cq_reap(cq);
 }
 
 SV_EXPORT int ibv_destroy_cq(struct ibv_cq *ibcq)
@@ -233,18 +261,6 @@ SV_EXPORT int ibv_destroy_cq(struct ibv_cq *ibcq)
 		sv_unlock();
 		return EBUSY;
 	}
-	/*
-	 * As libibverbs promises: destroy waits until every event that
-	 * ibv_get_cq_event returned for this CQ has been acknowledged. The
-	 * caller of ibv_get_cq_event goes on using the CQ until it acks
-	 * (QEMU's completion thread arms and polls it, then acks): freeing
-	 * it earlier was a use after free in QEMU's process, seen as QEMU
-	 * dying of SIGSEGV when a guest destroyed a CQ while its event was
-	 * being handled. Events still queued are dropped (never returned).
-	 */
-	sv_cq_purge_events(cq);
-	while (cq->events_reported != cq->ibv.comp_events_completed)
-		pthread_cond_wait(&cq->ibv.cond, &sv.lock);
 	sv_cq_free(cq);
 	sv_unlock();
 	return 0;

@@ -169,6 +169,7 @@ struct sv_cq {
 	int armed;
 	int refs;                     /* QPs using it */
 	uint32_t events_reported;     /* events ibv_get_cq_event handed out */
+	int zombie;                   /* destroyed; freed by the last ack */
 };
 
 /* A receive WQE (RQ or SRQ). */

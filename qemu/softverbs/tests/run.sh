@@ -34,6 +34,11 @@ tally() {
 # ---- unit tests ----
 timeout 60 "$OUT/softverbs-test" > "$WORK/unit.out" 2>&1
 tally unit "$WORK/unit.out" "unit tests"
+# the whole unit suite again with the library built with AddressSanitizer
+# (a use after free in the backend crashes QEMU much later, if at all)
+LD_LIBRARY_PATH="$OUT/asan" ASAN_OPTIONS=detect_leaks=0 timeout 90 "$OUT/asan/softverbs-test" > "$WORK/unit-asan.out" 2>&1
+tally unit "$WORK/unit-asan.out" "unit tests under ASan"
+grep -q 'ERROR: AddressSanitizer' "$WORK/unit-asan.out" && bad "AddressSanitizer reports" "$WORK/unit-asan.out"
 # the data-path cases again with an empty poll that only yields (as QEMU runs)
 SOFTVERBS_POLL_PROGRESS=0 timeout 60 "$OUT/softverbs-test" rc_loopback rc_window_rnr \
 	exactly_once ud_loopback srq threads > "$WORK/unit-np.out" 2>&1
