@@ -54,6 +54,6 @@ func TestAVMThatDiesStopsTheRun(t *testing.T) {
 
 func TestProcessStateDescribesARunningProcess(t *testing.T) {
 	s := processState(os.Getpid())
-	assert.Regexp(t, `^state [RSD], [0-9.]+ s user \+ [0-9.]+ s system CPU, threads: [0-9]+ [A-Z]`, s)
+	assert.Regexp(t, `^state [RSD], [0-9.]+ s CPU; threads \(state/wait/CPU\): .*[RSD]/[^/]+/[0-9.]+s`, s)
 	assert.Contains(t, processState(1<<30), "unknown")
 }

@@ -669,45 +669,57 @@ func (t *tail) lines() []string {
 }
 
 // processState describes a running process from /proc: its scheduler
-// state, the CPU time it has used and its threads' states.
+// state, the CPU time it has used, and each thread by name with its state,
+// kernel wait channel and CPU time (QEMU names its threads: "CPU 0/TCG",
+// "rdma_comp_...", the backend's "softverbs"): a vCPU thread asleep on a
+// futex is a deadlock, one running is a starved or busy guest.
 func processState(pid int) string {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	st, err := procStat(fmt.Sprintf("/proc/%d", pid))
 	if err != nil {
 		return "unknown: " + err.Error()
+	}
+	var threads []string
+	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*", pid))
+	for _, t := range tasks {
+		ts, err := procStat(t)
+		if err != nil {
+			continue
+		}
+		comm, _ := os.ReadFile(filepath.Join(t, "comm"))
+		wchan, _ := os.ReadFile(filepath.Join(t, "wchan"))
+		w := strings.TrimSpace(string(wchan))
+		if w == "" || w == "0" {
+			w = "-"
+		}
+		threads = append(threads, fmt.Sprintf("%s %s/%s/%.1fs", strings.TrimSpace(string(comm)), ts.state, w, ts.cpu))
+	}
+	sort.Strings(threads)
+	return fmt.Sprintf("state %s, %.1f s CPU; threads (state/wait/CPU): %s", st.state, st.cpu, strings.Join(threads, ", "))
+}
+
+type procState struct {
+	state string
+	cpu   float64 // seconds, user and system
+}
+
+// procStat reads a process's or a thread's stat file (dir is /proc/PID or
+// /proc/PID/task/TID).
+func procStat(dir string) (procState, error) {
+	b, err := os.ReadFile(filepath.Join(dir, "stat"))
+	if err != nil {
+		return procState{}, err
 	}
 	// The fields after the command name, which is in parentheses.
 	i := strings.LastIndexByte(string(b), ')')
 	if i < 0 {
-		return "unknown"
+		return procState{}, errors.New("bad stat")
 	}
 	f := strings.Fields(string(b[i+1:]))
 	if len(f) < 13 {
-		return "unknown"
+		return procState{}, errors.New("short stat")
 	}
 	utime, _ := strconv.ParseFloat(f[11], 64)
 	stime, _ := strconv.ParseFloat(f[12], 64)
 	const hz = 100 // USER_HZ on Linux
-	states := map[string]int{}
-	tasks, _ := filepath.Glob(fmt.Sprintf("/proc/%d/task/*/stat", pid))
-	for _, t := range tasks {
-		tb, err := os.ReadFile(t)
-		if err != nil {
-			continue
-		}
-		if j := strings.LastIndexByte(string(tb), ')'); j >= 0 {
-			if tf := strings.Fields(string(tb[j+1:])); len(tf) > 0 {
-				states[tf[0]]++
-			}
-		}
-	}
-	keys := make([]string, 0, len(states))
-	for k := range states {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	var ts []string
-	for _, k := range keys {
-		ts = append(ts, fmt.Sprintf("%d %s", states[k], k))
-	}
-	return fmt.Sprintf("state %s, %.1f s user + %.1f s system CPU, threads: %s", f[0], utime/hz, stime/hz, strings.Join(ts, ", "))
+	return procState{state: f[0], cpu: (utime + stime) / hz}, nil
 }
