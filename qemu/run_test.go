@@ -3,6 +3,8 @@ package qemu
 import (
 	"context"
 	"os"
+	"os/exec"
+	"strings"
 	"path/filepath"
 	"testing"
 	"time"
@@ -56,4 +58,17 @@ func TestProcessStateDescribesARunningProcess(t *testing.T) {
 	s := processState(os.Getpid())
 	assert.Regexp(t, `^state [RSD], [0-9.]+ s CPU; threads \(state/wait/CPU\): .*[RSD]/[^/]+/[0-9.]+s`, s)
 	assert.Contains(t, processState(1<<30), "unknown")
+}
+
+func TestThreadStacksOfAProcess(t *testing.T) {
+	if _, err := exec.LookPath("gdb"); err != nil {
+		t.Skip("gdb is not installed: stacks are left out of post-mortems")
+	}
+	c := exec.Command("sleep", "30")
+	require.NoError(t, c.Start())
+	defer c.Process.Kill()
+	lines := threadStacks(c.Process.Pid)
+	require.NotEmpty(t, lines)
+	assert.Regexp(t, `^Thread 1 `, lines[0])
+	assert.Contains(t, strings.Join(lines, "\n"), "sleep")
 }

@@ -101,6 +101,9 @@ type VMResult struct {
 	// process was doing then (scheduler state, CPU time, threads): a guest
 	// that made no progress for lack of CPU is told from a stuck QEMU.
 	QEMUState string
+	// QEMUStacks, for a VM stopped before it was done, are its QEMU
+	// threads' stacks (gdb's backtraces; empty when gdb is not installed).
+	QEMUStacks []string
 }
 
 // Tests returns the EventTest records.
@@ -423,6 +426,7 @@ func runVM(ctx context.Context, o *Options, idx, n int, work, ethSock, mgmtSock 
 		<-exited
 	case <-ctx.Done():
 		v.QEMUState = processState(cmd.Process.Pid)
+		v.QEMUStacks = threadStacks(cmd.Process.Pid)
 		kill()
 		<-exited
 	}
@@ -482,6 +486,8 @@ func qemuArgs(o *Options, idx, n int, muxPath, ctlPath, ethSock string) []string
 	return []string{
 		"-accel", "tcg", "-cpu", "max", "-smp", "1",
 		"-nodefaults", "-display", "none", "-no-reboot", "-no-user-config",
+		// Thread names ("CPU 0/TCG", ...) for a post-mortem's thread list.
+		"-name", fmt.Sprintf("vm%d,debug-threads=on", idx),
 		"-machine", "q35,memory-backend=mem",
 		"-object", "memory-backend-ram,id=mem,size=" + mem + ",share=on", "-m", mem,
 		"-device", "intel-iommu,intremap=on",
@@ -722,4 +728,24 @@ func procStat(dir string) (procState, error) {
 	stime, _ := strconv.ParseFloat(f[12], 64)
 	const hz = 100 // USER_HZ on Linux
 	return procState{state: f[0], cpu: (utime + stime) / hz}, nil
+}
+
+// threadStacks returns the backtraces of a process's threads, taken with
+// gdb if it is installed (nil otherwise); it takes a few seconds.
+func threadStacks(pid int) []string {
+	gdb, err := exec.LookPath("gdb")
+	if err != nil {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	out, _ := exec.CommandContext(ctx, gdb, "-q", "-batch", "-p", strconv.Itoa(pid),
+		"-ex", "set pagination off", "-ex", "thread apply all bt 15").CombinedOutput()
+	var lines []string
+	for _, l := range strings.Split(string(out), "\n") {
+		if strings.HasPrefix(l, "Thread ") || strings.HasPrefix(l, "#") {
+			lines = append(lines, l)
+		}
+	}
+	return lines
 }

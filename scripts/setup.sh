@@ -17,6 +17,7 @@ pkgs=(
   ibverbs-providers  # rdma-core's providers, vmw_pvrdma among them (the reference guest)
   perftest           # ib_send_bw / ib_send_lat (the reference guest, the backend's ceiling)
   xz-utils           # the guest kernel is unpacked once for a faster boot
+  gdb                # a stopped VM's post-mortem shows its QEMU threads' stacks
   gcc make
 )
 

@@ -159,6 +159,13 @@ func postMortem(w io.Writer, c *config, res *qemu.Result, cause error) {
 			fmt.Fprintf(w, "%s console: %s\n", p, l)
 		}
 	}
+	// The stacks last: long, and read only when the lines above do not say
+	// enough.
+	for _, vm := range res.VMs {
+		for _, l := range vm.QEMUStacks {
+			fmt.Fprintf(w, "pvvm: vm%d QEMU stack: %s\n", vm.Index, l)
+		}
+	}
 }
 
 // postMortemLines bounds each VM's console tail in a post-mortem.
