@@ -775,6 +775,8 @@ static int sv_rc_transmit(struct sv_qp *qp, struct sv_swqe *w, uint64_t now)
 	struct sv_hdr h;
 
 	if (!c) {
+		sv_stat_add(sv_route_known(dgid) ? SV_ST_RC_UNREACHABLE :
+			    SV_ST_RC_NO_ROUTE, 1);
 		sv_rc_retry(qp, w, 0, sv_timeout_ns(qp), now);
 		return -1;
 	}

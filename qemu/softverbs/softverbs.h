@@ -370,6 +370,8 @@ enum sv_stat {
 	SV_ST_RC_NAK_NOT_READY, /* RC: NOT_READY NAKs received */
 	SV_ST_RC_NAK_NOT_YET,   /* RC: NOT_YET NAKs received */
 	SV_ST_RC_FAILED,        /* RC: send WQEs completed in error */
+	SV_ST_RC_NO_ROUTE,      /* RC: a send found its destination GID unregistered (retried) */
+	SV_ST_RC_UNREACHABLE,   /* RC: a send found the destination node unreachable (retried) */
 	SV_ST_COUNT
 };
 void sv_stat_add(enum sv_stat s, uint64_t n);

@@ -46,6 +46,8 @@ static const char *const sv_stat_names[SV_ST_COUNT] = {
 	[SV_ST_RC_NAK_NOT_READY] = "rc_nak_not_ready",
 	[SV_ST_RC_NAK_NOT_YET] = "rc_nak_not_yet",
 	[SV_ST_RC_FAILED] = "rc_failed",
+	[SV_ST_RC_NO_ROUTE] = "rc_no_route",
+	[SV_ST_RC_UNREACHABLE] = "rc_unreachable",
 };
 
 #define SV_STAT_NAME 24
