@@ -22,7 +22,7 @@ const testIOVA = 0x10_0000_0000
 // mapping that Close unmaps, as Open's does: a driver access to it after
 // Close faults (and fails the test); a register access after Close is
 // counted in fakeDev.late; the fake vectors are closed, waking sleepers.
-func newTestNIC(t *testing.T, o *Options) (*NIC, *fakeDev) {
+func newTestNIC(t testing.TB, o *Options) (*NIC, *fakeDev) {
 	t.Helper()
 	opts, err := o.withDefaults()
 	require.NoError(t, err)
