@@ -1,13 +1,15 @@
 package qemu
 
 import (
-	"errors"
 	"io"
 	"log/slog"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 func discard() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
@@ -24,17 +26,17 @@ func TestQEMURefusal(t *testing.T) {
 		{"something else entirely", ""},
 	} {
 		got := qemuRefusal(strings.Split(tc.stderr, "\n"), "/x")
-		if (tc.want == "") != (got == "") || !strings.Contains(got, tc.want) {
-			t.Errorf("qemuRefusal(%q) = %q, want it to mention %q", tc.stderr, got, tc.want)
+		if tc.want == "" {
+			assert.Empty(t, got, "qemuRefusal(%q)", tc.stderr)
+			continue
 		}
+		assert.Contains(t, got, tc.want, "qemuRefusal(%q)", tc.stderr)
 	}
 }
 
 func TestCheck(t *testing.T) {
 	if os.Geteuid() != 0 {
-		if err := Check(&Options{}); !errors.Is(err, ErrNotRoot) {
-			t.Fatalf("Check as non-root = %v", err)
-		}
+		require.ErrorIs(t, Check(&Options{}), ErrNotRoot, "Check as non-root")
 		return
 	}
 	dir := t.TempDir()
@@ -42,19 +44,15 @@ func TestCheck(t *testing.T) {
 	initrd := filepath.Join(dir, "initrd")
 	os.WriteFile(kernel, nil, 0o644)
 	os.WriteFile(initrd, nil, 0o644)
-	if err := Check(&Options{QEMU: "no-such-qemu-binary"}); !errors.Is(err, ErrNoQEMU) || !strings.Contains(err.Error(), "make setup") {
-		t.Errorf("missing QEMU: %v", err)
-	}
-	if err := Check(&Options{QEMU: "true", Kernel: filepath.Join(dir, "nope")}); !errors.Is(err, ErrNoKernel) {
-		t.Errorf("missing kernel: %v", err)
-	}
-	if err := Check(&Options{QEMU: "true", Kernel: kernel, BackendDir: dir}); !errors.Is(err, ErrNoBackend) || !strings.Contains(err.Error(), "make softverbs") {
-		t.Errorf("missing backend: %v", err)
-	}
+	err := Check(&Options{QEMU: "no-such-qemu-binary"})
+	assert.ErrorIs(t, err, ErrNoQEMU, "missing QEMU")
+	assert.ErrorContains(t, err, "make setup", "missing QEMU")
+	assert.ErrorIs(t, Check(&Options{QEMU: "true", Kernel: filepath.Join(dir, "nope")}), ErrNoKernel, "missing kernel")
+	err = Check(&Options{QEMU: "true", Kernel: kernel, BackendDir: dir})
+	assert.ErrorIs(t, err, ErrNoBackend, "missing backend")
+	assert.ErrorContains(t, err, "make softverbs", "missing backend")
 	os.WriteFile(filepath.Join(dir, "libibverbs.so.1"), nil, 0o644)
-	if err := Check(&Options{QEMU: "true", Kernel: kernel, BackendDir: dir, Initrd: initrd}); err != nil {
-		t.Errorf("complete set-up: %v", err)
-	}
+	assert.NoError(t, Check(&Options{QEMU: "true", Kernel: kernel, BackendDir: dir, Initrd: initrd}), "complete set-up")
 }
 
 func TestTailAndBudget(t *testing.T) {
@@ -62,15 +60,12 @@ func TestTailAndBudget(t *testing.T) {
 	for _, s := range []string{"a", "b", "c", "d", "e", "f", "g"} {
 		tl.add(s)
 	}
-	if got := strings.Join(tl.lines(), ""); got != "efg" {
-		t.Fatalf("tail = %q", got)
-	}
+	require.Equal(t, "efg", strings.Join(tl.lines(), ""), "tail")
 	var b outputBudget
 	b.limit = 10
 	var lines []string
 	flooded := false
 	scanLines(strings.NewReader("1234\n5678\nabcdef\nmore\n"), &b, func() { flooded = true }, func(s string) { lines = append(lines, s) })
-	if !flooded || len(lines) != 2 {
-		t.Fatalf("flooded %v, lines %q", flooded, lines)
-	}
+	assert.True(t, flooded, "flooded")
+	assert.Len(t, lines, 2, "lines %q", lines)
 }
