@@ -5,13 +5,17 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"runtime"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/vfrdma/vfrdma/qemu/proto"
 )
 
 // noFault runs f with memory faults turned into panics, and reports one
@@ -93,19 +97,21 @@ func TestNICCloseWakesSleepers(t *testing.T) {
 // ErrClosed, always), and the frames received are whole and in order.
 func TestNICCloseRacingCalls(t *testing.T) {
 	rounds := 100
-	if testing.Short() {
-		rounds = 20
+	if testing.Short() || os.Getenv(proto.EnvGuest) == "1" { // the guest's one CPU under TCG is slow
+		rounds = 10
 	}
 	for round := range rounds {
 		n, f := newTestNIC(t, &Options{TxRing: 32, RxRing: 32})
 		f.discard = true
 		var wg sync.WaitGroup
+		var ops atomic.Int64 // calls made: Close comes after a random number
 		// run calls op until it returns ErrClosed; any other error, or a
 		// fault, fails the test.
 		run := func(what string, op func() error) {
 			wg.Go(func() {
 				err := noFault(func() {
 					for {
+						ops.Add(1)
 						err := op()
 						if err == nil {
 							continue
@@ -167,7 +173,10 @@ func TestNICCloseRacingCalls(t *testing.T) {
 				}
 			}
 		})
-		for range rand.IntN(200) {
+		// A random moment, counted in calls rather than in time or in
+		// yields (with one CPU a yield can cost a busy goroutine's whole
+		// time slice).
+		for at := int64(rand.IntN(400)); ops.Load() < at; {
 			runtime.Gosched()
 		}
 		wg.Go(func() { assert.NoError(t, n.Close(), "round %d: the second Close", round) })
