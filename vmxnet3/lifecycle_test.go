@@ -55,6 +55,12 @@ func TestNICCallsAfterCloseReturnErrClosed(t *testing.T) {
 		assert.ErrorIs(t, err, ErrClosed, name)
 	}
 	assert.NoError(t, n.Close(), "a second Close")
+	// ErrClosed comes before any other check: a NIC without interrupts.
+	n.rxIRQ, n.eventIRQ = nil, nil
+	_, err := n.RecvWait(ctx, bufs, sizes)
+	assert.ErrorIs(t, err, ErrClosed, "RecvWait without a receive interrupt")
+	_, _, err = n.WaitLinkChange(ctx, 0)
+	assert.ErrorIs(t, err, ErrClosed, "WaitLinkChange without an event interrupt")
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	assert.Zero(t, f.late, "register accesses after Close")

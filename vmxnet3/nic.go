@@ -432,6 +432,9 @@ func (n *NIC) LinkChanges() uint64 { return n.linkChanges.Load() }
 // the link state then and the new count. Pass 0 first, then the count it
 // returned: no change between two calls is missed.
 func (n *NIC) WaitLinkChange(ctx context.Context, seen uint64) (Link, uint64, error) {
+	if n.ctlGate.isShut() {
+		return Link{}, 0, n.opErr("wait for a link change", ErrClosed)
+	}
 	if n.eventIRQ == nil {
 		return Link{}, 0, n.opErr("wait for a link change", fmt.Errorf("%w: the NIC has no event interrupt", ErrUnsupported))
 	}

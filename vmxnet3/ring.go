@@ -239,6 +239,9 @@ func (n *NIC) recv(bufs [][]byte, sizes []int) (int, error) {
 // (the vector masks itself when it fires), so a frame that lands between
 // the last look and the sleep still wakes it.
 func (n *NIC) RecvWait(ctx context.Context, bufs [][]byte, sizes []int) (int, error) {
+	if n.rxGate.isShut() {
+		return 0, n.opErr("receive", ErrClosed)
+	}
 	if len(sizes) < len(bufs) {
 		return 0, n.opErr("receive", invalidf("%d sizes for %d buffers", len(sizes), len(bufs)))
 	}
