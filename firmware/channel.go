@@ -84,10 +84,15 @@ func NewChannel(regs Regs, cmdSlot, respSlot []byte, opts *Options) (*Channel, e
 }
 
 // Close marks the channel closed: later calls fail with ErrClosed. A
-// command in progress completes. Close does not touch the device (see
-// Reset) and is idempotent.
+// command in progress completes first: Close waits for it (a wait bounded
+// by the command's own timeout), so that once Close returns nothing
+// touches the command and response slots or the registers, and the caller
+// may unmap them. Close does not touch the device (see Reset) and is
+// idempotent.
 func (c *Channel) Close() error {
 	c.closed.Store(true)
+	c.sem <- struct{}{} // the command in progress, if any, has finished
+	<-c.sem
 	return nil
 }
 

@@ -3,11 +3,15 @@ package firmware
 import (
 	"context"
 	"errors"
+	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/assert"
 )
 
 var bg = context.Background()
@@ -535,4 +539,43 @@ func equalCmds(a, b []Cmd) bool {
 		}
 	}
 	return true
+}
+
+// Close waits for the command in progress: once it returns, nothing
+// touches the slots or registers (the caller unmaps them next). Before,
+// Close returned at once and the command read the response slot after.
+func TestCloseWaitsForTheCommandInProgress(t *testing.T) {
+	b := newBench(t, benchOpts{spec: true, deferred: true})
+	entered, release := make(chan struct{}), make(chan struct{})
+	b.ch.wait = func(ctx context.Context) error {
+		close(entered)
+		<-release
+		b.dev.deliver()
+		return nil
+	}
+	var cmdDone atomic.Bool
+	cmdErr := make(chan error, 1)
+	go func() {
+		_, err := b.ch.CreatePD(bg, 0)
+		cmdDone.Store(true)
+		cmdErr <- err
+	}()
+	<-entered // the command holds the channel and waits for its response
+	doneAtClose := make(chan bool, 1)
+	go func() {
+		assert.NoError(t, b.ch.Close())
+		doneAtClose <- cmdDone.Load()
+	}()
+	for !b.ch.closed.Load() {
+		runtime.Gosched()
+	}
+	for range 100 { // time for a Close that does not wait to return
+		runtime.Gosched()
+	}
+	close(release)
+	assert.True(t, <-doneAtClose, "Close returned while a command was in progress")
+	assert.NoError(t, <-cmdErr, "the command in progress completes")
+	_, err := b.ch.CreatePD(bg, 0)
+	assert.ErrorIs(t, err, ErrClosed)
+	assert.NoError(t, b.ch.Close(), "a second Close")
 }

@@ -99,7 +99,7 @@ run_tier() {
     vet)       $GO vet ./... && $GO vet -tags guest ./... && $GO tool staticcheck ./... && $GO tool staticcheck -tags guest ./... ;;
     host)      $GO test -race -count=1 ./... ;;
     backend)   make -s -C qemu/softverbs test OUT="$SV_OUT" ;;
-    guest)     $GO run ./cmd/pvvm -test all ;;
+    guest)     $GO test -tags bench -count=1 ./qemu/... && $GO run ./cmd/pvvm -test all ;;
     guest-2vm) $GO run ./cmd/pvvm -vms 2 -test all -run "$TWO_VM_TESTS" ;;
     guest-3vm) $GO run ./cmd/pvvm -vms 3 -test am -run "$THREE_VM_TESTS" ;;
     reference) reference_tier ;;

@@ -119,9 +119,17 @@ func (l Link) String() string {
 }
 
 // NIC is an activated vmxnet3 function. Send and Recv (and RecvWait) may
-// run in two goroutines at once, one each; the control calls (Link, Stats,
-// SetRxMode, Close) are safe for concurrent use. Close must not run
-// concurrently with a Send or Recv.
+// run in two goroutines at once, one each; the control calls (Link,
+// WaitLinkChange, Stats, Close) are safe for concurrent use, and Close is
+// safe beside every call.
+//
+// Lifecycle: after Close every method that can fail returns an error
+// wrapping ErrClosed (Name, MAC, MTU, MaxFrame and LinkChanges keep
+// answering from what the NIC remembers); a call racing Close either
+// completes or returns ErrClosed; Close waits for the calls in progress
+// before it frees the device memory they use, and wakes RecvWait and
+// WaitLinkChange sleepers (they return ErrClosed). A second Close returns
+// nil.
 type NIC struct {
 	name            string
 	pt              Register // BAR0
@@ -137,8 +145,13 @@ type NIC struct {
 	tx txRing
 	rx rxRing
 
-	mu          sync.Mutex // the command register, rxMode, closed
-	closed      bool
+	// Every call that touches device memory passes one of the gates:
+	// Send the transmit one, Recv the receive one, the rest the control
+	// one. Close shuts them and waits for the calls inside.
+	txGate, rxGate, ctlGate gate
+	closeMu                 sync.Mutex // serialises Close: a second one waits for the first
+
+	mu          sync.Mutex // the command register, rxMode
 	rxMode      uint32
 	linkDown    atomic.Bool   // as last read from the device
 	linkChanges atomic.Uint64 // link-change events acknowledged
@@ -199,6 +212,9 @@ func start(name string, pt, vd Register, mem []byte, iova uint64, rxIRQ, eventIR
 	}
 	n := &NIC{name: name, pt: pt, vd: vd, mem: mem, iova: iova, rxIRQ: rxIRQ, eventIRQ: eventIRQ,
 		mtu: o.MTU, maxFrame: o.MTU + HeaderLen}
+	n.txGate.init()
+	n.rxGate.init()
+	n.ctlGate.init()
 	// Reset first: the function has no FLR, so whatever the last user
 	// left (an active device, unmasked interrupts) is still there.
 	if err := n.command(cmdReset); err != nil {
@@ -351,11 +367,12 @@ func (n *NIC) MaxFrame() int { return n.maxFrame }
 // Link asks the device for its link state (and takes note of a change the
 // device signalled).
 func (n *NIC) Link() (Link, error) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.closed {
+	if !n.ctlGate.enter() {
 		return Link{}, n.opErr("get link", ErrClosed)
 	}
+	defer n.ctlGate.leave()
+	n.mu.Lock()
+	defer n.mu.Unlock()
 	if err := n.noteLinkChangeLocked(); err != nil {
 		return Link{}, err
 	}
@@ -391,6 +408,7 @@ func (n *NIC) noteLinkChangeLocked() error {
 
 // checkLink is the data path's look at the link: one load of the shared
 // area's event word, and the device asked only when it signalled a change.
+// The caller is inside a gate.
 func (n *NIC) checkLink() error {
 	if atomicLoad32(n.shared[shECR:])&ecrLink != 0 {
 		n.mu.Lock()
@@ -414,15 +432,17 @@ func (n *NIC) LinkChanges() uint64 { return n.linkChanges.Load() }
 // the link state then and the new count. Pass 0 first, then the count it
 // returned: no change between two calls is missed.
 func (n *NIC) WaitLinkChange(ctx context.Context, seen uint64) (Link, uint64, error) {
+	if n.ctlGate.isShut() {
+		return Link{}, 0, n.opErr("wait for a link change", ErrClosed)
+	}
 	if n.eventIRQ == nil {
 		return Link{}, 0, n.opErr("wait for a link change", fmt.Errorf("%w: the NIC has no event interrupt", ErrUnsupported))
 	}
 	for {
-		n.mu.Lock()
-		if n.closed {
-			n.mu.Unlock()
+		if !n.ctlGate.enter() {
 			return Link{}, 0, n.opErr("wait for a link change", ErrClosed)
 		}
+		n.mu.Lock()
 		// Forget wake-ups already seen, look, unmask; then sleep until the
 		// vector fires (it masks itself when it does). A change signalled
 		// after the look leaves the vector pending, and unmasking a pending
@@ -434,17 +454,21 @@ func (n *NIC) WaitLinkChange(ctx context.Context, seen uint64) (Link, uint64, er
 		if err == nil && n.linkChanges.Load() > seen {
 			l, qerr := n.queryLinkLocked()
 			n.mu.Unlock()
+			n.ctlGate.leave()
 			return l, n.linkChanges.Load(), qerr
 		}
 		if err == nil {
 			err = n.pt.Store32(regIMR+8*vecEvent, 0)
 		}
 		n.mu.Unlock()
+		n.ctlGate.leave()
 		if err != nil {
-			return Link{}, 0, n.opErr("wait for a link change", err)
+			return Link{}, 0, n.opErr("wait for a link change", n.closedOr(&n.ctlGate, err))
 		}
+		// The sleep is outside the gate: Close does not wait for it, it
+		// wakes it (closing the vector).
 		if _, err := n.eventIRQ.Wait(ctx); err != nil {
-			return Link{}, 0, n.opErr("wait for a link change", err)
+			return Link{}, 0, n.opErr("wait for a link change", n.closedOr(&n.ctlGate, err))
 		}
 	}
 }
@@ -452,16 +476,17 @@ func (n *NIC) WaitLinkChange(ctx context.Context, seen uint64) (Link, uint64, er
 // Stats returns the counters. The device's own (transmit errors, receive
 // drops for want of buffers) are fetched with a GET_STATS command.
 func (n *NIC) Stats() (Stats, error) {
-	n.mu.Lock()
-	defer n.mu.Unlock()
 	s := Stats{
 		TxFrames: n.count.txFrames.Load(), TxBytes: n.count.txBytes.Load(), TxDoorbells: n.count.txDoorbells.Load(),
 		RxFrames: n.count.rxFrames.Load(), RxBytes: n.count.rxBytes.Load(), RxTruncated: n.count.rxTrunc.Load(),
 		RxWaits: n.count.rxWaits.Load(),
 	}
-	if n.closed {
+	if !n.ctlGate.enter() {
 		return s, n.opErr("get stats", ErrClosed)
 	}
+	defer n.ctlGate.leave()
+	n.mu.Lock()
+	defer n.mu.Unlock()
 	if err := n.command(cmdGetStats); err != nil {
 		return s, err
 	}
@@ -473,14 +498,26 @@ func (n *NIC) Stats() (Stats, error) {
 }
 
 // Close quiesces and resets the function (the paired RDMA port reads DOWN
-// from then on) and frees what Open took. It is idempotent.
+// from then on) and frees what Open took. Calls that have begun finish
+// first; calls that begin from then on, and sleepers in RecvWait and
+// WaitLinkChange, return ErrClosed. A second Close returns nil (once the
+// first has finished).
 func (n *NIC) Close() error {
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	if n.closed {
+	n.closeMu.Lock()
+	defer n.closeMu.Unlock()
+	// Shut all three gates before waiting on any, so that no new call
+	// starts on one side while Close waits for another.
+	first := n.txGate.shut()
+	n.rxGate.shut()
+	n.ctlGate.shut()
+	if !first {
 		return nil
 	}
-	n.closed = true
+	n.txGate.drain()
+	n.rxGate.drain()
+	n.ctlGate.drain()
+	n.mu.Lock()
+	defer n.mu.Unlock()
 	var errs []error
 	errs = append(errs, n.command(cmdQuiesce), n.command(cmdReset))
 	// The device no longer reads the shared area; clear its address.
@@ -492,4 +529,14 @@ func (n *NIC) Close() error {
 		return n.opErr("close", err)
 	}
 	return nil
+}
+
+// closedOr returns err, or ErrClosed with err beside it when Close has
+// begun (a sleeper woken by Close sees its vector closed, or its context's
+// error: the NIC's state is the answer that matters).
+func (n *NIC) closedOr(g *gate, err error) error {
+	if g.isShut() {
+		return fmt.Errorf("%w (%w)", ErrClosed, err)
+	}
+	return err
 }

@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -16,15 +18,37 @@ import (
 
 const testIOVA = 0x10_0000_0000
 
-func newTestNIC(t *testing.T, o *Options) (*NIC, *fakeDev) {
+// newTestNIC starts a NIC on a fakeDev. Its DMA memory is an anonymous
+// mapping that Close unmaps, as Open's does: a driver access to it after
+// Close faults (and fails the test); a register access after Close is
+// counted in fakeDev.late; the fake vectors are closed, waking sleepers.
+func newTestNIC(t testing.TB, o *Options) (*NIC, *fakeDev) {
 	t.Helper()
 	opts, err := o.withDefaults()
 	require.NoError(t, err)
 	l := computeLayout(&opts)
-	f := &fakeDev{mem: make([]byte, l.size), base: testIOVA, mac: [6]byte{0x52, 0x54, 0, 0x12, 0x34, 0x56}, link: true, rxIRQ: newFakeIRQ(), evIRQ: newFakeIRQ()}
-	n, err := start("fake", fakeBar{f, true}, fakeBar{f, false}, f.mem, testIOVA, f.rxIRQ, f.evIRQ, &opts)
+	mem, err := syscall.Mmap(-1, 0, l.size, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_ANON|syscall.MAP_PRIVATE)
 	require.NoError(t, err)
-	t.Cleanup(func() { n.Close() })
+	f := &fakeDev{mem: mem, base: testIOVA, mac: [6]byte{0x52, 0x54, 0, 0x12, 0x34, 0x56}, link: true, rxIRQ: newFakeIRQ(), evIRQ: newFakeIRQ()}
+	n, err := start("fake", fakeBar{f, true}, fakeBar{f, false}, f.mem, testIOVA, f.rxIRQ, f.evIRQ, &opts)
+	if err != nil {
+		_ = syscall.Munmap(mem)
+	}
+	require.NoError(t, err)
+	n.release = func() error {
+		f.mu.Lock()
+		f.released = true
+		f.mu.Unlock()
+		f.rxIRQ.close()
+		f.evIRQ.close()
+		return syscall.Munmap(mem)
+	}
+	t.Cleanup(func() {
+		assert.NoError(t, n.Close())
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		assert.Zero(t, f.late, "register accesses after Close freed the NIC")
+	})
 	return n, f
 }
 
@@ -340,6 +364,10 @@ type fakeDev struct {
 	badTxIdx bool
 	rxIRQ    *fakeIRQ
 	evIRQ    *fakeIRQ
+	// released: the NIC's Close freed its memory; late counts register
+	// accesses after that (a driver bug: the BARs are unmapped by then).
+	released bool
+	late     int
 }
 
 // setLink changes the link as QEMU's set_link does: the shared area's
@@ -377,6 +405,10 @@ func (b fakeBar) Load32(off int) (uint32, error) {
 	f := b.f
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.released {
+		f.late++
+		return 0, nil
+	}
 	if b.pt {
 		return 0, nil
 	}
@@ -410,6 +442,10 @@ func (b fakeBar) Store32(off int, v uint32) error {
 	f := b.f
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.released {
+		f.late++
+		return nil
+	}
 	if b.pt {
 		switch {
 		case off < 25*8:
@@ -536,10 +572,18 @@ func (f *fakeDev) kick() {
 // its backend: frames shorter than 60 bytes are padded; with no buffer
 // posted it is dropped and counted.
 func (f *fakeDev) deliver(frame []byte) {
+	if !f.tryDeliver(frame) {
+		panic("deliver to an inactive device")
+	}
+}
+
+// tryDeliver is deliver that reports false, and does nothing, when the
+// device is not active (the NIC closed it).
+func (f *fakeDev) tryDeliver(frame []byte) bool {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if !f.active {
-		panic("deliver to an inactive device")
+		return false
 	}
 	if len(frame) < 60 {
 		frame = append(append([]byte(nil), frame...), make([]byte, 60-len(frame))...)
@@ -548,7 +592,7 @@ func (f *fakeDev) deliver(frame []byte) {
 	w2 := atomicLoad32(d[8:])
 	if w2>>31 != f.rxGen {
 		f.rxOutOfBuf++
-		return
+		return true
 	}
 	capacity := int(w2 & rxLenMask)
 	n, trunc := len(frame), uint32(0)
@@ -574,15 +618,21 @@ func (f *fakeDev) deliver(frame []byte) {
 			f.rxIRQ.fire()
 		}
 	}
+	return true
 }
 
-// fakeIRQ is an eventfd-like vector: fire adds one, Poll and Wait take all.
+// fakeIRQ is an eventfd-like vector: fire adds one, Poll and Wait take
+// all; close wakes a waiter with errIRQClosed, as vfio.Vector's does.
 type fakeIRQ struct {
 	pending bool
 	ch      chan struct{}
+	closed  chan struct{}
+	once    sync.Once
 }
 
-func newFakeIRQ() *fakeIRQ { return &fakeIRQ{ch: make(chan struct{}, 1)} }
+var errIRQClosed = errors.New("fake vector closed")
+
+func newFakeIRQ() *fakeIRQ { return &fakeIRQ{ch: make(chan struct{}, 1), closed: make(chan struct{})} }
 
 func (q *fakeIRQ) fire() {
 	q.pending = false
@@ -592,7 +642,14 @@ func (q *fakeIRQ) fire() {
 	}
 }
 
+func (q *fakeIRQ) close() { q.once.Do(func() { close(q.closed) }) }
+
 func (q *fakeIRQ) Poll() (uint64, error) {
+	select {
+	case <-q.closed:
+		return 0, errIRQClosed
+	default:
+	}
 	select {
 	case <-q.ch:
 		return 1, nil
@@ -603,6 +660,8 @@ func (q *fakeIRQ) Poll() (uint64, error) {
 
 func (q *fakeIRQ) Wait(ctx context.Context) (uint64, error) {
 	select {
+	case <-q.closed:
+		return 0, errIRQClosed
 	case <-q.ch:
 		return 1, nil
 	case <-ctx.Done():

@@ -80,6 +80,10 @@ func (t *txRing) put(frame []byte) {
 // (the frames before it are sent), and a full ring with ErrRingFull. It
 // does not allocate.
 func (n *NIC) Send(frames [][]byte) (int, error) {
+	if !n.txGate.enter() {
+		return 0, n.opErr("send", ErrClosed)
+	}
+	defer n.txGate.leave()
 	t := &n.tx
 	if err := n.checkLink(); err != nil {
 		return 0, n.opErr("send", err)
@@ -173,6 +177,15 @@ func (n *NIC) Recv(bufs [][]byte, sizes []int) (int, error) {
 	if len(sizes) < len(bufs) {
 		return 0, n.opErr("receive", invalidf("%d sizes for %d buffers", len(sizes), len(bufs)))
 	}
+	if !n.rxGate.enter() {
+		return 0, n.opErr("receive", ErrClosed)
+	}
+	defer n.rxGate.leave()
+	return n.recv(bufs, sizes)
+}
+
+// recv is Recv inside the receive gate.
+func (n *NIC) recv(bufs [][]byte, sizes []int) (int, error) {
 	r := &n.rx
 	got, bytes, trunc := 0, 0, 0
 	var stop error
@@ -226,26 +239,44 @@ func (n *NIC) Recv(bufs [][]byte, sizes []int) (int, error) {
 // (the vector masks itself when it fires), so a frame that lands between
 // the last look and the sleep still wakes it.
 func (n *NIC) RecvWait(ctx context.Context, bufs [][]byte, sizes []int) (int, error) {
+	if n.rxGate.isShut() {
+		return 0, n.opErr("receive", ErrClosed)
+	}
+	if len(sizes) < len(bufs) {
+		return 0, n.opErr("receive", invalidf("%d sizes for %d buffers", len(sizes), len(bufs)))
+	}
+	if n.rxIRQ == nil {
+		return 0, n.opErr("receive", fmt.Errorf("%w: the NIC has no receive interrupt", ErrUnsupported))
+	}
 	for {
-		got, err := n.Recv(bufs, sizes)
+		got, err := n.armRecv(bufs, sizes)
 		if got > 0 || err != nil {
 			return got, err
 		}
-		if n.rxIRQ == nil {
-			return 0, n.opErr("receive", fmt.Errorf("%w: the NIC has no receive interrupt", ErrUnsupported))
-		}
-		if _, err := n.rxIRQ.Poll(); err != nil { // forget wake-ups already seen
-			return 0, n.opErr("receive", err)
-		}
-		if err := n.pt.Store32(regIMR+8*vecRx, 0); err != nil {
-			return 0, n.opErr("unmask the receive interrupt", err)
-		}
-		if got, err := n.Recv(bufs, sizes); got > 0 || err != nil {
-			return got, err
-		}
 		n.count.rxWaits.Add(1)
+		// The sleep is outside the gate: Close does not wait for it, it
+		// wakes it (closing the vector).
 		if _, err := n.rxIRQ.Wait(ctx); err != nil {
-			return 0, n.opErr("receive", err)
+			return 0, n.opErr("receive", n.closedOr(&n.rxGate, err))
 		}
 	}
+}
+
+// armRecv receives what is there, and when nothing is, arms the receive
+// interrupt and looks again, all inside the receive gate.
+func (n *NIC) armRecv(bufs [][]byte, sizes []int) (int, error) {
+	if !n.rxGate.enter() {
+		return 0, n.opErr("receive", ErrClosed)
+	}
+	defer n.rxGate.leave()
+	if got, err := n.recv(bufs, sizes); got > 0 || err != nil {
+		return got, err
+	}
+	if _, err := n.rxIRQ.Poll(); err != nil { // forget wake-ups already seen
+		return 0, n.opErr("receive", err)
+	}
+	if err := n.pt.Store32(regIMR+8*vecRx, 0); err != nil {
+		return 0, n.opErr("unmask the receive interrupt", err)
+	}
+	return n.recv(bufs, sizes)
 }
