@@ -25,9 +25,10 @@ type AH struct {
 // CreateAH makes an address handle for UD sends from QPs of this PD.
 func (pd *PD) CreateAH(attr AHAttr) (*AH, error) {
 	d := pd.d
-	if err := pd.check(); err != nil {
+	if err := pd.enter(); err != nil {
 		return nil, d.opErr("create AH", err)
 	}
+	defer pd.exit()
 	if !d.gidBound(attr.SGIDIndex) {
 		return nil, d.opErr("create AH", invalidf("source GID index %d is not bound", attr.SGIDIndex))
 	}
