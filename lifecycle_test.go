@@ -28,7 +28,7 @@ type fakeCmds struct {
 	commands
 
 	mu        sync.Mutex
-	fail      map[string]error   // by kind: "qp", "cq", "srq", "mr", "pd", "bind"
+	fail      map[string]error    // by kind: "qp", "cq", "srq", "mr", "pd", "bind"
 	destroyed map[string][]uint32 // what the device confirmed destroyed
 	created   []uint32            // PD handles given out
 	next      uint32
