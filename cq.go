@@ -38,6 +38,7 @@ type CQ struct {
 	handle  uint32
 	entries int
 	buf     *vfio.DMABuffer
+	st      *rings.State // the ring's counters, for Ready beside Poll
 	cons    *rings.Consumer
 	data    []byte
 	wake    chan struct{} // the notifier's signal: a CQE arrived while armed
@@ -127,7 +128,7 @@ func (d *Device) CreateCQ(ctx context.Context, entries int) (*CQ, error) {
 		return nil, d.opErr(op, err)
 	}
 	cons.SetName(fmt.Sprintf("CQ %d", resp.CQHandle))
-	cq := newCQ(d, resp.CQHandle, n, buf, cons, buf.Mem[ringPgData*firmware.PageSize:])
+	cq := newCQ(d, resp.CQHandle, n, buf, st, cons, buf.Mem[ringPgData*firmware.PageSize:])
 	d.journal.add(kindCQ, cq.handle)
 	d.mu.Lock()
 	d.cqs[cq] = struct{}{}
@@ -137,8 +138,8 @@ func (d *Device) CreateCQ(ctx context.Context, entries int) (*CQ, error) {
 }
 
 // newCQ makes the CQ over its ring (buf is nil in the host tests).
-func newCQ(d *Device, handle uint32, entries int, buf *vfio.DMABuffer, cons *rings.Consumer, data []byte) *CQ {
-	return &CQ{d: d, handle: handle, entries: entries, buf: buf, cons: cons, data: data,
+func newCQ(d *Device, handle uint32, entries int, buf *vfio.DMABuffer, st *rings.State, cons *rings.Consumer, data []byte) *CQ {
+	return &CQ{d: d, handle: handle, entries: entries, buf: buf, st: st, cons: cons, data: data,
 		wake: make(chan struct{}, 1), done: make(chan struct{})}
 }
 
@@ -636,12 +637,12 @@ func (cq *CQ) readyOrPoll() (bool, error) {
 }
 
 // ready reports whether Poll would return something now.
+// It reads the ring's two counters as published (prod_tail by the
+// device, cons_head by Poll) and nothing of the poller's own state: Ready
+// calls it beside Poll. An index out of range reads as ready: Poll reports
+// the fault.
 func (cq *CQ) ready() (bool, error) {
-	n, err := cq.cons.Ready()
-	if err != nil {
-		return false, cq.d.opErr("poll CQ", err)
-	}
-	return n > 0 || cq.flushPending.Load(), nil
+	return cq.st.ProdTail() != cq.st.ConsHead() || cq.flushPending.Load(), nil
 }
 
 // Ready reports whether the CQ holds completions (event.Source). With arm

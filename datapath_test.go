@@ -49,7 +49,7 @@ func newFixture(t testing.TB, typ QPType, depth int) *fixture {
 	cons, err := rings.NewConsumer(st, 4*depth)
 	require.NoError(t, err)
 	f.cqProd, _ = rings.NewProducer(st, 4*depth)
-	f.cq = newCQ(d, 5, 4*depth, nil, cons, make([]byte, 4*depth*CQESize))
+	f.cq = newCQ(d, 5, 4*depth, nil, st, cons, make([]byte, 4*depth*CQESize))
 	d.cqs[f.cq] = struct{}{}
 
 	qpState := make([]byte, 16)

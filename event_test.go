@@ -108,7 +108,7 @@ func newEventDevice(t testing.TB, ncq, depth int) *eventDevice {
 		cons, err := rings.NewConsumer(st, n)
 		require.NoError(t, err)
 		prod, _ := rings.NewProducer(st, n)
-		cq := newCQ(d, uint32(10+i), n, nil, cons, make([]byte, n*CQESize))
+		cq := newCQ(d, uint32(10+i), n, nil, st, cons, make([]byte, n*CQESize))
 		d.notify.add(cq)
 		f.cqs = append(f.cqs, cq)
 		f.cqProd = append(f.cqProd, prod)

@@ -162,7 +162,7 @@ func (l *lcDevice) addCQ(t testing.TB, handle uint32, n int) (*CQ, *rings.Produc
 	require.NoError(t, err)
 	prod, err := rings.NewProducer(st, n)
 	require.NoError(t, err)
-	cq := newCQ(l.d, handle, n, nil, cons, make([]byte, n*CQESize))
+	cq := newCQ(l.d, handle, n, nil, st, cons, make([]byte, n*CQESize))
 	l.d.mu.Lock()
 	l.d.cqs[cq] = struct{}{}
 	l.d.mu.Unlock()
