@@ -133,7 +133,9 @@ type GID [16]byte
 // String returns the GID in IPv6 notation.
 func (g GID) String() string { return netip.AddrFrom16(g).String() }
 
-// Device is an open pvrdma function. It is safe for concurrent use.
+// Device is an open pvrdma function. It is safe for concurrent use, Close
+// included, and follows the lifecycle rule (doc.go): after Close its
+// methods return ErrClosed, and Close waits out the calls under way.
 type Device struct {
 	name string
 	addr pci.Addr
