@@ -34,15 +34,34 @@ const (
 // reports false; a call let in must exit.
 func (g *gate) enter() bool {
 	if g.v.Add(1)&gateFlags != 0 {
-		g.exit()
+		g.refuse()
 		return false
 	}
 	return true
 }
 
+// refuse takes a refused call out again.
+//
+//go:noinline
+func (g *gate) refuse() {
+	g.v.Add(-1)
+	g.exitSlow()
+}
+
 // exit lets a call out.
 func (g *gate) exit() {
-	if v := g.v.Add(-1); v&gateFlags != 0 && v&^gateFlags == 0 {
+	if g.v.Add(-1)&gateFlags != 0 {
+		g.exitSlow()
+	}
+}
+
+// exitSlow is the end of exit while the gate is shut or held: a call that
+// finds none inside signals the closer or holder (more than one may: the
+// closer looks again).
+//
+//go:noinline
+func (g *gate) exitSlow() {
+	if g.v.Load()&^gateFlags == 0 {
 		g.signal()
 	}
 }
