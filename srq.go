@@ -304,11 +304,14 @@ func (s *SRQ) destroy(ctx context.Context) error {
 	if n := s.q.Members(); n > 0 {
 		return fmt.Errorf("%w: %d QPs still use SRQ %d; close them first", ErrBusy, n, s.handle)
 	}
-	if err := s.d.ch.DestroySRQ(ctx, s.handle); err != nil {
+	// No post runs while the device destroys the SRQ: none rings a
+	// doorbell for a handle the device may give again, or writes the ring
+	// after it is freed. If the device refuses, the SRQ is as it was.
+	left, err := s.q.CloseAfter(func() error { return s.d.ch.DestroySRQ(ctx, s.handle) })
+	if err != nil {
 		return err
 	}
 	s.closed = true
-	left := s.q.Close()
 	s.d.journal.remove(kindSRQ, s.handle)
 	s.d.mu.Lock()
 	delete(s.d.srqs, s)
