@@ -164,7 +164,10 @@ func (cq *CQ) Handle() uint32 { return cq.handle }
 // Entries returns the number of CQEs the ring holds.
 func (cq *CQ) Entries() int { return cq.entries }
 
-// Close destroys the CQ and frees its ring. It is idempotent.
+// Close destroys the CQ and frees its ring, once the calls inside it have
+// returned; a CQ.Wait asleep returns ErrClosed. It is idempotent. If the
+// device refuses the DESTROY, Close returns its error and the CQ stays
+// open and usable.
 func (cq *CQ) Close() error {
 	return cq.d.closeObject("destroy CQ", func(ctx context.Context) error { return cq.destroy(ctx, false) })
 }

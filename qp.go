@@ -510,7 +510,8 @@ func (qp *QP) Connect(ctx context.Context, r Remote, psn uint32) error {
 // complete with WR_FLUSH_ERR, exactly once each, and later posts fail with
 // ErrQPState. On QEMU (Quirks.Emulated), which records ERR without telling
 // its backend and so would still complete them, the driver destroys the
-// device's QP here and generates the flush completions itself.
+// device's QP here and generates the flush completions itself; posts
+// racing it there complete first or are refused with ErrQPState.
 func (qp *QP) SetError(ctx context.Context) error {
 	if err := qp.d.enter(); err != nil {
 		return qp.d.opErr("modify QP", err)
@@ -643,7 +644,10 @@ func (qp *QP) startFlush() {
 
 // Close destroys the QP. Work requests still outstanding complete with
 // WR_FLUSH_ERR on their CQs (poll them after Close); the CQs keep what
-// they need for that. It is idempotent.
+// they need for that. Posts racing Close complete first or are refused
+// with ErrClosed; the rings are freed once none is inside. It is
+// idempotent. If the device refuses the DESTROY, Close returns its error
+// and the QP stays as it was.
 func (qp *QP) Close() error {
 	return qp.d.closeObject("destroy QP", qp.destroy)
 }
