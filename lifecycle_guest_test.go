@@ -104,11 +104,13 @@ func lifecycleScenarios() map[string]func(d *Device) error {
 					}
 				})
 			}
+			// Receives, not sends: QEMU 7.2 aborts when a QP is destroyed
+			// with sends in flight in its backend (see TestShutdownStressGuest).
 			wg.Go(func() {
 				for i := uint64(0); ; i++ {
-					_, err := r.post(0, i)
+					_, err := r.postRecv(0, i)
 					if err != nil && !errors.Is(err, ErrQueueFull) {
-						errs <- wantClosed("QP.PostSend while Close ran", err)
+						errs <- wantClosed("QP.PostRecv while Close ran", err)
 						return
 					}
 				}
@@ -295,6 +297,14 @@ func (r *udLoop) postRecv(i int, id uint64) (int, error) {
 // are closed and the device is closed at random moments; dozens of rounds.
 // No fault, no wr_id completed twice or without a post, every posted one
 // completed or outstanding when its CQ went, and no goroutine left.
+//
+// The sends stop, and those in flight complete, before the first QP is
+// destroyed; receives go on being posted through the closes. QEMU 7.2
+// aborts (qemu_mutex_lock_impl: Assertion `mutex->initialized') when its
+// RDMA backend completes a send of a QP destroyed meanwhile: the
+// completion takes the destroyed QP's list lock. That is the bench's
+// limit, not the driver's; the host stress test races posts of every kind
+// with every close.
 func TestShutdownStressGuest(t *testing.T) {
 	bdf := guestBDF(t)
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
@@ -337,15 +347,26 @@ func guestStressRound(t *testing.T, bdf string, round int) int {
 		}
 	}
 	var wg sync.WaitGroup
+	stopSends := make(chan struct{})
+	var quiet sync.WaitGroup // the posters that have stopped sending
+	quiet.Add(len(r.qps))
 	for i := range r.qps {
 		wg.Go(func() {
+			sendsDone := sync.OnceFunc(quiet.Done)
+			defer sendsDone()
 			for id := uint64(0); ; {
 				var n int
 				var err error
-				if id%2 == 0 {
+				select {
+				case <-stopSends:
+					sendsDone()
 					n, err = r.postRecv(i, id)
-				} else {
-					n, err = r.post(i, id)
+				default:
+					if id%2 == 0 {
+						n, err = r.postRecv(i, id)
+					} else {
+						n, err = r.post(i, id)
+					}
 				}
 				if n == 1 {
 					mu.Lock()
@@ -431,6 +452,15 @@ func guestStressRound(t *testing.T, bdf string, round int) int {
 	})
 
 	time.Sleep(time.Duration(rng.IntN(100)) * time.Millisecond)
+	close(stopSends)
+	quiet.Wait()
+	deadline := time.Now().Add(20 * time.Second)
+	for _, qp := range r.qps {
+		for qp.sq.OutstandingP() > 0 {
+			require.True(t, time.Now().Before(deadline), "round %d: QP %d's sends never completed", round, qp.QPN())
+			time.Sleep(time.Millisecond)
+		}
+	}
 	switch rng.IntN(3) {
 	case 0:
 		require.NoError(t, r.qps[rng.IntN(2)].Close())
