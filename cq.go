@@ -59,13 +59,14 @@ type CQ struct {
 	// Events: the arm state as the driver knows it (set when it rings an
 	// arm doorbell, cleared when the device names the CQ), who watches
 	// it, and Progress for counter-driven CQs.
-	armed     atomic.Bool
-	arms      atomic.Uint64
-	watchers  event.Watchers
-	driven    atomic.Bool
-	pmu       sync.Mutex
-	scratch   [32]WC
-	sinceSync int // CQEs since Poll last looked at the notification ring
+	armed      atomic.Bool
+	arms       atomic.Uint64
+	interrupts atomic.Uint64 // Wait's wake-ups (Stats), counted outside the gate
+	watchers   event.Watchers
+	driven     atomic.Bool
+	pmu        sync.Mutex
+	scratch    [32]WC
+	sinceSync  int // CQEs since Poll last looked at the notification ring
 
 	flushPending atomic.Bool
 	fmu          sync.Mutex
@@ -512,10 +513,16 @@ func (cq *CQ) emitFlushes(wcs []WC) int {
 	return n
 }
 
-// Stats returns the poller's counts. Call it from the polling goroutine.
+// Stats returns the poller's counts. It is safe for concurrent use with
+// Poll, Wait and the rest: it holds the CQ's gate for the copy (a Poll
+// starting meanwhile waits that long), so the poll path pays nothing for
+// it. Do not call it from a callback that Poll runs (OnLowWatermark).
 func (cq *CQ) Stats() CQStats {
+	cq.gate.hold()
 	st := cq.stats
+	cq.gate.unhold()
 	st.Doorbells += cq.arms.Load()
+	st.Interrupts = cq.interrupts.Load()
 	return st
 }
 
@@ -566,7 +573,7 @@ func (cq *CQ) Wait(ctx context.Context) error {
 		}
 		select {
 		case <-cq.wake:
-			cq.stats.Interrupts++
+			cq.interrupts.Add(1)
 		case <-cq.done:
 			return cq.errClosed("wait CQ")
 		case <-ctx.Done():
