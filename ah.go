@@ -12,7 +12,9 @@ type AHAttr struct {
 // AH is an address handle: where UD sends go. The pvrdma device keeps no
 // address handles of its own (the address travels in each WQE), so an AH
 // is the driver's checked copy of the address. It is immutable and safe for
-// concurrent use.
+// concurrent use. It has no Close and holds nothing of the device's: under
+// the lifecycle rule (doc.go) it lives as long as its PD, and CreateAH on
+// a closed PD or Device returns ErrClosed.
 type AH struct {
 	pd           *PD
 	dgid         GID
@@ -25,9 +27,10 @@ type AH struct {
 // CreateAH makes an address handle for UD sends from QPs of this PD.
 func (pd *PD) CreateAH(attr AHAttr) (*AH, error) {
 	d := pd.d
-	if err := pd.check(); err != nil {
+	if err := pd.enter(); err != nil {
 		return nil, d.opErr("create AH", err)
 	}
+	defer pd.exit()
 	if !d.gidBound(attr.SGIDIndex) {
 		return nil, d.opErr("create AH", invalidf("source GID index %d is not bound", attr.SGIDIndex))
 	}

@@ -24,8 +24,11 @@ const CQESize = 64
 const maxCQEntries = 1 << 12 // 64 data pages; 127 fit, 4096 is the power of two below 8128
 
 // CQ is a completion queue: a ring of CQEs the device writes in DMA memory.
-// Poll, Arm and Wait are single-owner (one goroutine polls a CQ); Close is
-// safe for concurrent use with creation of other objects, not with Poll.
+// Poll and Wait are single-owner (one goroutine polls a CQ); Arm, Ready
+// and Progress may run beside them. Close is safe for concurrent use with
+// every method: it follows the lifecycle rule (doc.go), so a Poll, Arm,
+// Wait or Ready racing it completes or returns ErrClosed, a Wait asleep is
+// woken with ErrClosed, and the ring is freed only once no call is inside.
 //
 // A CQ is an event.Source: poll sets and wait sets take it, and a counter
 // can Drive it (then only Progress polls it). FD and TryWait give it a wait
@@ -35,10 +38,18 @@ type CQ struct {
 	handle  uint32
 	entries int
 	buf     *vfio.DMABuffer
+	st      *rings.State // the ring's counters, for Ready beside Poll
 	cons    *rings.Consumer
 	data    []byte
 	wake    chan struct{} // the notifier's signal: a CQE arrived while armed
 	stats   CQStats
+
+	// The lifecycle: every call that reads the ring, the device's
+	// registers or its control pages is inside gate; shut closes it, and
+	// done, for the waiters asleep. rekey holds it for a moment.
+	gate     gate
+	done     chan struct{}
+	shutOnce sync.Once
 
 	// The queues whose completions this poll counted, to publish once at
 	// its end (wq.Queue.PublishHead).
@@ -48,14 +59,14 @@ type CQ struct {
 	// Events: the arm state as the driver knows it (set when it rings an
 	// arm doorbell, cleared when the device names the CQ), who watches
 	// it, and Progress for counter-driven CQs.
-	armed     atomic.Bool
-	arms      atomic.Uint64
-	watchers  event.Watchers
-	driven    atomic.Bool
-	dead      atomic.Bool // destroyed: Ready says ErrClosed
-	pmu       sync.Mutex
-	scratch   [32]WC
-	sinceSync int // CQEs since Poll last looked at the notification ring
+	armed      atomic.Bool
+	arms       atomic.Uint64
+	interrupts atomic.Uint64 // Wait's wake-ups (Stats), counted outside the gate
+	watchers   event.Watchers
+	driven     atomic.Bool
+	pmu        sync.Mutex
+	scratch    [32]WC
+	sinceSync  int // CQEs since Poll last looked at the notification ring
 
 	flushPending atomic.Bool
 	fmu          sync.Mutex
@@ -82,9 +93,10 @@ type CQStats struct {
 // to a power of two; at most 4096 and the device's max_cqe).
 func (d *Device) CreateCQ(ctx context.Context, entries int) (*CQ, error) {
 	const op = "create CQ"
-	if err := d.check(); err != nil {
+	if err := d.enter(); err != nil {
 		return nil, d.opErr(op, err)
 	}
+	defer d.exit() // Close waits for the CQ to be registered, then destroys it
 	limit := min(maxCQEntries, int(d.caps.MaxCQE))
 	if entries < 1 || entries > limit {
 		return nil, d.opErr(op, invalidf("%d CQ entries: want 1 to %d", entries, limit))
@@ -117,8 +129,7 @@ func (d *Device) CreateCQ(ctx context.Context, entries int) (*CQ, error) {
 		return nil, d.opErr(op, err)
 	}
 	cons.SetName(fmt.Sprintf("CQ %d", resp.CQHandle))
-	cq := &CQ{d: d, handle: resp.CQHandle, entries: n, buf: buf, cons: cons,
-		data: buf.Mem[ringPgData*firmware.PageSize:], wake: make(chan struct{}, 1)}
+	cq := newCQ(d, resp.CQHandle, n, buf, st, cons, buf.Mem[ringPgData*firmware.PageSize:])
 	d.journal.add(kindCQ, cq.handle)
 	d.mu.Lock()
 	d.cqs[cq] = struct{}{}
@@ -127,20 +138,45 @@ func (d *Device) CreateCQ(ctx context.Context, entries int) (*CQ, error) {
 	return cq, nil
 }
 
+// newCQ makes the CQ over its ring (buf is nil in the host tests).
+func newCQ(d *Device, handle uint32, entries int, buf *vfio.DMABuffer, st *rings.State, cons *rings.Consumer, data []byte) *CQ {
+	return &CQ{d: d, handle: handle, entries: entries, buf: buf, st: st, cons: cons, data: data,
+		wake: make(chan struct{}, 1), done: make(chan struct{})}
+}
+
+// shut refuses the CQ's calls from now on, wakes its waiter and waits for
+// the calls inside to leave: then nothing touches the ring. Destroy calls
+// it once the device has forgotten the ring, Device.Close for every CQ.
+func (cq *CQ) shut() {
+	cq.shutOnce.Do(func() {
+		cq.gate.close()
+		close(cq.done)
+	})
+}
+
+// errClosed is the error of a call on a shut CQ.
+func (cq *CQ) errClosed(op string) error {
+	return cq.d.opErr(op, fmt.Errorf("%w: CQ %d", ErrClosed, cq.handle))
+}
+
 // Handle returns the device's handle of the CQ.
 func (cq *CQ) Handle() uint32 { return cq.handle }
 
 // Entries returns the number of CQEs the ring holds.
 func (cq *CQ) Entries() int { return cq.entries }
 
-// Close destroys the CQ and frees its ring. It is idempotent.
+// Close destroys the CQ and frees its ring, once the calls inside it have
+// returned; a CQ.Wait asleep returns ErrClosed. It is idempotent. If the
+// device refuses the DESTROY, Close returns its error and the CQ stays
+// open and usable.
 func (cq *CQ) Close() error {
 	return cq.d.closeObject("destroy CQ", func(ctx context.Context) error { return cq.destroy(ctx, false) })
 }
 
 // destroy destroys the CQ on the device and frees its ring. Device.Close
-// forces it: a CQ still in sets is destroyed all the same, marked dead (its
-// Ready says ErrClosed) and its watchers are woken to find that out.
+// forces it: a CQ still in sets is destroyed all the same, and its
+// watchers are woken to find it closed. If the device refuses the
+// DESTROY, the CQ stays as it was: open, registered, usable.
 func (cq *CQ) destroy(ctx context.Context, force bool) error {
 	cq.mu.Lock()
 	defer cq.mu.Unlock()
@@ -157,10 +193,12 @@ func (cq *CQ) destroy(ctx context.Context, force bool) error {
 	if watched > 0 && !force {
 		return fmt.Errorf("%w: CQ %d is in %d poll sets, wait sets or counters; remove it first", ErrBusy, cq.handle, watched)
 	}
-	cq.dead.Store(true)
 	if err := cq.d.ch.DestroyCQ(ctx, cq.handle); err != nil {
 		return err
 	}
+	// The device has forgotten the ring: refuse the calls, wait out those
+	// inside, then let the memory go.
+	cq.shut()
 	if own := cq.own; own != nil {
 		_ = own.Remove(cq)
 		_ = own.Close() // releases a goroutine waiting on it
@@ -172,8 +210,33 @@ func (cq *CQ) destroy(ctx context.Context, force bool) error {
 	cq.d.mu.Unlock()
 	cq.d.notify.forget(cq)
 	cq.watchers.Wake() // a set still holding it (Device.Close) learns it is gone
-	// Only now that the device has forgotten the ring may its memory go.
-	return cq.buf.Close()
+	return cq.d.freeRing(cq.buf, cq.data)
+}
+
+// rekey gives the CQEs of QP number qpn that the ring holds, unpolled,
+// the key alias (a number no device QP has) instead: they are a destroyed
+// QP's, and the device may give its number to the next QP created. It
+// holds the gate while it scans: the poller waits a moment.
+func (cq *CQ) rekey(qpn, alias uint32) {
+	cq.gate.hold()
+	defer cq.gate.unhold()
+	if cq.gate.shut() {
+		return
+	}
+	ready, err := cq.cons.Ready()
+	if err != nil {
+		return // the poller reports the fault
+	}
+	var e rings.CQE
+	for i := 0; i < ready; i++ {
+		slot := cq.data[cq.cons.Slot(i)*CQESize:]
+		rings.DecodeCQE(slot, &e)
+		if uint32(e.QP) != qpn {
+			continue
+		}
+		e.QP = uint64(alias)
+		rings.PutCQE(slot, &e)
+	}
 }
 
 func (cq *CQ) hold(n int) {
@@ -227,13 +290,28 @@ func (cq *CQ) Poll(wcs []WC) (int, error) {
 	if cq.driven.Load() {
 		return 0, cq.d.opErr("poll CQ", fmt.Errorf("%w: CQ %d is driven by a counter; its completions go there", ErrBusy, cq.handle))
 	}
-	return cq.poll(wcs)
+	if !cq.gate.enter() && !cq.enterSlow() {
+		return 0, cq.errClosed("poll CQ")
+	}
+	n, err := cq.poll(wcs)
+	cq.gate.exit()
+	return n, err
 }
+
+// enterSlow waits out a holder of the gate (rekey: a moment) and reports
+// false once the CQ is shut.
+//
+//go:noinline
+func (cq *CQ) enterSlow() bool { return cq.gate.enterWait() }
+
+// enter admits a call other than Poll.
+func (cq *CQ) enter() bool { return cq.gate.enter() || cq.enterSlow() }
 
 // syncEvery is how many CQEs a CQ consumes between looks at the
 // notification ring's fill.
 const syncEvery = 64
 
+// poll is Poll inside the gate.
 func (cq *CQ) poll(wcs []WC) (int, error) {
 	cq.stats.Polls++
 	ready, err := cq.cons.Ready()
@@ -270,7 +348,7 @@ func (cq *CQ) poll(wcs []WC) (int, error) {
 		// copied in 16-byte moves that stall on the 4-byte stores.
 		w := &wcs[n]
 		w.WRID, w.Status, w.Opcode, w.ByteLen = e.WRID, WCStatus(e.Status), WCOpcode(e.Opcode), e.ByteLen
-		w.QPN, w.SrcQP, w.Flags, w.VendorErr, w.Imm = uint32(e.QP), e.SrcQP, e.WCFlags, e.VendorErr, e.Imm
+		w.QPN, w.SrcQP, w.Flags, w.VendorErr, w.Imm = qp.qpn, e.SrcQP, e.WCFlags, e.VendorErr, e.Imm
 		n++
 	}
 	cq.publishHeads()
@@ -435,10 +513,16 @@ func (cq *CQ) emitFlushes(wcs []WC) int {
 	return n
 }
 
-// Stats returns the poller's counts. Call it from the polling goroutine.
+// Stats returns the poller's counts. It is safe for concurrent use with
+// Poll, Wait and the rest: it holds the CQ's gate for the copy (a Poll
+// starting meanwhile waits that long), so the poll path pays nothing for
+// it. Do not call it from a callback that Poll runs (OnLowWatermark).
 func (cq *CQ) Stats() CQStats {
+	cq.gate.hold()
 	st := cq.stats
+	cq.gate.unhold()
 	st.Doorbells += cq.arms.Load()
+	st.Interrupts = cq.interrupts.Load()
 	return st
 }
 
@@ -447,6 +531,15 @@ func (cq *CQ) Stats() CQStats {
 // drains the device's CQ-notification ring, which QEMU stops interrupting
 // through once it is full. Arm is safe for concurrent use with Poll.
 func (cq *CQ) Arm(solicitedOnly bool) error {
+	if !cq.enter() {
+		return cq.errClosed("arm CQ")
+	}
+	defer cq.gate.exit()
+	return cq.arm(solicitedOnly)
+}
+
+// arm is Arm inside the gate.
+func (cq *CQ) arm(solicitedOnly bool) error {
 	if cq.pollOnly() {
 		return cq.d.opErr("arm CQ", fmt.Errorf("%w: Options.PollDoorbell on QEMU 7.2: its POLL doorbell deadlocks the VM against the completion thread notifying an armed CQ (each holds the lock the other wants), so CQs are not armed; Wait polls instead", ErrNotSupported))
 	}
@@ -475,22 +568,34 @@ func (cq *CQ) Wait(ctx context.Context) error {
 		return cq.d.opErr("wait CQ", err)
 	}
 	for {
-		if ok, err := cq.ready(); ok || err != nil {
-			return err
-		}
-		if err := cq.Arm(false); err != nil {
-			return err
-		}
-		if ok, err := cq.ready(); ok || err != nil {
+		if ok, err := cq.readyOrArm(); ok || err != nil {
 			return err
 		}
 		select {
 		case <-cq.wake:
-			cq.stats.Interrupts++
+			cq.interrupts.Add(1)
+		case <-cq.done:
+			return cq.errClosed("wait CQ")
 		case <-ctx.Done():
 			return cq.d.opErr("wait CQ", fmt.Errorf("waiting for a completion on CQ %d (MSI-X vector %d): %w", cq.handle, firmware.VectorCQ, ctx.Err()))
 		}
 	}
+}
+
+// readyOrArm is one round of Wait inside the gate: it re-checks the ring,
+// arms the CQ and checks again.
+func (cq *CQ) readyOrArm() (bool, error) {
+	if !cq.enter() {
+		return false, cq.errClosed("wait CQ")
+	}
+	defer cq.gate.exit()
+	if ok, err := cq.ready(); ok || err != nil {
+		return ok, err
+	}
+	if err := cq.arm(false); err != nil {
+		return false, err
+	}
+	return cq.ready()
 }
 
 // pollOnly reports a CQ that must not be armed: Options.PollDoorbell on
@@ -508,19 +613,15 @@ func (cq *CQ) pollOnly() bool { return cq.d.emulated && cq.d.opt.PollDoorbell }
 func (cq *CQ) pollWait(ctx context.Context) error {
 	pause := 20 * time.Microsecond
 	for {
-		if ok, err := cq.ready(); ok || err != nil {
-			return err
-		}
-		if err := doorbell.Ring(cq.d.uar, doorbell.OffsetCQ, doorbell.CQPoll|cq.handle); err != nil {
-			return cq.d.opErr("wait CQ", err)
-		}
-		cq.arms.Add(1) // counted with the doorbells (Stats); Wait may run beside Poll
-		if ok, err := cq.ready(); ok || err != nil {
+		if ok, err := cq.readyOrPoll(); ok || err != nil {
 			return err
 		}
 		t := time.NewTimer(pause)
 		select {
 		case <-t.C:
+		case <-cq.done:
+			t.Stop()
+			return cq.errClosed("wait CQ")
 		case <-ctx.Done():
 			t.Stop()
 			return cq.d.opErr("wait CQ", fmt.Errorf("polling CQ %d (Options.PollDoorbell: no interrupt): %w", cq.handle, ctx.Err()))
@@ -529,13 +630,29 @@ func (cq *CQ) pollWait(ctx context.Context) error {
 	}
 }
 
-// ready reports whether Poll would return something now.
-func (cq *CQ) ready() (bool, error) {
-	n, err := cq.cons.Ready()
-	if err != nil {
-		return false, cq.d.opErr("poll CQ", err)
+// readyOrPoll is one round of pollWait inside the gate.
+func (cq *CQ) readyOrPoll() (bool, error) {
+	if !cq.enter() {
+		return false, cq.errClosed("wait CQ")
 	}
-	return n > 0 || cq.flushPending.Load(), nil
+	defer cq.gate.exit()
+	if ok, err := cq.ready(); ok || err != nil {
+		return ok, err
+	}
+	if err := doorbell.Ring(cq.d.uar, doorbell.OffsetCQ, doorbell.CQPoll|cq.handle); err != nil {
+		return false, cq.d.opErr("wait CQ", err)
+	}
+	cq.arms.Add(1) // counted with the doorbells (Stats); Wait may run beside Poll
+	return cq.ready()
+}
+
+// ready reports whether Poll would return something now.
+// It reads the ring's two counters as published (prod_tail by the
+// device, cons_head by Poll) and nothing of the poller's own state: Ready
+// calls it beside Poll. An index out of range reads as ready: Poll reports
+// the fault.
+func (cq *CQ) ready() (bool, error) {
+	return cq.st.ProdTail() != cq.st.ConsHead() || cq.flushPending.Load(), nil
 }
 
 // Ready reports whether the CQ holds completions (event.Source). With arm
@@ -543,11 +660,12 @@ func (cq *CQ) ready() (bool, error) {
 // its next completion wakes its watchers. It is safe for concurrent use
 // with Poll, and allocates nothing.
 func (cq *CQ) Ready(arm bool, _ *uint64) (bool, error) {
-	if cq.dead.Load() {
-		return false, cq.d.opErr("CQ ready", fmt.Errorf("%w: CQ %d was destroyed (Device.Close)", ErrClosed, cq.handle))
+	if !cq.enter() {
+		return false, cq.errClosed("CQ ready")
 	}
+	defer cq.gate.exit()
 	if arm && !cq.armed.Load() {
-		if err := cq.Arm(false); err != nil {
+		if err := cq.arm(false); err != nil {
 			return false, err
 		}
 	}
@@ -585,9 +703,10 @@ func (cq *CQ) Syncer() event.Syncer { return &cq.d.notify }
 func (cq *CQ) Progress() (int, error) {
 	cq.pmu.Lock()
 	defer cq.pmu.Unlock()
-	if cq.dead.Load() {
-		return 0, cq.d.opErr("progress CQ", fmt.Errorf("%w: CQ %d was destroyed (Device.Close)", ErrClosed, cq.handle))
+	if !cq.enter() {
+		return 0, cq.errClosed("progress CQ")
 	}
+	defer cq.gate.exit()
 	cq.driven.Store(true)
 	total := 0
 	for {

@@ -38,6 +38,7 @@ func newFixture(t testing.TB, typ QPType, depth int) *fixture {
 	d := &Device{name: "fake", opt: (&Options{StateDir: "-"}).withDefaults(), uar: uar, emulated: true, udMax: 4096,
 		pds: map[*PD]struct{}{}, cqs: map[*CQ]struct{}{}, mrs: map[*MR]struct{}{}, qps: map[*QP]struct{}{}, srqs: map[*SRQ]struct{}{}, binds: map[uint32]GID{}}
 	d.gidSet.set(0, true)
+	d.notify.d = d
 	f.d = d
 	f.pd = &PD{d: d, handle: 1}
 	f.mr = &MR{pd: f.pd, handle: 3, lkey: 0x77, access: AccessLocalWrite, addr: 0x100000, mem: make([]byte, 1<<16)}
@@ -48,7 +49,8 @@ func newFixture(t testing.TB, typ QPType, depth int) *fixture {
 	cons, err := rings.NewConsumer(st, 4*depth)
 	require.NoError(t, err)
 	f.cqProd, _ = rings.NewProducer(st, 4*depth)
-	f.cq = &CQ{d: d, handle: 5, entries: 4 * depth, cons: cons, data: make([]byte, 4*depth*CQESize), wake: make(chan struct{}, 1)}
+	f.cq = newCQ(d, 5, 4*depth, nil, st, cons, make([]byte, 4*depth*CQESize))
+	d.cqs[f.cq] = struct{}{}
 
 	qpState := make([]byte, 16)
 	qp := &QP{pd: f.pd, d: d, typ: typ, qpn: 0x42, handle: 0x42, sendCQ: f.cq, recvCQ: f.cq, udMax: d.udMax, qkey: 9}

@@ -133,7 +133,9 @@ type GID [16]byte
 // String returns the GID in IPv6 notation.
 func (g GID) String() string { return netip.AddrFrom16(g).String() }
 
-// Device is an open pvrdma function. It is safe for concurrent use.
+// Device is an open pvrdma function. It is safe for concurrent use, Close
+// included, and follows the lifecycle rule (doc.go): after Close its
+// methods return ErrClosed, and Close waits out the calls under way.
 type Device struct {
 	name string
 	addr pci.Addr
@@ -150,7 +152,7 @@ type Device struct {
 	ctl       *vfio.DMABuffer
 	vectors   []*vfio.Vector
 	cqIRQ     irqWaiter // vector 2, what the notifier waits on
-	ch        *firmware.Channel
+	ch        commands  // a *firmware.Channel once open
 	cqNotify  *firmware.CQNotifyRing
 	async     *firmware.AsyncRing
 	journal   journal
@@ -161,19 +163,31 @@ type Device struct {
 	gid       GID  // the default GID, bound at index 0
 	recovered int  // leftover objects destroyed at Open
 
-	mu     sync.Mutex
-	closed bool
-	pds    map[*PD]struct{}
-	cqs    map[*CQ]struct{}
-	mrs    map[*MR]struct{}
-	qps    map[*QP]struct{}
-	srqs   map[*SRQ]struct{}
-	binds  map[uint32]GID
-	lkeys  wq.Keys       // local key → MR region, for posting
-	qpns   wq.Table[*QP] // QPN → QP, for polling; a destroyed QP stays until its flush is drained
-	gidSet gidBits
-	udMax  int // UD payload limit: the port's active MTU
-	notify notifier
+	// The lifecycle (doc.go): gate admits the control calls (commands,
+	// object creation and Close), which Close waits out before it destroys
+	// anything; closeDone is made by the first Close and closed when it
+	// returns.
+	gate      gate
+	closeDone chan struct{}
+	// onFree, if set, is called with each ring's memory where it is
+	// released: the host tests poison it there, so that a call that
+	// touches freed memory is a data race the race detector reports.
+	onFree func(mem []byte)
+
+	mu       sync.Mutex
+	closed   bool
+	pds      map[*PD]struct{}
+	cqs      map[*CQ]struct{}
+	mrs      map[*MR]struct{}
+	qps      map[*QP]struct{}
+	srqs     map[*SRQ]struct{}
+	binds    map[uint32]GID
+	lkeys    wq.Keys       // local key → MR region, for posting
+	qpns     wq.Table[*QP] // QPN → QP, for polling; a destroyed QP stays until its flush is drained
+	gidSet   gidBits
+	udMax    int    // UD payload limit: the port's active MTU
+	aliasSeq uint32 // retireQPN's last alias
+	notify   notifier
 
 	// Snapshots of the quirks the data path consults, fixed at Open.
 	emulated bool
@@ -440,7 +454,7 @@ func (d *Device) recover(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	for _, e := range left {
+	d.recovered = destroyLeftovers(left, func(e journalEntry) error {
 		var derr error
 		switch e.Kind {
 		case kindQP:
@@ -455,17 +469,31 @@ func (d *Device) recover(ctx context.Context) error {
 			derr = d.ch.DestroyPD(ctx, e.Handle)
 		case kindBind:
 			derr = d.ch.DestroyBind(ctx, firmware.DestroyBindRequest{Index: e.Handle})
+		default:
+			derr = fmt.Errorf("unknown journal kind %q", e.Kind)
 		}
-		// A handle already gone answers EINVAL: nothing is lost by going on.
-		d.log.Debug("recovered leftover object", "kind", e.Kind, "handle", e.Handle, "err", derr)
-		d.recovered++
-	}
+		d.log.Debug("recovering leftover object", "kind", e.Kind, "handle", e.Handle, "err", derr)
+		return derr
+	})
 	if len(left) > 0 {
 		if err := os.Remove(d.journal.path); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return err
 		}
 	}
 	return nil
+}
+
+// destroyLeftovers destroys the journal's leftovers in order and returns
+// how many the device confirmed destroyed. A handle already gone answers
+// an error (EINVAL): nothing is lost by going on, and nothing is counted.
+func destroyLeftovers(left []journalEntry, destroy func(journalEntry) error) int {
+	n := 0
+	for _, e := range left {
+		if destroy(e) == nil {
+			n++
+		}
+	}
+	return n
 }
 
 // activate unmasks interrupts and activates the device unless it is already
@@ -510,14 +538,17 @@ func (d *Device) GID() GID { return d.gid }
 func (d *Device) UDMaxPayload() int { return d.udMax }
 
 // Recovered returns how many objects a crashed earlier holder of the
-// function left on the device and Open destroyed.
+// function left on the device and Open destroyed: those whose DESTROY the
+// device confirmed. A journal entry the device no longer knew (it answered
+// the DESTROY with an error) is not counted.
 func (d *Device) Recovered() int { return d.recovered }
 
 // QueryPort returns the attributes of port 1, the device's only port.
 func (d *Device) QueryPort(ctx context.Context) (PortAttr, error) {
-	if err := d.check(); err != nil {
+	if err := d.enter(); err != nil {
 		return PortAttr{}, d.opErr("query port", err)
 	}
+	defer d.exit()
 	p, err := d.ch.QueryPort(ctx, 1)
 	return p, d.opErr("query port", err)
 }
@@ -525,9 +556,10 @@ func (d *Device) QueryPort(ctx context.Context) (PortAttr, error) {
 // BindGID puts gid at index of the device's GID table (CREATE_BIND). The
 // binding is undone by UnbindGID or Close.
 func (d *Device) BindGID(ctx context.Context, index int, gid GID) error {
-	if err := d.check(); err != nil {
+	if err := d.enter(); err != nil {
 		return d.opErr("bind GID", err)
 	}
+	defer d.exit()
 	if index < 0 || index >= int(d.caps.GIDTblLen) {
 		return d.opErr("bind GID", invalidf("GID index %d: the table has %d entries", index, d.caps.GIDTblLen))
 	}
@@ -550,9 +582,10 @@ func (d *Device) BindGID(ctx context.Context, index int, gid GID) error {
 
 // UnbindGID removes the GID at index (DESTROY_BIND).
 func (d *Device) UnbindGID(ctx context.Context, index int) error {
-	if err := d.check(); err != nil {
+	if err := d.enter(); err != nil {
 		return d.opErr("unbind GID", err)
 	}
+	defer d.exit()
 	if err := d.unbind(ctx, uint32(index)); err != nil {
 		return d.opErr("unbind GID", err)
 	}
@@ -589,33 +622,66 @@ func (d *Device) GIDs() map[int]GID {
 }
 
 // closeObject runs an object's destroy with the command timeout, for its
-// Close.
+// Close. Once Device.Close has begun, the Device destroys the object
+// itself: closeObject waits for it to finish and returns nil.
 func (d *Device) closeObject(op string, destroy func(context.Context) error) error {
+	if !d.gate.enter() {
+		d.waitClosed()
+		return nil
+	}
+	defer d.gate.exit()
 	ctx, cancel := context.WithTimeout(context.Background(), d.opt.CommandTimeout)
 	defer cancel()
 	return d.opErr(op, destroy(ctx))
 }
 
-func (d *Device) check() error {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	if d.closed {
-		return ErrClosed
+// enter admits a control call (a command, an object's creation); it must
+// exit. After Close has begun it returns ErrClosed.
+func (d *Device) enter() error {
+	if !d.gate.enter() {
+		return fmt.Errorf("%w: device %s", ErrClosed, d.name)
 	}
 	return nil
+}
+
+func (d *Device) exit() { d.gate.exit() }
+
+// waitClosed waits for the Close under way, if any, to return.
+func (d *Device) waitClosed() {
+	d.mu.Lock()
+	done := d.closeDone
+	d.mu.Unlock()
+	if done != nil {
+		<-done
+	}
 }
 
 // Close destroys every object the Device created (QPs, SRQs, CQs, MRs, PDs,
 // in that order), unbinds its GIDs, quiesces the device and
 // releases the interrupts, DMA memory, mappings and VFIO handles, then gives
-// the group back if Open bound it. It is idempotent; the first call's error
-// is the one returned.
+// the group back if Open bound it.
+//
+// It follows the lifecycle rule (doc.go): it first refuses new calls and
+// waits for the control calls under way (an object created meanwhile is
+// destroyed with the rest); each object's queues are shut and their calls
+// waited out before its memory goes, whether or not the device confirmed
+// its destruction; waiters (CQ.Wait, wait sets, poll sets, counters) are
+// woken and return ErrClosed. It is idempotent: a second call waits for
+// the first and returns nil.
 func (d *Device) Close() error {
 	d.mu.Lock()
-	if d.closed {
+	if d.closeDone != nil {
 		d.mu.Unlock()
+		d.waitClosed()
 		return nil
 	}
+	done := make(chan struct{})
+	d.closeDone = done
+	d.mu.Unlock()
+	defer close(done)
+
+	d.gate.close() // control calls under way finish; later ones get ErrClosed
+	d.mu.Lock()
 	d.closed = true
 	qps := mapKeys(d.qps)
 	srqs := mapKeys(d.srqs)
@@ -646,6 +712,17 @@ func (d *Device) Close() error {
 	}
 	for _, i := range binds {
 		errs = append(errs, d.unbind(ctx, i))
+	}
+	// What the device would not destroy is shut all the same: its calls
+	// are refused and waited out before release unmaps what they touch.
+	for _, qp := range qps {
+		qp.shut()
+	}
+	for _, s := range srqs {
+		s.shut()
+	}
+	for _, cq := range cqs {
+		cq.shut()
 	}
 	errs = append(errs, d.quiesce(ctx))
 	d.notify.stop()

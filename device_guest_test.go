@@ -233,11 +233,14 @@ func TestOpenCloseCycles(t *testing.T) {
 
 const holderEnv = "VFRDMA_TEST_HOLDER"
 
-// TestMain runs the test binary as the holder child of TestRecoverAfterKill
-// when asked to.
+// TestMain runs the test binary as the holder child of TestRecoverAfterKill,
+// or as a lifecycle scenario's child, when asked to.
 func TestMain(m *testing.M) {
 	if os.Getenv(holderEnv) == "1" {
 		holder()
+	}
+	if name := os.Getenv(scenarioEnv); name != "" {
+		runScenario(name)
 	}
 	os.Exit(m.Run())
 }

@@ -14,10 +14,37 @@
 // Close destroys every object the Device created, in dependency order (the
 // device does not: QEMU keeps objects alive across a reset), quiesces the
 // device, and releases the interrupts, DMA memory, mappings and VFIO handles.
-// Object Close methods are idempotent; closing the Device closes them all.
-// A process that is killed cannot clean up: the Device journals the handles
-// of its live objects in a state directory, and the next Open of the same
-// function destroys what the journal lists before anything else.
+// Closing the Device closes every object. A process that is killed cannot
+// clean up: the Device journals the handles of its live objects in a state
+// directory, and the next Open of the same function destroys what the
+// journal lists before anything else.
+//
+// One rule holds for the Device and every object (PD, MR, AH, CQ, QP, SRQ,
+// and a CQ's part in poll sets, wait sets and counters), as for os.File
+// and net.Conn:
+//
+//   - After Close, every method that returns an error returns one wrapping
+//     ErrClosed (posts: a *PostError wrapping it). Accessors of fixed
+//     attributes (Handle, QPN, LKey, ...) still answer; MR.Bytes returns
+//     nil.
+//   - Close is idempotent: a second Close returns nil, and so does an
+//     object's Close once Device.Close has begun (it waits for it).
+//   - A call racing Close either completes or returns ErrClosed; a waiter
+//     asleep (CQ.Wait, a wait set or poll set on the CQ) is woken and
+//     returns ErrClosed.
+//   - No memory is unmapped or freed while a call may still touch it:
+//     each object keeps an in-use count that the calls touching its rings
+//     or the device's pages enter (two atomic adds per post or poll call);
+//     Close shuts it, waits for the calls inside, and only then releases.
+//   - If the device refuses an object's DESTROY, the object stays as it
+//     was, open and usable, and Close returns the error; Device.Close shuts
+//     such objects all the same before it unmaps anything.
+//   - Device.Close waits for the control calls under way (an object created
+//     meanwhile is destroyed with the rest), so it leaks nothing.
+//
+// A QP number the device gives again after a QP is destroyed never
+// receives the destroyed QP's completions: those still in its CQs are
+// moved to a key of the driver's own when the QP is destroyed.
 //
 // # Concurrency
 //

@@ -108,7 +108,7 @@ func newEventDevice(t testing.TB, ncq, depth int) *eventDevice {
 		cons, err := rings.NewConsumer(st, n)
 		require.NoError(t, err)
 		prod, _ := rings.NewProducer(st, n)
-		cq := &CQ{d: d, handle: uint32(10 + i), entries: n, cons: cons, data: make([]byte, n*CQESize), wake: make(chan struct{}, 1)}
+		cq := newCQ(d, uint32(10+i), n, nil, st, cons, make([]byte, n*CQESize))
 		d.notify.add(cq)
 		f.cqs = append(f.cqs, cq)
 		f.cqProd = append(f.cqProd, prod)

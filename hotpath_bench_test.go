@@ -254,3 +254,93 @@ func BenchmarkHotPathParts(b *testing.B) {
 		perWQE(b)
 	})
 }
+
+// BenchmarkLifecycleGate prices the lifecycle gate (doc.go) in one run:
+// PostSend and Poll as the API runs them (inside their object's gate)
+// beside the same calls without it (postSend, poll: what the calls were
+// before the gate), alternately, batch 1 and 32. The difference is the
+// gate's two atomic adds per call.
+func BenchmarkLifecycleGate(b *testing.B) {
+	const depth = 1024
+	for _, batch := range []int{1, 32} {
+		for _, gated := range []bool{true, false} {
+			name := "post/batch" + strconv.Itoa(batch) + map[bool]string{true: "/gated", false: "/ungated"}[gated]
+			b.Run(name, func(b *testing.B) {
+				f := newFixture(b, RC, depth)
+				wrs := make([]SendWR, batch)
+				for i := range wrs {
+					wrs[i] = SendWR{WRID: uint64(i), SGEs: []SGE{f.sge(i*64, 64)}}
+				}
+				wcs := make([]WC, 256)
+				drain := func() {
+					f.device(b, 0)
+					for {
+						n, err := f.cq.Poll(wcs)
+						require.NoError(b, err)
+						if n == 0 {
+							return
+						}
+					}
+				}
+				post := f.qp.PostSend
+				if !gated {
+					post = f.qp.postSend
+				}
+				b.ReportAllocs()
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					if f.qp.sq.Outstanding()+batch > depth {
+						b.StopTimer()
+						drain()
+						b.StartTimer()
+					}
+					if _, err := post(wrs, 0); err != nil {
+						b.Fatal(err)
+					}
+				}
+				b.StopTimer()
+				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*batch), "ns/WQE")
+			})
+		}
+		for _, gated := range []bool{true, false} {
+			name := "poll/batch" + strconv.Itoa(batch) + map[bool]string{true: "/gated", false: "/ungated"}[gated]
+			b.Run(name, func(b *testing.B) {
+				f := newFixture(b, RC, depth)
+				wrs := make([]SendWR, 32)
+				for i := range wrs {
+					wrs[i] = SendWR{WRID: uint64(i), SGEs: []SGE{f.sge(i*64, 64)}}
+				}
+				poll := f.cq.Poll
+				if !gated {
+					poll = f.cq.poll
+				}
+				ready := 0
+				wcs := make([]WC, batch)
+				b.ReportAllocs()
+				b.ResetTimer()
+				for i := 0; i < b.N; i++ {
+					if ready < batch {
+						b.StopTimer()
+						for ready > 0 {
+							n, _ := f.cq.Poll(wcs[:ready])
+							ready -= n
+						}
+						for f.qp.sq.Outstanding() < depth {
+							_, err := f.qp.PostSend(wrs, 0)
+							require.NoError(b, err)
+						}
+						ready = f.device(b, 0)
+						b.StartTimer()
+					}
+					n, err := poll(wcs)
+					if err != nil || n != batch {
+						b.Fatalf("poll: %d, %v", n, err)
+					}
+					ready -= n
+				}
+				b.StopTimer()
+				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*batch), "ns/CQE")
+			})
+		}
+	}
+}

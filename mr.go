@@ -27,6 +27,9 @@ const (
 // requests name it by SGEs (MR.SGE). Its methods are safe for concurrent
 // use; the memory itself is shared with the device: what the device may
 // write (receive buffers) must not be read before its completion arrives.
+// It follows the lifecycle rule (doc.go): once it is closed, posts naming
+// its key are refused and Bytes returns nil; the accessors of its fixed
+// attributes (Addr, Len, keys, Handle) still answer.
 type MR struct {
 	pd     *PD
 	handle uint32
@@ -49,9 +52,10 @@ type MR struct {
 func (pd *PD) AllocMR(ctx context.Context, size int, access Access) (*MR, error) {
 	d := pd.d
 	const op = "register MR"
-	if err := pd.check(); err != nil {
+	if err := pd.enter(); err != nil {
 		return nil, d.opErr(op, err)
 	}
+	defer pd.exit()
 	if err := d.checkMRSize(uint64(size)); err != nil {
 		return nil, d.opErr(op, err)
 	}
@@ -75,9 +79,10 @@ func (pd *PD) AllocMR(ctx context.Context, size int, access Access) (*MR, error)
 func (pd *PD) RegisterMR(ctx context.Context, mem []byte, access Access) (*MR, error) {
 	d := pd.d
 	const op = "register MR"
-	if err := pd.check(); err != nil {
+	if err := pd.enter(); err != nil {
 		return nil, d.opErr(op, err)
 	}
+	defer pd.exit()
 	if len(mem) == 0 {
 		return nil, d.opErr(op, invalidf("empty memory"))
 	}
@@ -164,8 +169,16 @@ func (pd *PD) register(ctx context.Context, mem []byte, iova uint64, access Acce
 	return mr, nil
 }
 
-// Bytes returns the registered memory.
-func (mr *MR) Bytes() []byte { return mr.mem }
+// Bytes returns the registered memory; nil once the MR is closed (its
+// AllocMR memory is unmapped then).
+func (mr *MR) Bytes() []byte {
+	mr.mu.Lock()
+	defer mr.mu.Unlock()
+	if mr.closed {
+		return nil
+	}
+	return mr.mem
+}
 
 // Addr returns the address of Bytes()[0] in the MR's address space, the
 // address SGEs use.

@@ -6,7 +6,10 @@ import (
 	"sync"
 )
 
-// PD is a protection domain. Its methods are safe for concurrent use.
+// PD is a protection domain. Its methods are safe for concurrent use. It
+// follows the lifecycle rule (doc.go): after Close, creating anything in
+// it returns ErrClosed; a creation racing Close holds the PD while it runs,
+// so that Close returns ErrBusy or the creation ErrClosed.
 type PD struct {
 	d      *Device
 	handle uint32
@@ -16,13 +19,25 @@ type PD struct {
 	users  int // MRs and QPs of this PD still open
 }
 
-func (pd *PD) check() error {
+// enter admits a creation in the PD (the Device's control gate, and the
+// PD held meanwhile); it must exit.
+func (pd *PD) enter() error {
+	if err := pd.d.enter(); err != nil {
+		return err
+	}
 	pd.mu.Lock()
 	defer pd.mu.Unlock()
 	if pd.closed {
-		return ErrClosed
+		pd.d.exit()
+		return fmt.Errorf("%w: PD %d", ErrClosed, pd.handle)
 	}
-	return pd.d.check()
+	pd.users++
+	return nil
+}
+
+func (pd *PD) exit() {
+	pd.hold(-1)
+	pd.d.exit()
 }
 
 // hold counts an MR or QP of the PD in (+1) or out (-1).
@@ -34,9 +49,10 @@ func (pd *PD) hold(n int) {
 
 // AllocPD creates a protection domain (CREATE_PD).
 func (d *Device) AllocPD(ctx context.Context) (*PD, error) {
-	if err := d.check(); err != nil {
+	if err := d.enter(); err != nil {
 		return nil, d.opErr("create PD", err)
 	}
+	defer d.exit() // Close waits for the PD to be registered, then destroys it
 	h, err := d.ch.CreatePD(ctx, 0)
 	if err != nil {
 		return nil, d.opErr("create PD", err)

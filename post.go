@@ -75,6 +75,16 @@ type PostError = wq.PostError
 // with a *PostError, and what came before it is still handed to the device.
 // It returns how many requests were posted. It does not allocate.
 func (qp *QP) PostSend(wrs []SendWR, flags PostFlags) (int, error) {
+	if !qp.sendGate.enter() {
+		return 0, qp.refused(&qp.sq, wrID(wrs, nil, 0))
+	}
+	n, err := qp.postSend(wrs, flags)
+	qp.sendGate.exit()
+	return n, err
+}
+
+// postSend is PostSend inside the send queue's gate.
+func (qp *QP) postSend(wrs []SendWR, flags PostFlags) (int, error) {
 	w := &qp.sq
 	if st := qp.State(); st != StateRTS {
 		return 0, w.Fail(0, wrID(wrs, nil, 0), fmt.Errorf("%w: sends need RTS, the QP is %v", ErrQPState, st))
@@ -118,6 +128,16 @@ func (qp *QP) PostSend(wrs []SendWR, flags PostFlags) (int, error) {
 // Receives may be posted from INIT on. A UD receive needs UDHeaderRoom
 // bytes before the payload.
 func (qp *QP) PostRecv(wrs []RecvWR, flags PostFlags) (int, error) {
+	if !qp.recvGate.enter() {
+		return 0, qp.refused(&qp.rq, wrID(nil, wrs, 0))
+	}
+	n, err := qp.postRecv(wrs, flags)
+	qp.recvGate.exit()
+	return n, err
+}
+
+// postRecv is PostRecv inside the receive queue's gate.
+func (qp *QP) postRecv(wrs []RecvWR, flags PostFlags) (int, error) {
 	w := &qp.rq
 	if qp.srq != nil {
 		// No doorbell either: QEMU would index a receive ring that does
@@ -152,8 +172,23 @@ func (qp *QP) PostRecv(wrs []RecvWR, flags PostFlags) (int, error) {
 }
 
 // Flush rings the doorbells of whatever deferred requests the QP holds.
+// It is a post for the lifecycle: each queue's poster calls it (or one
+// goroutine posting to both), and on a closed QP it returns ErrClosed.
 func (qp *QP) Flush() error {
-	return errors.Join(qp.sq.Flush(), qp.rq.Flush())
+	var errs [2]error
+	if !qp.sendGate.enter() {
+		errs[0] = qp.refused(&qp.sq, 0)
+	} else {
+		errs[0] = qp.sq.Flush()
+		qp.sendGate.exit()
+	}
+	if !qp.recvGate.enter() {
+		errs[1] = qp.refused(&qp.rq, 0)
+	} else {
+		errs[1] = qp.rq.Flush()
+		qp.recvGate.exit()
+	}
+	return errors.Join(errs[0], errs[1])
 }
 
 // wrID returns the wr_id of request i of a call, or 0.

@@ -15,6 +15,7 @@ import (
 	"github.com/vfrdma/vfrdma/srq"
 	"github.com/vfrdma/vfrdma/vfio"
 	"github.com/vfrdma/vfrdma/wq"
+	"golang.org/x/sys/cpu"
 )
 
 // QPType is a queue pair's transport.
@@ -112,7 +113,10 @@ type Remote struct {
 
 // QP is a queue pair. Posting sends and posting receives may run on two
 // goroutines at once, but each is single-owner (one poster per queue); state
-// changes and Close are safe for concurrent use with each other.
+// changes and Close are safe for concurrent use with each other and with
+// the posters. It follows the lifecycle rule (doc.go): a post racing Close
+// completes or is refused with ErrClosed (one racing SetError on QEMU,
+// with ErrQPState), and the rings are freed once no post is inside.
 type QP struct {
 	pd                 *PD
 	d                  *Device
@@ -132,6 +136,16 @@ type QP struct {
 
 	state atomic.Uint32 // QPState
 
+	// The lifecycle: each poster is inside its queue's gate, which SetError
+	// (on QEMU) holds and Close shuts; closing tells a refused post which
+	// error it is. alias is the QP's key in the QPN table once the device
+	// has destroyed it (retireQPN).
+	sendGate gate
+	_        cpu.CacheLinePad // the two posters do not share a line
+	recvGate gate
+	closing  atomic.Bool
+	alias    uint32
+
 	mu        sync.Mutex // state changes and Close
 	closed    bool
 	devicesQP bool // the device still has the QP
@@ -144,9 +158,10 @@ func pow2(n int) int { return 1 << bits.Len(uint(n-1)) }
 func (pd *PD) CreateQP(ctx context.Context, cfg *QPConfig) (*QP, error) {
 	d := pd.d
 	const op = "create QP"
-	if err := pd.check(); err != nil {
+	if err := pd.enter(); err != nil {
 		return nil, d.opErr(op, err)
 	}
+	defer pd.exit()
 	c, err := d.qpGeometry(pd, cfg)
 	if err != nil {
 		return nil, d.opErr(op, err)
@@ -414,10 +429,14 @@ func (qp *QP) attrs(state QPState, r *Remote, sqPSN uint32) firmware.QPAttr {
 }
 
 func (qp *QP) modify(ctx context.Context, to QPState, mask uint32, r *Remote, sqPSN uint32, from ...QPState) error {
+	if err := qp.d.enter(); err != nil {
+		return err
+	}
+	defer qp.d.exit()
 	qp.mu.Lock()
 	defer qp.mu.Unlock()
 	if qp.closed {
-		return ErrClosed
+		return qp.errClosed()
 	}
 	cur := qp.State()
 	legal := false
@@ -491,19 +510,32 @@ func (qp *QP) Connect(ctx context.Context, r Remote, psn uint32) error {
 // complete with WR_FLUSH_ERR, exactly once each, and later posts fail with
 // ErrQPState. On QEMU (Quirks.Emulated), which records ERR without telling
 // its backend and so would still complete them, the driver destroys the
-// device's QP here and generates the flush completions itself.
+// device's QP here and generates the flush completions itself; posts
+// racing it there complete first or are refused with ErrQPState.
 func (qp *QP) SetError(ctx context.Context) error {
+	if err := qp.d.enter(); err != nil {
+		return qp.d.opErr("modify QP", err)
+	}
+	defer qp.d.exit()
 	qp.mu.Lock()
 	defer qp.mu.Unlock()
 	if qp.closed {
-		return qp.d.opErr("modify QP", ErrClosed)
+		return qp.d.opErr("modify QP", qp.errClosed())
 	}
 	if qp.State() == StateErr {
 		return nil
 	}
 	var err error
 	if qp.d.emulated {
+		// The posters are waited out and held off (their posts are
+		// refused with ErrQPState meanwhile): the device's QP goes, and
+		// with it the doorbells pending, which only a poster may touch.
+		qp.holdPosters()
 		err = qp.destroyOnDevice(ctx)
+		if err == nil {
+			qp.state.Store(uint32(StateErr))
+		}
+		qp.unholdPosters()
 	} else {
 		err = qp.d.ch.ModifyQP(ctx, firmware.ModifyQPRequest{
 			QPHandle: qp.handle, AttrMask: firmware.QPAttrState, Attr: qp.attrs(StateErr, nil, 0),
@@ -521,10 +553,14 @@ func (qp *QP) SetError(ctx context.Context) error {
 
 // QueryState asks the device for the QP's state.
 func (qp *QP) QueryState(ctx context.Context) (QPState, error) {
+	if err := qp.d.enter(); err != nil {
+		return 0, qp.d.opErr("query QP", err)
+	}
+	defer qp.d.exit()
 	qp.mu.Lock()
 	defer qp.mu.Unlock()
 	if qp.closed {
-		return 0, qp.d.opErr("query QP", ErrClosed)
+		return 0, qp.d.opErr("query QP", qp.errClosed())
 	}
 	if !qp.devicesQP {
 		return qp.State(), nil
@@ -536,7 +572,8 @@ func (qp *QP) QueryState(ctx context.Context) (QPState, error) {
 	return QPState(r.QPState), nil
 }
 
-// destroyOnDevice destroys the device's QP; called with qp.mu held.
+// destroyOnDevice destroys the device's QP; called with qp.mu and the
+// posters' gates held.
 func (qp *QP) destroyOnDevice(ctx context.Context) error {
 	if !qp.devicesQP {
 		return nil
@@ -547,13 +584,52 @@ func (qp *QP) destroyOnDevice(ctx context.Context) error {
 	qp.devicesQP = false
 	// What was deferred and not rung is flushed with the rest; a doorbell
 	// for it now would name a handle the device may give another QP, or
-	// write a ring that Close frees.
-	qp.sq.Doorbell().Reset()
+	// write a ring that Close frees. The posters are held off: the
+	// doorbells are this goroutine's for now.
+	if db := qp.sq.Doorbell(); db != nil {
+		db.Reset()
+	}
 	if db := qp.rq.Doorbell(); db != nil {
 		db.Reset()
 	}
 	qp.d.journal.remove(kindQP, qp.handle)
+	qp.d.retireQPN(qp)
 	return nil
+}
+
+// holdPosters waits out the posts under way and refuses the next ones
+// until unholdPosters.
+func (qp *QP) holdPosters() {
+	qp.sendGate.hold()
+	qp.recvGate.hold()
+}
+
+func (qp *QP) unholdPosters() {
+	qp.recvGate.unhold()
+	qp.sendGate.unhold()
+}
+
+// shut refuses the QP's posts from now on and waits out those under way:
+// Device.Close, for a QP whatever its DESTROY answered.
+func (qp *QP) shut() {
+	qp.closing.Store(true)
+	qp.sendGate.close()
+	qp.recvGate.close()
+}
+
+// errClosed is the error of a call on a closed QP.
+func (qp *QP) errClosed() error { return fmt.Errorf("%w: QP %d", ErrClosed, qp.qpn) }
+
+// refused is the error of a post its queue's gate refused: the QP is
+// closed (ErrClosed), or on its way to ERR (ErrQPState, SetError).
+//
+//go:noinline
+func (qp *QP) refused(w *wq.Queue, id uint64) error {
+	err := qp.errClosed()
+	if !qp.closing.Load() {
+		err = fmt.Errorf("%w: QP %d is going to ERR", ErrQPState, qp.qpn)
+	}
+	return &PostError{Queue: w.Name(), WRID: id, Err: err}
 }
 
 // startFlush hands the QP's outstanding work requests to their CQs, which
@@ -568,7 +644,10 @@ func (qp *QP) startFlush() {
 
 // Close destroys the QP. Work requests still outstanding complete with
 // WR_FLUSH_ERR on their CQs (poll them after Close); the CQs keep what
-// they need for that. It is idempotent.
+// they need for that. Posts racing Close complete first or are refused
+// with ErrClosed; the rings are freed once none is inside. It is
+// idempotent. If the device refuses the DESTROY, Close returns its error
+// and the QP stays as it was.
 func (qp *QP) Close() error {
 	return qp.d.closeObject("destroy QP", qp.destroy)
 }
@@ -579,9 +658,17 @@ func (qp *QP) destroy(ctx context.Context) error {
 	if qp.closed {
 		return nil
 	}
+	// Posts are refused from here on, and those under way waited out,
+	// before the device's QP goes; if it does not, the QP is as it was.
+	qp.closing.Store(true)
+	qp.holdPosters()
 	if err := qp.destroyOnDevice(ctx); err != nil {
+		qp.closing.Store(false)
+		qp.unholdPosters()
 		return err
 	}
+	qp.recvGate.shutHeld()
+	qp.sendGate.shutHeld()
 	qp.closed = true
 	qp.state.Store(uint32(StateErr))
 	qp.startFlush()
@@ -595,9 +682,9 @@ func (qp *QP) destroy(ctx context.Context) error {
 	if qp.srqm != nil {
 		qp.srqm.Detach()
 	}
-	// The rings are the device's no more; the FIFOs live on in the CQs'
-	// flush lists until drained.
-	return qp.buf.Close()
+	// The rings are the device's no more, and no poster is inside; the
+	// FIFOs live on in the CQs' flush lists until drained.
+	return qp.d.freeRing(qp.buf, qp.sq.Data(), qp.rq.Data())
 }
 
 // ErrQPState reports a post or a state change that the QP's state does not

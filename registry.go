@@ -3,6 +3,7 @@ package vfrdma
 import (
 	"sync/atomic"
 
+	"github.com/vfrdma/vfrdma/vfio"
 	"github.com/vfrdma/vfrdma/wq"
 )
 
@@ -49,6 +50,49 @@ func (d *Device) forgetQPN(qp *QP) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	d.qpns.Remove(qp.qpn, qp)
+	if qp.alias != 0 {
+		d.qpns.Remove(qp.alias, qp)
+	}
+}
+
+// firstAlias is the first key retireQPN gives: QP numbers have 24 bits.
+const firstAlias = 1 << 24
+
+// retireQPN moves a QP the device has destroyed off its QP number, which
+// the device may give the next QP it creates: the CQEs of the QP still in
+// its CQs are rekeyed to an alias only the driver uses, the table maps
+// that alias to the QP, and the number is freed. A CQE the device wrote
+// for the number after that is not the destroyed QP's: the device writes
+// none for a QP once its DESTROY_QP has completed. Called once per QP,
+// with qp.mu held.
+func (d *Device) retireQPN(qp *QP) {
+	d.mu.Lock()
+	d.aliasSeq++
+	qp.alias = firstAlias + d.aliasSeq%(1<<32-firstAlias)
+	d.qpns.Set(qp.alias, qp)
+	d.mu.Unlock()
+	qp.sendCQ.rekey(qp.qpn, qp.alias)
+	if qp.recvCQ != qp.sendCQ {
+		qp.recvCQ.rekey(qp.qpn, qp.alias)
+	}
+	d.mu.Lock()
+	d.qpns.Remove(qp.qpn, qp)
+	d.mu.Unlock()
+}
+
+// freeRing releases a ring object's memory (buf is nil in the host tests,
+// whose onFree poisons mem instead). The object's gate is shut: no call
+// touches mem any more.
+func (d *Device) freeRing(buf *vfio.DMABuffer, mem ...[]byte) error {
+	if d.onFree != nil {
+		for _, m := range mem {
+			d.onFree(m)
+		}
+	}
+	if buf == nil {
+		return nil
+	}
+	return buf.Close()
 }
 
 // gidBits marks the bound GID indices for the post path.

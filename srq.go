@@ -62,7 +62,9 @@ type SRQQPView = srq.QPView
 // not take on the SRQ, for the other QPs.
 //
 // An SRQ is safe for concurrent use: many goroutines may post to it while
-// CQ pollers report its completions.
+// CQ pollers report its completions. It follows the lifecycle rule
+// (doc.go): a post racing Close completes or is refused with ErrClosed,
+// and the ring is freed once no post is inside.
 //
 // The low watermark is raised by the driver from its own counts, on every
 // device, when the CQ poll that reaps the crossing completion runs: QEMU
@@ -90,9 +92,10 @@ type SRQ struct {
 func (pd *PD) CreateSRQ(ctx context.Context, cfg *SRQConfig) (*SRQ, error) {
 	d := pd.d
 	const op = "create SRQ"
-	if err := pd.check(); err != nil {
+	if err := pd.enter(); err != nil {
 		return nil, d.opErr(op, err)
 	}
+	defer pd.exit()
 	var c SRQConfig
 	if cfg != nil {
 		c = *cfg
@@ -288,6 +291,10 @@ func (s *SRQ) Close() error {
 	return s.d.closeObject("destroy SRQ", s.destroy)
 }
 
+// shut refuses the SRQ's posts from now on (those under way finish first:
+// they hold the queue's lock): Device.Close, whatever its DESTROY answered.
+func (s *SRQ) shut() { s.q.Close() }
+
 func (s *SRQ) destroy(ctx context.Context) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
@@ -297,11 +304,14 @@ func (s *SRQ) destroy(ctx context.Context) error {
 	if n := s.q.Members(); n > 0 {
 		return fmt.Errorf("%w: %d QPs still use SRQ %d; close them first", ErrBusy, n, s.handle)
 	}
-	if err := s.d.ch.DestroySRQ(ctx, s.handle); err != nil {
+	// No post runs while the device destroys the SRQ: none rings a
+	// doorbell for a handle the device may give again, or writes the ring
+	// after it is freed. If the device refuses, the SRQ is as it was.
+	left, err := s.q.CloseAfter(func() error { return s.d.ch.DestroySRQ(ctx, s.handle) })
+	if err != nil {
 		return err
 	}
 	s.closed = true
-	left := s.q.Close()
 	s.d.journal.remove(kindSRQ, s.handle)
 	s.d.mu.Lock()
 	delete(s.d.srqs, s)
@@ -313,5 +323,5 @@ func (s *SRQ) destroy(ctx context.Context) error {
 		}
 		s.cq.hold(-1)
 	}
-	return s.buf.Close()
+	return s.d.freeRing(s.buf)
 }

@@ -3,6 +3,7 @@ package vfrdma
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -27,8 +28,14 @@ type irqWaiter interface {
 type notifier struct {
 	d *Device
 
+	// gate admits the calls that read the notification ring (Sync, from
+	// poll sets among others); stop shuts it before Device.Close unmaps
+	// the ring.
+	gate gate
+
 	mu      sync.Mutex
 	started bool
+	stopped bool
 	cancel  context.CancelFunc
 	done    chan struct{}
 	cqs     wq.Table[*CQ]         // by handle; written under mu, read without a lock
@@ -104,8 +111,8 @@ func (n *notifier) start() error {
 		return nil
 	}
 	d := n.d
-	if err := d.check(); err != nil {
-		return err
+	if n.stopped || d.gate.shut() {
+		return fmt.Errorf("%w: device %s", ErrClosed, d.name)
 	}
 	if d.cqIRQ == nil {
 		return errors.New("the device has no CQ interrupt")
@@ -140,7 +147,11 @@ func (n *notifier) fail(err error) {
 // implements event.Syncer: once it returns, every notification the device
 // wrote before the call has been delivered.
 func (n *notifier) Sync() error {
-	if n.d == nil || n.d.cqNotify == nil {
+	if !n.gate.enter() {
+		return fmt.Errorf("%w: device %s", ErrClosed, n.d.name)
+	}
+	defer n.gate.exit()
+	if n.d.cqNotify == nil {
 		return nil // a device without the ring (the host tests' fakes)
 	}
 	n.drainMu.Lock()
@@ -174,7 +185,11 @@ func (n *notifier) syncLocked() error {
 // ring and silence the notifications of the CQs someone does wait on.
 // If another goroutine is draining, there is nothing to do.
 func (n *notifier) syncIfFilling() {
-	if n.d == nil || n.d.cqNotify == nil || !n.drainMu.TryLock() {
+	if n.d.cqNotify == nil || !n.gate.enter() {
+		return
+	}
+	defer n.gate.exit()
+	if !n.drainMu.TryLock() {
 		return
 	}
 	r := n.d.cqNotify
@@ -184,13 +199,16 @@ func (n *notifier) syncIfFilling() {
 	n.drainMu.Unlock()
 }
 
-// stop ends the interrupt goroutine (Device.Close, before the vectors go).
+// stop ends the interrupt goroutine and shuts the gate (Device.Close,
+// before the vectors and the ring go): Sync then returns ErrClosed.
 func (n *notifier) stop() {
 	n.mu.Lock()
+	n.stopped = true
 	started, cancel, done := n.started, n.cancel, n.done
 	n.mu.Unlock()
 	if started {
 		cancel()
 		<-done
 	}
+	n.gate.close()
 }

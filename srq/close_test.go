@@ -3,6 +3,7 @@ package srq_test
 import (
 	"bytes"
 	"encoding/binary"
+	"errors"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -55,4 +56,48 @@ func TestAfterCloseNothingReachesTheRingOrTheDoorbell(t *testing.T) {
 		flushed = append(flushed, id)
 	}
 	assert.ElementsMatch(t, []uint64{1, 2, 3}, flushed)
+}
+
+// CloseAfter runs the device's DESTROY with no post under way and none
+// starting: a post racing it completes before or is refused after (-race
+// checks that the destroy never overlaps a post's ring writes). A DESTROY
+// that fails leaves the queue open: posts go on.
+func TestCloseAfterExcludesPostsAndKeepsTheQueueIfDestroyFails(t *testing.T) {
+	keys := &wq.Keys{}
+	keys.Set(1, &wq.Region{PD: 7, Addr: 0x10000, Len: 1 << 16, Access: wq.AccessLocalWrite})
+	reg, err := mmio.New(make([]byte, doorbell.PageSize))
+	require.NoError(t, err)
+	data := make([]byte, 64*32)
+	q, err := srq.New(srq.Config{Name: "SRQ 5", State: make([]byte, 8), Data: data, Stride: 32, Slots: 64,
+		Register: reg, Offset: doorbell.OffsetSRQ, Value: doorbell.SRQRecv | 5, Depth: 64, MaxSGE: 1, PD: 7, Keys: keys})
+	require.NoError(t, err)
+	sge := []wq.SGE{{Addr: 0x10000, Length: 64, LKey: 1}}
+
+	_, err = q.CloseAfter(func() error { return errors.New("EIO") })
+	require.Error(t, err)
+	n, err := q.Post([]wq.RecvWR{{WRID: 1, SGEs: sge}}, false)
+	require.NoError(t, err, "a post after a failed destroy")
+	require.Equal(t, 1, n)
+
+	done := make(chan error, 1)
+	go func() {
+		for id := uint64(2); ; id++ {
+			_, err := q.Post([]wq.RecvWR{{WRID: id, SGEs: sge}}, false)
+			if errors.Is(err, wq.ErrClosed) {
+				done <- nil
+				return
+			}
+			if err != nil && !errors.Is(err, wq.ErrQueueFull) {
+				done <- err
+				return
+			}
+		}
+	}()
+	left, err := q.CloseAfter(func() error {
+		clear(data) // the device forgets the ring; a post writing it now is a race
+		return nil
+	})
+	require.NoError(t, err)
+	require.NoError(t, <-done)
+	assert.Positive(t, left)
 }

@@ -406,6 +406,23 @@ func (q *Queue) Doorbell() doorbell.Stats {
 func (q *Queue) Close() int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
+	return q.closeLocked()
+}
+
+// CloseAfter runs destroy (the device's DESTROY_SRQ) with the queue's lock
+// held, so that no post writes the ring or rings the doorbell meanwhile,
+// and closes the queue as Close does if destroy succeeds. If it fails, the
+// queue is left as it was. It returns Close's count and destroy's error.
+func (q *Queue) CloseAfter(destroy func() error) (int, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if err := destroy(); err != nil {
+		return 0, err
+	}
+	return q.closeLocked(), nil
+}
+
+func (q *Queue) closeLocked() int {
 	q.closed = true
 	q.lw = 0
 	q.w.Doorbell().Reset() // deferred receives are flushed, never handed to a destroyed SRQ

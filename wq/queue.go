@@ -230,5 +230,8 @@ func (w *Queue) PopFlush() (uint64, bool) {
 	return id, true
 }
 
+// Data returns the ring's slots (nil for the empty queue).
+func (w *Queue) Data() []byte { return w.data }
+
 // Slot returns the bytes of ring slot i (what a device reads there).
 func (w *Queue) Slot(i int) []byte { return w.data[i<<w.shift:][:w.stride:w.stride] }
