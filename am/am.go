@@ -135,7 +135,8 @@ type Stats struct {
 // Context is one task's end of an active-message job over a device: one
 // RC QP per peer (two to itself), receive buffers from one SRQ, a progress
 // goroutine, the handler and counter tables. A Context is safe for
-// concurrent use.
+// concurrent use. After Close (or once the device closed under it) every
+// method returns an error wrapping ErrClosed; see the package doc.
 type Context struct {
 	cfg   Config
 	d     *vfrdma.Device
