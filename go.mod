@@ -5,6 +5,7 @@ go 1.26.0
 require (
 	github.com/stretchr/testify v1.12.1
 	github.com/u-root/u-root v0.16.0
+	go.uber.org/goleak v1.3.0
 	golang.org/x/sys v0.49.0
 )
 

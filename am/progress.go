@@ -3,11 +3,13 @@ package am
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"runtime"
 	"time"
 
 	"github.com/vfrdma/vfrdma"
+	"github.com/vfrdma/vfrdma/event"
 )
 
 // progress is the context's goroutine: it polls the CQ, takes what
@@ -77,11 +79,19 @@ func (c *Context) progress(ctx context.Context) {
 			runtime.Gosched()
 			continue
 		}
-		if err := c.ws.Wait(ctx); err != nil {
-			if ctx.Err() != nil {
-				return
-			}
+		// Sleep on the set's channel: TryWait arms the CQ and reports
+		// what is pending, the receive takes the signal, and nothing is
+		// put back, so that Close's cancel always ends the sleep.
+		switch err := c.ws.TryWait(); {
+		case errors.Is(err, event.ErrAgain):
+			continue
+		case err != nil:
 			c.die(fmt.Errorf("am: progress: %w", err))
+			return
+		}
+		select {
+		case <-c.ws.C():
+		case <-ctx.Done():
 			return
 		}
 	}
