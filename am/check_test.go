@@ -4,6 +4,7 @@ package am
 
 import (
 	"context"
+	"encoding/binary"
 	"sync"
 	"testing"
 
@@ -372,4 +373,49 @@ func TestZeroCounterIsReadyToUse(t *testing.T) {
 	assert.EqualValues(t, 5, z.Get())
 	c := hostContext(t, Config{Tasks: 2})
 	assert.NoError(t, c.SetCounter(1, &Counter{}))
+}
+
+// Each message is acknowledged once, after it was sent: an ack of a
+// message not awaiting one (never sent, or acknowledged already) is
+// refused; the acks before it in the packet are taken.
+func TestAckOfAMessageNotAwaitingOneIsRefused(t *testing.T) {
+	j := newPeerJob(t)
+	c := j.c
+	cmpl := NewCounter()
+	c.mu.Lock()
+	c.conns[1].sent[0] = &outMsg{id: 0, cmpl: cmpl}
+	c.pending = 1
+	c.mu.Unlock()
+	acks := func(ids ...uint32) []byte {
+		var b []byte
+		for _, id := range ids {
+			b = binary.LittleEndian.AppendUint32(b, id)
+		}
+		return pkt(header{kind: kindCtrl, length: uint64(len(ids))}, b)
+	}
+	j.send(t, 1, acks(0, 0))
+	assert.EqualValues(t, 1, cmpl.Get(), "the first ack is taken")
+	j.refused(t, 1, errProtocol)
+
+	j = newPeerJob(t)
+	j.send(t, 2, acks(7))
+	j.refused(t, 2, errProtocol)
+}
+
+// The fields of a message's first packet are checked on their own: target
+// counter in range and flagged, known flags, a user header of whole
+// 8-byte words; and packets of other kinds carry none of them.
+func TestFirstPacketFieldsAreCheckedOnTheirOwn(t *testing.T) {
+	for name, b := range map[string][]byte{
+		"target counter out of range":  pkt(header{kind: kindEager, flags: flagTgtCounter, tgtCntr: MaxCounters, length: 1}, []byte{1}),
+		"target counter 0 flagged":     pkt(header{kind: kindEager, flags: flagTgtCounter, length: 1}, []byte{1}),
+		"target counter not flagged":   pkt(header{kind: kindEager, tgtCntr: 3, length: 1}, []byte{1}),
+		"unknown flag":                 pkt(header{kind: kindEager, flags: 0x80, length: 1}, []byte{1}),
+		"user header not whole words":  pkt(header{kind: kindEager, uhdrLen: 4, length: 1}, make([]byte, 5)),
+		"fragment naming a handler":    pkt(header{kind: kindFrag, handler: 3, length: 100, offset: 10}, make([]byte, 10)),
+		"ctrl packet naming a counter": pkt(header{kind: kindCtrl, flags: flagTgtCounter, tgtCntr: 1}, nil),
+	} {
+		var h header
+		assert.ErrorIs(t, h.parse(b, 1<<20), errProtocol, name)
+	}
 }

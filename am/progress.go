@@ -219,8 +219,11 @@ func (c *Context) take(cn *conn, b []byte) {
 	cn.owed++ // the buffer goes back to the SRQ this round
 	cn.heard++
 	if h.kind == kindCtrl {
-		c.acked(cn, b[headerSize:])
+		err := c.acked(cn, b[headerSize:])
 		c.mu.Unlock()
+		if err != nil {
+			c.refuse(cn, err)
+		}
 		return
 	}
 	if h.kind != kindFrag {
@@ -247,7 +250,7 @@ func (c *Context) take(cn *conn, b []byte) {
 	}
 	uhdr, data := body[:h.uhdrLen], body[h.uhdrLen:]
 	m := &inMsg{id: h.id, length: h.length, got: uint64(len(data))}
-	if h.flags&flagTgtCounter != 0 && int(h.tgtCntr) < MaxCounters {
+	if h.flags&flagTgtCounter != 0 { // parse made sure it is in range
 		m.tgt = c.counters[h.tgtCntr].Load()
 	}
 	if h.handler == barrierHandler {

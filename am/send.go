@@ -231,13 +231,16 @@ func (c *Context) fail(cn *conn, cause error) {
 }
 
 // acked takes task cn's acknowledgements. Under mu.
-func (c *Context) acked(cn *conn, acks []byte) {
+// Each message is acknowledged once, after it was sent whole: an ack of
+// anything else is refused (the acks before it are taken).
+func (c *Context) acked(cn *conn, acks []byte) error {
+	defer c.notify()
 	for i := 0; i+4 <= len(acks); i += 4 {
 		a := binary.LittleEndian.Uint32(acks[i:])
 		id := a &^ ackFailed
 		m := cn.sent[id]
 		if m == nil {
-			continue // a message already failed with its task
+			return fmt.Errorf("%w: an acknowledgement of message %d, not one awaiting it", errProtocol, id)
 		}
 		delete(cn.sent, id)
 		c.pending--
@@ -251,7 +254,7 @@ func (c *Context) acked(cn *conn, acks []byte) {
 			m.cmpl.add(1)
 		}
 	}
-	c.notify()
+	return nil
 }
 
 // Purge cancels what this task has queued or unacknowledged to tgt and

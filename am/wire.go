@@ -85,8 +85,17 @@ func (h *header) parse(b []byte, maxMessage int) error {
 	if h.kind != kindFrag && h.offset != 0 {
 		return fmt.Errorf("%w: kind %d packet with offset %d", errProtocol, h.kind, h.offset)
 	}
+	if h.kind != kindEager && h.kind != kindFirst && (h.flags != 0 || h.handler != 0 || h.uhdrLen != 0 || h.tgtCntr != 0) {
+		return fmt.Errorf("%w: kind %d packet with first-packet fields (flags %#x, handler %d, user header %d, counter %d)", errProtocol, h.kind, h.flags, h.handler, h.uhdrLen, h.tgtCntr)
+	}
 	switch h.kind {
 	case kindEager, kindFirst:
+		if h.flags&^flagTgtCounter != 0 || h.flags&flagTgtCounter != 0 && (h.tgtCntr == 0 || h.tgtCntr >= MaxCounters) || h.flags&flagTgtCounter == 0 && h.tgtCntr != 0 {
+			return fmt.Errorf("%w: flags %#x with target counter %d (1 to %d)", errProtocol, h.flags, h.tgtCntr, MaxCounters-1)
+		}
+		if h.uhdrLen%8 != 0 {
+			return fmt.Errorf("%w: a %d-byte user header, not a multiple of 8", errProtocol, h.uhdrLen)
+		}
 		if uint64(h.uhdrLen) > body {
 			return fmt.Errorf("%w: user header of %d bytes in a %d-byte body", errProtocol, h.uhdrLen, body)
 		}
