@@ -419,3 +419,30 @@ func TestFirstPacketFieldsAreCheckedOnTheirOwn(t *testing.T) {
 		assert.ErrorIs(t, h.parse(b, 1<<20), errProtocol, name)
 	}
 }
+
+// Close releases the calls blocked in Fence and Barrier with ErrClosed,
+// and a Close racing them, or another Close, returns.
+func TestCloseReleasesItsWaiters(t *testing.T) {
+	c := hostContext(t, Config{Tasks: 2})
+	c.mu.Lock()
+	c.conns[1].sent[0] = &outMsg{}
+	c.pending = 1 // a message never acknowledged
+	c.mu.Unlock()
+	errs := make(chan error, 4)
+	for range 2 {
+		go func() { errs <- c.Fence(context.Background()) }()
+		go func() { errs <- c.Barrier(context.Background()) }()
+	}
+	var wg sync.WaitGroup
+	for range 3 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			assert.NoError(t, c.Close())
+		}()
+	}
+	wg.Wait()
+	for range 4 {
+		assert.ErrorIs(t, <-errs, vfrdma.ErrClosed)
+	}
+}
