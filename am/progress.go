@@ -101,12 +101,29 @@ func (c *Context) progress(ctx context.Context) {
 // outstanding and wakes the waiters; later calls return err. Its ticker
 // stops with it.
 func (c *Context) die(err error) {
+	err = c.closing(err)
 	c.mu.Lock()
 	c.dead(err)
 	c.mu.Unlock()
 	if c.stop != nil {
 		c.stop()
 	}
+}
+
+// closing returns err, or, when the device is closing, an error wrapping
+// ErrClosed that says so: a call racing Device.Close may fail otherwise
+// (an SRQ whose QPs were destroyed first, ...), and the cause is the
+// close. It asks the device once, on the way out.
+func (c *Context) closing(err error) error {
+	if c.d == nil || errors.Is(err, vfrdma.ErrClosed) {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if _, qerr := c.d.QueryPort(ctx); errors.Is(qerr, vfrdma.ErrClosed) {
+		return fmt.Errorf("am: the device closed under the context (%w); the progress goroutine stopped on: %v", qerr, err)
+	}
+	return err
 }
 
 // dead marks the context failed with err (the first cause stays): every
