@@ -5,6 +5,7 @@ package am
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -23,12 +24,20 @@ import (
 // it returns one, and Close frees the rest with no error. It used to die
 // with SIGSEGV: Close's flushes woke the progress goroutine, which polled
 // the freed CQ.
+//
+// Each way the progress goroutine idles (sleeping, polling) runs rounds
+// that close the device after more or fewer messages landed, so that the
+// close meets the job at different moments.
 func TestDeviceClosedUnderARunningJob(t *testing.T) {
-	for _, polling := range []bool{false, true} {
-		name := "sleeping"
-		if polling {
-			name = "polling"
+	for _, tc := range []struct {
+		polling bool
+		after   int64 // messages landed before the close
+	}{{false, 1}, {false, 7}, {false, 20}, {true, 1}, {true, 7}, {true, 20}} {
+		name := fmt.Sprintf("sleeping/after %d", tc.after)
+		if tc.polling {
+			name = fmt.Sprintf("polling/after %d", tc.after)
 		}
+		polling := tc.polling
 		t.Run(name, func(t *testing.T) {
 			d := openDevice(t)
 			before := goleak.IgnoreCurrent() // the device's own are its business
@@ -69,7 +78,7 @@ func TestDeviceClosedUnderARunningJob(t *testing.T) {
 					}
 				}()
 			}
-			_, err := landed.Wait(ctx, 20) // the job is running
+			_, err := landed.Wait(ctx, tc.after) // the job is running
 			require.NoError(t, err)
 			require.NoError(t, d.Close())
 			wg.Wait()
