@@ -110,6 +110,23 @@ func (c *Context) die(err error) {
 	}
 }
 
+// failedCompletion is the cause a failed completion purges cn with: err,
+// or the device's close when it is closing (Device.Close destroys the QPs,
+// and their requests complete flushed). The device is asked only for the
+// first failure of a task still in the job.
+func (c *Context) failedCompletion(cn *conn, err error) error {
+	if cn == nil {
+		return err
+	}
+	c.mu.Lock()
+	first := cn.err == nil && c.perr == nil && !c.closed
+	c.mu.Unlock()
+	if !first {
+		return err
+	}
+	return c.closing(err)
+}
+
 // closing returns err, or, when the device is closing, an error wrapping
 // ErrClosed that says so: a call racing Device.Close may fail otherwise
 // (an SRQ whose QPs were destroyed first, ...), and the cause is the
@@ -143,9 +160,13 @@ func (c *Context) dead(err error) {
 // sendDone frees a send's slot; a failed send purges its task (an RC send
 // fails when the peer is gone: retries exhausted).
 func (c *Context) sendDone(wc *vfrdma.WC) {
+	cn := c.byQPN[wc.QPN]
+	var cause error
+	if wc.Status != vfrdma.WCSuccess {
+		cause = c.failedCompletion(cn, fmt.Errorf("send completed with %v (vendor error %#x)", wc.Status, wc.VendorErr))
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	cn := c.byQPN[wc.QPN]
 	slot := wc.WRID &^ (sendTag | probeTag)
 	if cn == nil || slot >= uint64(len(c.busy)) || !c.busy[slot] {
 		// The device's word, not a peer's: a completion of a send this
@@ -165,8 +186,8 @@ func (c *Context) sendDone(wc *vfrdma.WC) {
 	if wc.WRID&probeTag != 0 {
 		cn.probing = false
 	}
-	if wc.Status != vfrdma.WCSuccess {
-		c.fail(cn, fmt.Errorf("send completed with %v (vendor error %#x)", wc.Status, wc.VendorErr))
+	if cause != nil {
+		c.fail(cn, cause)
 	}
 }
 
@@ -187,8 +208,9 @@ func (c *Context) recv(wc *vfrdma.WC) (repost bool, err error) {
 		return false, nil
 	}
 	if wc.Status != vfrdma.WCSuccess {
+		cause := c.failedCompletion(cn, fmt.Errorf("receive completed with %v", wc.Status))
 		c.mu.Lock()
-		c.fail(cn, fmt.Errorf("receive completed with %v", wc.Status))
+		c.fail(cn, cause)
 		c.mu.Unlock()
 		return true, nil
 	}
