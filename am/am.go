@@ -59,7 +59,10 @@ type Config struct {
 	// (at least 256; default 16 KiB). Every task must use the same.
 	PacketSize int
 	// Credits is how many packets a task may have in flight to one peer
-	// (at least 2; default 32). Receive buffers: Tasks × Credits.
+	// (at least 2; default 32). Receive buffers: Tasks × Credits. Every
+	// completion that can be outstanding, Tasks × (2×Credits + 1), must fit
+	// one CQ (4096 entries): New refuses a configuration that does not
+	// (at the default credits, at most 63 tasks).
 	Credits int
 	// MaxMessage is the largest message Amsend takes (default 64 MiB).
 	MaxMessage int
