@@ -164,6 +164,7 @@ type Context struct {
 
 	stop context.CancelFunc
 	done chan struct{} // the progress goroutine ended
+	tock chan struct{} // the ticker ended (nil: no ticker)
 	tick atomic.Bool   // time to look for silent peers
 	// calls counts the calls that use the device objects outside mu
 	// (Purge); Close waits for them before it frees anything.
@@ -375,6 +376,7 @@ func New(ctx context.Context, d *vfrdma.Device, cfg Config) (_ *Context, err err
 	}
 	pctx, stop := context.WithCancel(context.Background())
 	c.stop = stop
+	c.tock = make(chan struct{})
 	go c.progress(pctx)
 	go c.ticker(pctx)
 	return c, nil
@@ -538,6 +540,9 @@ func (c *Context) Close() error {
 	c.stop()
 	c.ws.Wake() // the progress goroutine may sleep in the set
 	<-c.done
+	if c.tock != nil {
+		<-c.tock
+	}
 	c.calls.Wait()
 	return c.release()
 }

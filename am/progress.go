@@ -415,6 +415,7 @@ func (c *Context) barrierArrived(uhdr []byte) {
 // progress goroutine learns, within probeEvery, that the device closed
 // under it (its next poll says so).
 func (c *Context) ticker(ctx context.Context) {
+	defer close(c.tock)
 	t := time.NewTicker(probeEvery)
 	defer t.Stop()
 	for {
