@@ -11,21 +11,24 @@ import (
 
 	"github.com/vfrdma/vfrdma"
 	"github.com/vfrdma/vfrdma/event"
+	"github.com/vfrdma/vfrdma/vfio"
 )
 
 // Errors Amsend and the other calls return; each is returned inline, with
 // nothing sent.
 var (
-	ErrDataLen   = errors.New("am: data longer than the maximum message size")              // LAPI_ERR_DATA_LEN
-	ErrUHdrLen   = errors.New("am: user header too long or not a multiple of 8 bytes")      // LAPI_ERR_UHDR_LEN
-	ErrNoHandler = errors.New("am: no header handler at that index")                        // LAPI_ERR_HDR_HNDLR_NULL
-	ErrTarget    = errors.New("am: target task out of range")                               // LAPI_ERR_TGT
-	ErrPurged    = errors.New("am: target purged")                                          // LAPI_ERR_TGT_PURGED
-	ErrClosed    = errors.New("am: context closed")                                         //
-	ErrCounter   = errors.New("am: counter index out of range")                             //
-	ErrDropped   = errors.New("am: the target dropped a message (no handler or no buffer)") // Fence reports it
-	errProtocol  = errors.New("am: protocol error")
-	errInvalid   = errors.New("am: invalid configuration")
+	ErrDataLen   = errors.New("am: data longer than the maximum message size")         // LAPI_ERR_DATA_LEN
+	ErrUHdrLen   = errors.New("am: user header too long or not a multiple of 8 bytes") // LAPI_ERR_UHDR_LEN
+	ErrNoHandler = errors.New("am: no header handler at that index")                   // LAPI_ERR_HDR_HNDLR_NULL
+	ErrTarget    = errors.New("am: target task out of range")                          // LAPI_ERR_TGT
+	ErrPurged    = errors.New("am: target purged")                                     // LAPI_ERR_TGT_PURGED
+	// ErrClosed is the driver's own (vfrdma.ErrClosed): the context was
+	// closed, or the device or queues under it were.
+	ErrClosed   = vfrdma.ErrClosed
+	ErrCounter  = errors.New("am: counter index out of range")                             //
+	ErrDropped  = errors.New("am: the target dropped a message (no handler or no buffer)") // Fence reports it
+	errProtocol = errors.New("am: protocol error")
+	errInvalid  = errors.New("am: invalid configuration")
 )
 
 // Limits and defaults.
@@ -56,7 +59,10 @@ type Config struct {
 	// (at least 256; default 16 KiB). Every task must use the same.
 	PacketSize int
 	// Credits is how many packets a task may have in flight to one peer
-	// (at least 2; default 32). Receive buffers: Tasks × Credits.
+	// (at least 2; default 32). Receive buffers: Tasks × Credits. Every
+	// completion that can be outstanding, Tasks × (2×Credits + 1), must fit
+	// one CQ (4096 entries): New refuses a configuration that does not
+	// (at the default credits, at most 63 tasks).
 	Credits int
 	// MaxMessage is the largest message Amsend takes (default 64 MiB).
 	MaxMessage int
@@ -121,12 +127,19 @@ type Stats struct {
 	// queued, for want of credits: the receiver had no more buffers for it.
 	CreditStalls uint64
 	Doorbells    uint64 // send and receive doorbells rung
+	// Refused counts the tasks purged for breaking the protocol: a packet
+	// that did not hold together, or did not continue what it claimed to
+	// (a fragment of another message, length or offset), credits never
+	// taken, a message out of sequence; or a completion for a buffer or
+	// length the device was never given.
+	Refused uint64
 }
 
 // Context is one task's end of an active-message job over a device: one
 // RC QP per peer (two to itself), receive buffers from one SRQ, a progress
 // goroutine, the handler and counter tables. A Context is safe for
-// concurrent use.
+// concurrent use. After Close (or once the device closed under it) every
+// method returns an error wrapping ErrClosed; see the package doc.
 type Context struct {
 	cfg   Config
 	d     *vfrdma.Device
@@ -135,24 +148,36 @@ type Context struct {
 	srq   *vfrdma.SRQ
 	sendM *vfrdma.MR
 	recvM *vfrdma.MR
-	ws    *event.WaitSet
-	conns []*conn
-	qps   []*vfrdma.QP
-	byQPN map[uint32]*conn
+	// The packet memory: the context's own, registered with the device,
+	// so that it stays mapped until Close even if the device closes under
+	// the context.
+	sendMem, recvMem []byte
+	sendOwn, recvOwn *vfio.Memory
+	bufs             int // receive buffers posted, Tasks × Credits
+	ws               *event.WaitSet
+	conns            []*conn
+	qps              []*vfrdma.QP
+	byQPN            map[uint32]*conn
 
 	handlers [MaxHandlers]atomic.Pointer[HeaderHandler]
 	counters [MaxCounters]atomic.Pointer[Counter]
 
 	stop context.CancelFunc
 	done chan struct{} // the progress goroutine ended
+	tock chan struct{} // the ticker ended (nil: no ticker)
 	tick atomic.Bool   // time to look for silent peers
-	perr error         // why it ended, when not closed
+	// calls counts the calls that use the device objects outside mu
+	// (Purge); Close waits for them before it frees anything.
+	calls sync.WaitGroup
 
 	mu       sync.Mutex
 	closed   bool
-	free     []int32 // free send slots
-	pending  int     // messages neither acknowledged nor failed
-	failed   []error // failures since the last Fence
+	perr     error       // why the context failed (the device or its queues closed under it, ...)
+	down     atomic.Bool // closed or perr set: calls look here before their arguments
+	free     []int32     // free send slots
+	busy     []bool      // send slots posted and not completed
+	pending  int         // messages neither acknowledged nor failed
+	failed   []error     // failures since the last Fence
 	changed  chan struct{}
 	epoch    uint64
 	arrived  map[uint64]int // barrier messages per epoch
@@ -174,7 +199,9 @@ type conn struct {
 	sendq    []*outMsg
 	sent     map[uint32]*outMsg // sent whole, not yet acknowledged
 	nextID   uint32
-	dirtyOut bool // deferred posts to ring
+	rxNext   uint32 // the id the task's next message must have
+	barrier  uint64 // the last barrier the task sent its message for
+	dirtyOut bool   // deferred posts to ring
 	dirtyIn  bool
 	err      error
 	inflight int  // send slots in use on this conn
@@ -244,24 +271,34 @@ func New(ctx context.Context, d *vfrdma.Device, cfg Config) (_ *Context, err err
 		}
 	}()
 	n, r := cfg.Tasks, cfg.Credits
-	if max := d.MaxSRQDepth(1); n*r > max {
-		return nil, fmt.Errorf("%w: %d tasks × %d credits need %d receive buffers; the SRQ holds at most %d", errInvalid, n, r, n*r, max)
+	if err := cfg.fits(d.MaxSRQDepth(1), min(maxCQEntries, int(d.Caps().MaxCQE))); err != nil {
+		return nil, err
 	}
 	if c.pd, err = d.AllocPD(ctx); err != nil {
 		return nil, err
 	}
 	sendDepth := 2*r + 4
-	slots := n * (r + 1)
-	if c.cq, err = d.CreateCQ(ctx, min(4096, (n+1)*sendDepth+n*r)); err != nil {
+	slots := cfg.sendSlots()
+	c.bufs = n * r
+	c.busy = make([]bool, slots)
+	if c.cq, err = d.CreateCQ(ctx, cfg.cqEntries()); err != nil {
 		return nil, err
 	}
-	if c.srq, err = c.pd.CreateSRQ(ctx, &vfrdma.SRQConfig{Depth: n * r, CQ: c.cq}); err != nil {
+	if c.srq, err = c.pd.CreateSRQ(ctx, &vfrdma.SRQConfig{Depth: c.bufs, CQ: c.cq}); err != nil {
 		return nil, err
 	}
-	if c.sendM, err = c.pd.AllocMR(ctx, slots*cfg.PacketSize, vfrdma.AccessLocalWrite); err != nil {
+	if c.sendOwn, err = vfio.AllocMemory(slots*cfg.PacketSize, nil); err != nil {
 		return nil, err
 	}
-	if c.recvM, err = c.pd.AllocMR(ctx, n*r*cfg.PacketSize, vfrdma.AccessLocalWrite); err != nil {
+	c.sendMem = c.sendOwn.Bytes()[:slots*cfg.PacketSize]
+	if c.sendM, err = c.pd.RegisterMR(ctx, c.sendOwn.Bytes(), vfrdma.AccessLocalWrite); err != nil {
+		return nil, err
+	}
+	if c.recvOwn, err = vfio.AllocMemory(c.bufs*cfg.PacketSize, nil); err != nil {
+		return nil, err
+	}
+	c.recvMem = c.recvOwn.Bytes()[:c.bufs*cfg.PacketSize]
+	if c.recvM, err = c.pd.RegisterMR(ctx, c.recvOwn.Bytes(), vfrdma.AccessLocalWrite); err != nil {
 		return nil, err
 	}
 	newQP := func() (*vfrdma.QP, error) {
@@ -330,6 +367,7 @@ func New(ctx context.Context, d *vfrdma.Device, cfg Config) (_ *Context, err err
 	if _, err = c.srq.PostRecv(wrs, 0); err != nil {
 		return nil, err
 	}
+	c.stats.Doorbells++
 	if c.ws, err = event.NewWaitSet(event.Chan); err != nil {
 		return nil, err
 	}
@@ -338,9 +376,40 @@ func New(ctx context.Context, d *vfrdma.Device, cfg Config) (_ *Context, err err
 	}
 	pctx, stop := context.WithCancel(context.Background())
 	c.stop = stop
+	c.tock = make(chan struct{})
 	go c.progress(pctx)
 	go c.ticker(pctx)
 	return c, nil
+}
+
+// maxCQEntries is the most entries vfrdma.CreateCQ gives a CQ (the
+// device's 128-page ring limit), below the device's own max_cqe.
+const maxCQEntries = 4096
+
+// sendSlots is the number of send buffers: Credits+1 per task (a data
+// packet leaves one credit, and the context one slot per task, to
+// credits and acknowledgements).
+func (cfg *Config) sendSlots() int { return cfg.Tasks * (cfg.Credits + 1) }
+
+// cqEntries is the most completions the context's CQ can hold at once:
+// every send is signalled and takes a send slot until its completion is
+// polled, and every receive buffer can complete before the progress
+// goroutine polls.
+func (cfg *Config) cqEntries() int { return cfg.sendSlots() + cfg.Tasks*cfg.Credits }
+
+// fits refuses a configuration the device cannot hold: more receive
+// buffers than an SRQ of maxSRQ, or more completions outstanding than a CQ
+// of maxCQ holds (the CQ would overflow and lose them).
+func (cfg *Config) fits(maxSRQ, maxCQ int) error {
+	n, r := cfg.Tasks, cfg.Credits
+	if n*r > maxSRQ {
+		return fmt.Errorf("%w: %d tasks × %d credits need %d receive buffers; the SRQ holds at most %d", errInvalid, n, r, n*r, maxSRQ)
+	}
+	if e := cfg.cqEntries(); e > maxCQ {
+		return fmt.Errorf("%w: %d tasks × %d credits can have %d completions outstanding (%d sends, %d receives); a CQ holds at most %d: use fewer credits or tasks",
+			errInvalid, n, r, e, cfg.sendSlots(), n*r, maxCQ)
+	}
+	return nil
 }
 
 func (cfg *Config) fill() error {
@@ -392,9 +461,29 @@ func (c *Context) MaxUHdr() int { return c.cfg.MaxUHdr }
 // bytes can carry in one packet (Arrival.Data is set for it).
 func (c *Context) OnePacket(uhdr int) int { return c.cfg.PacketSize - headerSize - uhdr }
 
+// err returns why the context takes no more calls: ErrClosed after Close,
+// the cause when it failed (the device closed under it, ...), or nil.
+// Under mu.
+func (c *Context) err() error {
+	if c.closed {
+		return fmt.Errorf("am: context closed: %w", ErrClosed)
+	}
+	return c.perr
+}
+
+// usable is err for the calls that do not hold mu.
+func (c *Context) usable() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err()
+}
+
 // SetHandler registers h at index (LAPI_Addr_set); nil unregisters. Use
 // the same index on every task: the origin names it.
 func (c *Context) SetHandler(index int, h HeaderHandler) error {
+	if err := c.usable(); err != nil {
+		return err
+	}
 	if index < 0 || index >= MaxHandlers {
 		return fmt.Errorf("%w: handler index %d (0 to %d)", ErrNoHandler, index, MaxHandlers-1)
 	}
@@ -409,6 +498,9 @@ func (c *Context) SetHandler(index int, h HeaderHandler) error {
 // SetCounter registers cnt at index (1 to MaxCounters-1) as a target
 // counter origins may name; nil unregisters.
 func (c *Context) SetCounter(index int, cnt *Counter) error {
+	if err := c.usable(); err != nil {
+		return err
+	}
 	if index < 1 || index >= MaxCounters {
 		return fmt.Errorf("%w: %d (1 to %d)", ErrCounter, index, MaxCounters-1)
 	}
@@ -416,24 +508,25 @@ func (c *Context) SetCounter(index int, cnt *Counter) error {
 	return nil
 }
 
-// Stats returns the context's counts.
+// Stats returns the context's counts; it may be called at any time, after
+// Close too. Doorbells are those the context rang.
 func (c *Context) Stats() Stats {
 	c.mu.Lock()
-	s := c.stats
-	c.mu.Unlock()
-	for _, qp := range c.qps {
-		snd, rcv := qp.DoorbellStats()
-		s.Doorbells += snd.Doorbells + rcv.Doorbells
-	}
-	s.Doorbells += c.srq.DoorbellStats().Doorbells
-	return s
+	defer c.mu.Unlock()
+	return c.stats
 }
 
 // Close stops the progress goroutine and frees the context's QPs, SRQ,
 // CQ and memory. Messages not yet delivered are lost; calls blocked in
-// Fence or Barrier return ErrClosed. Completion handlers already running
-// on their own goroutines finish after it; their acknowledgements are
-// dropped. Close is idempotent.
+// Fence or Barrier return ErrClosed, and every call after it returns an
+// error wrapping ErrClosed. Completion handlers already running on their
+// own goroutines finish after it; their acknowledgements are dropped. A
+// second Close returns nil.
+//
+// Close the context before its device. If the device is closed first,
+// the context fails with an error wrapping ErrClosed (its progress
+// goroutine ends, later calls return that error), and Close still frees
+// the context's own memory.
 func (c *Context) Close() error {
 	c.mu.Lock()
 	if c.closed {
@@ -441,36 +534,56 @@ func (c *Context) Close() error {
 		return nil
 	}
 	c.closed = true
+	c.down.Store(true)
 	c.notify()
 	c.mu.Unlock()
 	c.stop()
+	c.ws.Wake() // the progress goroutine may sleep in the set
 	<-c.done
+	if c.tock != nil {
+		<-c.tock
+	}
+	c.calls.Wait()
 	return c.release()
 }
 
-// release frees what New made, in reverse.
+// release frees what New made, in reverse. Objects the device's Close
+// destroyed already are not an error.
 func (c *Context) release() error {
 	var errs []error
+	keep := func(err error) {
+		if err != nil && !errors.Is(err, vfrdma.ErrClosed) {
+			errs = append(errs, err)
+		}
+	}
 	if c.ws != nil {
 		_ = c.ws.Remove(c.cq)
-		errs = append(errs, c.ws.Close())
+		keep(c.ws.Close())
 	}
 	for _, qp := range c.qps {
-		errs = append(errs, qp.Close())
+		keep(qp.Close())
 	}
 	if c.srq != nil {
-		errs = append(errs, c.srq.Close())
+		keep(c.srq.Close())
 	}
 	if c.cq != nil {
-		errs = append(errs, c.cq.Close())
+		keep(c.cq.Close())
 	}
 	for _, mr := range []*vfrdma.MR{c.sendM, c.recvM} {
 		if mr != nil {
-			errs = append(errs, mr.Close())
+			keep(mr.Close())
 		}
 	}
+	// The memory goes only once the device can no longer reach it: an MR
+	// that failed to close leaves its memory mapped.
+	if c.sendOwn != nil && (c.sendM == nil || len(errs) == 0) {
+		keep(c.sendOwn.Close())
+	}
+	if c.recvOwn != nil && (c.recvM == nil || len(errs) == 0) {
+		keep(c.recvOwn.Close())
+	}
 	if c.pd != nil {
-		errs = append(errs, c.pd.Close())
+		keep(c.pd.Close())
 	}
 	return errors.Join(errs...)
 }
@@ -490,7 +603,7 @@ func (c *Context) waitFor(ctx context.Context, cond func() bool) error {
 	for {
 		if c.closed {
 			c.mu.Unlock()
-			return ErrClosed
+			return fmt.Errorf("am: context closed: %w", ErrClosed)
 		}
 		if cond() {
 			c.mu.Unlock()

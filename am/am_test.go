@@ -5,6 +5,7 @@ package am
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"net"
 	"sync"
@@ -156,7 +157,7 @@ func TestTCPExchangerGathersEveryTasksAddress(t *testing.T) {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			x := &TCPExchanger{Addr: addr, Tasks: n, Self: i}
+			x := &TCPExchanger{Addr: addr, Tasks: n, Self: i, Token: "job-1"}
 			res[i], errs[i] = x.AllGather(ctx, binary.LittleEndian.AppendUint32([]byte(fmt.Sprintf("task%d-", i)), uint32(i)))
 		}()
 	}
@@ -173,10 +174,116 @@ func TestTCPExchangerGathersEveryTasksAddress(t *testing.T) {
 func TestTCPExchangerEndsWithItsContext(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
-	_, err := (&TCPExchanger{Addr: "127.0.0.1:1", Tasks: 2, Self: 1}).AllGather(ctx, nil)
+	_, err := (&TCPExchanger{Addr: "127.0.0.1:1", Tasks: 2, Self: 1, Token: "t"}).AllGather(ctx, nil)
 	assert.ErrorIs(t, err, context.DeadlineExceeded)
-	_, err = (&TCPExchanger{Addr: "127.0.0.1:0", Tasks: 2, Self: 2}).AllGather(ctx, nil)
+	_, err = (&TCPExchanger{Addr: "127.0.0.1:0", Tasks: 2, Self: 2, Token: "t"}).AllGather(ctx, nil)
 	assert.ErrorIs(t, err, ErrTarget)
+}
+
+// freeAddr returns a local TCP address nobody listens on (yet).
+func freeAddr(t *testing.T) string {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	addr := ln.Addr().String()
+	require.NoError(t, ln.Close())
+	return addr
+}
+
+// dialWhenListening connects to addr once it listens.
+func dialWhenListening(t *testing.T, ctx context.Context, addr string) net.Conn {
+	var d net.Dialer
+	for {
+		c, err := d.DialContext(ctx, "tcp", addr)
+		if err == nil {
+			return c
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("nobody listens on %s: %v", addr, err)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// A connection that says nothing does not hold up the exchange: task 0
+// greets every connection on its own, with a deadline of its own. (It
+// used to read each in turn with only ctx's deadline: one silent stray
+// blocked the whole job until ctx ended.)
+func TestTCPExchangerSilentStrayDoesNotBlockTheJob(t *testing.T) {
+	addr := freeAddr(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	x0 := &TCPExchanger{Addr: addr, Tasks: 2, Self: 0, Token: "job"}
+	done := make(chan error, 1)
+	go func() {
+		_, err := x0.AllGather(ctx, []byte{0})
+		done <- err
+	}()
+	stray := dialWhenListening(t, ctx, addr) // connects first, then says nothing
+	defer stray.Close()
+	x1 := &TCPExchanger{Addr: addr, Tasks: 2, Self: 1, Token: "job"}
+	all, err := x1.AllGather(ctx, []byte{1})
+	require.NoError(t, err)
+	assert.Equal(t, [][]byte{{0}, {1}}, all)
+	require.NoError(t, <-done)
+	// Task 0 is done: the stray's connection is closed, not left open.
+	_ = stray.SetReadDeadline(time.Now().Add(10 * time.Second))
+	_, err = stray.Read(make([]byte, 1))
+	assert.Error(t, err)
+	var ne net.Error
+	assert.False(t, errors.As(err, &ne) && ne.Timeout(), "task 0 closed the stray's connection: %v", err)
+}
+
+// A connection still silent after Timeout is closed by task 0 while the
+// exchange goes on.
+func TestTCPExchangerClosesAConnectionSilentPastItsTimeout(t *testing.T) {
+	addr := freeAddr(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	x0 := &TCPExchanger{Addr: addr, Tasks: 2, Self: 0, Token: "job", Timeout: 50 * time.Millisecond}
+	done := make(chan error, 1)
+	go func() {
+		_, err := x0.AllGather(ctx, []byte{0})
+		done <- err
+	}()
+	stray := dialWhenListening(t, ctx, addr)
+	defer stray.Close()
+	_ = stray.SetReadDeadline(time.Now().Add(10 * time.Second))
+	_, err := stray.Read(make([]byte, 1))
+	var ne net.Error
+	assert.False(t, errors.As(err, &ne) && ne.Timeout(), "task 0 closed the silent connection: %v", err)
+	_, err = (&TCPExchanger{Addr: addr, Tasks: 2, Self: 1, Token: "job"}).AllGather(ctx, []byte{1})
+	require.NoError(t, err)
+	require.NoError(t, <-done)
+}
+
+// Only a connection presenting the job's token joins: another job's task
+// (or a stray that speaks something else) is refused, and the job goes
+// on. The token is required.
+func TestTCPExchangerRefusesAConnectionWithoutTheJobToken(t *testing.T) {
+	addr := freeAddr(t)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	x0 := &TCPExchanger{Addr: addr, Tasks: 2, Self: 0, Token: "job-A"}
+	done := make(chan error, 1)
+	go func() {
+		_, err := x0.AllGather(ctx, []byte{0})
+		done <- err
+	}()
+	garbage := dialWhenListening(t, ctx, addr)
+	defer garbage.Close()
+	_, err := garbage.Write([]byte("GET / HTTP/1.0\r\n\r\n"))
+	require.NoError(t, err)
+	_, err = (&TCPExchanger{Addr: addr, Tasks: 2, Self: 1, Token: "job-B"}).AllGather(ctx, []byte{66})
+	require.Error(t, err, "another job's task is refused")
+	assert.NotErrorIs(t, err, context.DeadlineExceeded)
+	all, err := (&TCPExchanger{Addr: addr, Tasks: 2, Self: 1, Token: "job-A"}).AllGather(ctx, []byte{1})
+	require.NoError(t, err)
+	assert.Equal(t, [][]byte{{0}, {1}}, all, "the refused task's blob is nowhere")
+	require.NoError(t, <-done)
+
+	_, err = (&TCPExchanger{Addr: addr, Tasks: 2, Self: 1}).AllGather(ctx, nil)
+	assert.ErrorIs(t, err, errInvalid, "no token")
 }
 
 // LocalExchangers: the tasks of one process gather every address, in task

@@ -6,15 +6,17 @@ import (
 )
 
 // Counter is a LAPI counter: origin, target and completion counters of
-// Amsend count into it, and Wait takes what it waited for back out. A
-// Counter is safe for concurrent use.
+// Amsend count into it, and Wait takes what it waited for back out. The
+// zero Counter is ready to use (at 0), as event.Counter's is: NewCounter
+// is a convenience. A Counter has no Close and holds nothing to free. It
+// is safe for concurrent use; it must not be copied after first use.
 type Counter struct {
 	mu      sync.Mutex
 	v       int64
 	changed chan struct{} // made by a waiter, closed when v changes
 }
 
-// NewCounter returns a counter at 0. The zero Counter is ready too.
+// NewCounter returns a counter at 0, like the zero Counter.
 func NewCounter() *Counter { return &Counter{} }
 
 // Get returns the value (LAPI_Getcntr).

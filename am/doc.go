@@ -69,4 +69,23 @@
 // unacknowledged to it fails, Fence returns ErrPurged joined with the
 // count, Amsend to it returns ErrPurged, Barrier returns ErrPurged.
 // Counters count only what was delivered. Purge does the same on request.
+//
+// A peer is another process, and the device's completions are its word:
+// every packet and completion is checked before use (a fragment continues
+// its message, with the same length, at the offset reached; a message
+// comes with the next id; credits come back only as taken; a completion
+// names a buffer or slot in flight and a length within it). A task whose
+// packet does not hold together is purged as above, counted in
+// Stats.Refused, and Fence reports why; the process never panics on it.
+//
+// # Lifecycle
+//
+// The project's rule: after Close every method returns an error wrapping
+// ErrClosed (which is vfrdma.ErrClosed), a second Close returns nil, and a
+// call racing Close completes or returns ErrClosed. Close the context
+// before its device: a device closed under a live context fails the
+// context with an error wrapping ErrClosed (its progress goroutine ends
+// within a quarter of a second; every call returns that error); Close still frees the
+// context's own packet memory, which stays mapped until then. The zero
+// Counter is ready to use, as event.Counter's is.
 package am

@@ -3,11 +3,13 @@ package am
 import (
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"runtime"
 	"time"
 
 	"github.com/vfrdma/vfrdma"
+	"github.com/vfrdma/vfrdma/event"
 )
 
 // progress is the context's goroutine: it polls the CQ, takes what
@@ -32,9 +34,13 @@ func (c *Context) progress(ctx context.Context) {
 				c.sendDone(wc)
 				continue
 			}
-			if err := c.recv(wc); err != nil {
+			repost, err := c.recv(wc)
+			if err != nil {
 				c.die(err)
 				return
+			}
+			if !repost {
+				continue
 			}
 			slot := int(wc.WRID)
 			sges[len(reposts)] = c.recvM.SGE(slot*c.cfg.PacketSize, c.cfg.PacketSize)
@@ -47,9 +53,13 @@ func (c *Context) progress(ctx context.Context) {
 				return
 			}
 		}
+		rang := len(reposts) > 0
 		idle := n < len(wcs)
 		look := c.tick.Swap(false)
 		c.mu.Lock()
+		if rang {
+			c.stats.Doorbells++
+		}
 		for _, cn := range c.conns {
 			c.pump(cn)
 			c.ctrl(cn, idle)
@@ -69,110 +79,225 @@ func (c *Context) progress(ctx context.Context) {
 			runtime.Gosched()
 			continue
 		}
-		if err := c.ws.Wait(ctx); err != nil {
-			if ctx.Err() != nil {
-				return
-			}
+		// Sleep on the set's channel: TryWait arms the CQ and reports
+		// what is pending, the receive takes the signal, and nothing is
+		// put back, so that Close's cancel always ends the sleep.
+		switch err := c.ws.TryWait(); {
+		case errors.Is(err, event.ErrAgain):
+			continue
+		case err != nil:
 			c.die(fmt.Errorf("am: progress: %w", err))
+			return
+		}
+		select {
+		case <-c.ws.C():
+		case <-ctx.Done():
 			return
 		}
 	}
 }
 
-// die records why the progress goroutine stopped and wakes the waiters.
+// die records why the progress goroutine stopped, fails what is
+// outstanding and wakes the waiters; later calls return err. Its ticker
+// stops with it.
 func (c *Context) die(err error) {
+	err = c.closing(err)
 	c.mu.Lock()
-	if c.perr == nil && !c.closed {
-		c.perr = err
+	c.dead(err)
+	c.mu.Unlock()
+	if c.stop != nil {
+		c.stop()
+	}
+}
+
+// failedCompletion is the cause a failed completion purges cn with: err,
+// or the device's close when it is closing (Device.Close destroys the QPs,
+// and their requests complete flushed). The device is asked only for the
+// first failure of a task still in the job.
+func (c *Context) failedCompletion(cn *conn, err error) error {
+	if cn == nil {
+		return err
+	}
+	c.mu.Lock()
+	first := cn.err == nil && c.perr == nil && !c.closed
+	c.mu.Unlock()
+	if !first {
+		return err
+	}
+	return c.closing(err)
+}
+
+// closing returns err, or, when the device is closing, an error wrapping
+// ErrClosed that says so: a call racing Device.Close may fail otherwise
+// (an SRQ whose QPs were destroyed first, ...), and the cause is the
+// close. It asks the device once, on the way out.
+func (c *Context) closing(err error) error {
+	if c.d == nil || errors.Is(err, vfrdma.ErrClosed) {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	if _, qerr := c.d.QueryPort(ctx); errors.Is(qerr, vfrdma.ErrClosed) {
+		return fmt.Errorf("am: the device closed under the context (%w); the progress goroutine stopped on: %v", qerr, err)
+	}
+	return err
+}
+
+// dead marks the context failed with err (the first cause stays): every
+// task's messages fail, and every later call returns it. Under mu.
+func (c *Context) dead(err error) {
+	if c.perr != nil || c.closed {
+		return
+	}
+	c.perr = err
+	c.down.Store(true)
+	for _, cn := range c.conns {
+		c.fail(cn, err)
 	}
 	c.notify()
-	c.mu.Unlock()
 }
 
 // sendDone frees a send's slot; a failed send purges its task (an RC send
 // fails when the peer is gone: retries exhausted).
 func (c *Context) sendDone(wc *vfrdma.WC) {
+	cn := c.byQPN[wc.QPN]
+	var cause error
+	if wc.Status != vfrdma.WCSuccess {
+		cause = c.failedCompletion(cn, fmt.Errorf("send completed with %v (vendor error %#x)", wc.Status, wc.VendorErr))
+	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	c.free = append(c.free, int32(wc.WRID&^(sendTag|probeTag)))
-	cn := c.byQPN[wc.QPN]
-	if cn == nil {
+	slot := wc.WRID &^ (sendTag | probeTag)
+	if cn == nil || slot >= uint64(len(c.busy)) || !c.busy[slot] {
+		// The device's word, not a peer's: a completion of a send this
+		// context has not posted, or has had completed already.
+		err := fmt.Errorf("%w: am: a send completion for slot %d on QP %d, not one in flight", vfrdma.ErrDeviceFault, slot, wc.QPN)
+		if cn == nil {
+			c.dead(err)
+		} else if cn.err == nil {
+			c.stats.Refused++
+			c.fail(cn, err)
+			c.failed = append(c.failed, cn.err)
+		}
 		return
 	}
+	c.putSlot(int32(slot))
 	cn.inflight--
 	if wc.WRID&probeTag != 0 {
 		cn.probing = false
 	}
-	if wc.Status != vfrdma.WCSuccess {
-		c.fail(cn, fmt.Errorf("send completed with %v (vendor error %#x)", wc.Status, wc.VendorErr))
+	if cause != nil {
+		c.fail(cn, cause)
 	}
 }
 
-// recv takes one received packet. It returns an error only for what stops
-// the whole context; a bad packet purges the task that sent it.
-func (c *Context) recv(wc *vfrdma.WC) error {
+// recv takes one receive completion and reports whether its buffer goes
+// back to the SRQ. It returns an error only for what stops the whole
+// context. The completion is the device's word and the packet the peer's:
+// both are checked before use, and what does not hold together purges the
+// task that sent it.
+func (c *Context) recv(wc *vfrdma.WC) (repost bool, err error) {
 	cn := c.byQPN[wc.QPN]
 	if cn == nil {
-		return fmt.Errorf("%w: a receive on QP %d, not one of ours", errProtocol, wc.QPN)
+		return false, fmt.Errorf("%w: am: a receive completion on QP %d, not one of ours", vfrdma.ErrDeviceFault, wc.QPN)
+	}
+	if wc.WRID >= uint64(c.bufs) {
+		// Not a buffer we posted: nothing to repost, and the device has
+		// broken its word on that QP.
+		c.refuse(cn, fmt.Errorf("%w: a receive completion for buffer %d, of %d posted", vfrdma.ErrDeviceFault, wc.WRID, c.bufs))
+		return false, nil
 	}
 	if wc.Status != vfrdma.WCSuccess {
+		cause := c.failedCompletion(cn, fmt.Errorf("receive completed with %v", wc.Status))
 		c.mu.Lock()
-		c.fail(cn, fmt.Errorf("receive completed with %v", wc.Status))
+		c.fail(cn, cause)
 		c.mu.Unlock()
-		return nil
+		return true, nil
 	}
-	slot := int(wc.WRID)
-	b := c.recvM.Bytes()[slot*c.cfg.PacketSize : slot*c.cfg.PacketSize+int(wc.ByteLen)]
+	if wc.ByteLen > uint32(c.cfg.PacketSize) {
+		c.refuse(cn, fmt.Errorf("%w: a receive of %d bytes into a %d-byte buffer", errProtocol, wc.ByteLen, c.cfg.PacketSize))
+		return true, nil
+	}
+	off := int(wc.WRID) * c.cfg.PacketSize
+	c.take(cn, c.recvMem[off:off+int(wc.ByteLen)])
+	return true, nil
+}
+
+// refuse purges cn for a packet or completion that broke the protocol,
+// counts it, and reports it at the next Fence.
+func (c *Context) refuse(cn *conn, err error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if cn.err != nil {
+		return
+	}
+	c.stats.Refused++
+	c.fail(cn, err)
+	c.failed = append(c.failed, cn.err)
+}
+
+// take takes one packet b that task cn sent: b has been checked against
+// its buffer, not yet on its own.
+func (c *Context) take(cn *conn, b []byte) {
 	var h header
 	err := h.parse(b, c.cfg.MaxMessage)
 	c.mu.Lock()
 	if cn.err != nil {
 		c.mu.Unlock()
-		return nil // purged: its packets are dropped, and owed nothing
+		return // purged: its packets are dropped, and owed nothing
 	}
-	if err == nil && h.kind != kindEager && h.kind != kindFirst && h.kind != kindCtrl && (cn.rx == nil || cn.rx.id != h.id || cn.rx.got != h.offset) {
-		err = fmt.Errorf("%w: fragment of message %d at %d, not the one expected", errProtocol, h.id, h.offset)
-	}
-	if err == nil && (h.kind == kindEager || h.kind == kindFirst) && cn.rx != nil {
-		err = fmt.Errorf("%w: message %d began inside message %d", errProtocol, h.id, cn.rx.id)
+	if err == nil {
+		err = c.check(cn, &h, b[headerSize:])
 	}
 	if err != nil {
-		c.fail(cn, err)
 		c.mu.Unlock()
-		return nil
+		c.refuse(cn, err)
+		return
 	}
 	cn.credits += int(h.credits)
 	cn.owed++ // the buffer goes back to the SRQ this round
 	cn.heard++
 	if h.kind == kindCtrl {
-		c.acked(cn, b[headerSize:])
+		err := c.acked(cn, b[headerSize:])
 		c.mu.Unlock()
-		return nil
+		if err != nil {
+			c.refuse(cn, err)
+		}
+		return
+	}
+	if h.kind != kindFrag {
+		cn.rxNext++
+	}
+	if h.handler == barrierHandler && h.kind == kindEager {
+		cn.barrier = binary.LittleEndian.Uint64(b[headerSize:])
 	}
 	c.mu.Unlock()
 	body := b[headerSize:]
 	if h.kind == kindFrag {
+		// check made sure: the message's id, length and next offset, and
+		// a buffer of at least its length unless it is dropped.
 		m := cn.rx
 		if !m.drop {
-			copy(m.ret.Buf[m.got:], body)
+			copy(m.ret.Buf[m.got:m.length], body)
 		}
 		m.got += uint64(len(body))
 		if m.got == m.length {
 			cn.rx = nil
 			c.landed(cn, m)
 		}
-		return nil
+		return
 	}
 	uhdr, data := body[:h.uhdrLen], body[h.uhdrLen:]
 	m := &inMsg{id: h.id, length: h.length, got: uint64(len(data))}
-	if h.flags&flagTgtCounter != 0 && int(h.tgtCntr) < MaxCounters {
+	if h.flags&flagTgtCounter != 0 { // parse made sure it is in range
 		m.tgt = c.counters[h.tgtCntr].Load()
 	}
 	if h.handler == barrierHandler {
 		c.barrierArrived(uhdr)
-	} else if hh := c.handlers[h.handler%MaxHandlers].Load(); hh == nil || int(h.handler) >= MaxHandlers {
+	} else if int(h.handler) >= MaxHandlers || c.handlers[h.handler].Load() == nil {
 		m.drop = true
 	} else {
+		hh := c.handlers[h.handler].Load()
 		a := Arrival{Src: cn.task, UHdr: uhdr, Len: int(h.length)}
 		if h.kind == kindEager {
 			a.Data = data
@@ -187,9 +312,50 @@ func (c *Context) recv(wc *vfrdma.WC) error {
 	}
 	if h.kind == kindFirst {
 		cn.rx = m
-		return nil
+		return
 	}
 	c.landed(cn, m)
+}
+
+// check holds a parsed packet from cn against what this end knows: a
+// fragment continues the message being reassembled (same id, same length,
+// at the offset reached), a message begins only between messages and with
+// the next id, barrier messages are what Barrier sends, and no packet
+// returns more credits than are out. Under mu.
+func (c *Context) check(cn *conn, h *header, body []byte) error {
+	switch h.kind {
+	case kindFrag:
+		m := cn.rx
+		if m == nil || m.id != h.id || m.length != h.length || m.got != h.offset {
+			want := "no message"
+			if m != nil {
+				want = fmt.Sprintf("message %d of %d bytes at %d", m.id, m.length, m.got)
+			}
+			return fmt.Errorf("%w: fragment of message %d of %d bytes at %d, expected %s", errProtocol, h.id, h.length, h.offset, want)
+		}
+	case kindEager, kindFirst:
+		if cn.rx != nil {
+			return fmt.Errorf("%w: message %d began inside message %d", errProtocol, h.id, cn.rx.id)
+		}
+		if h.id != cn.rxNext {
+			return fmt.Errorf("%w: message %d, expected message %d", errProtocol, h.id, cn.rxNext)
+		}
+		if h.handler == barrierHandler && (h.kind != kindEager || h.length != 0 || h.uhdrLen != 8) {
+			return fmt.Errorf("%w: a barrier message of kind %d with %d bytes of data and a %d-byte user header", errProtocol, h.kind, h.length, h.uhdrLen)
+		}
+		if h.handler == barrierHandler {
+			// A task cannot finish a barrier without this task's message
+			// for it, so none is more than one ahead of this one; and each
+			// sends one message per barrier, in order.
+			e := binary.LittleEndian.Uint64(body[:8])
+			if e <= cn.barrier || e > c.epoch+1 {
+				return fmt.Errorf("%w: barrier message for barrier %d; its last was %d, this task's is %d", errProtocol, e, cn.barrier, c.epoch)
+			}
+		}
+	}
+	if out := int64(c.cfg.Credits) - int64(cn.credits); int64(h.credits) > out {
+		return fmt.Errorf("%w: %d credits returned, %d out", errProtocol, h.credits, out)
+	}
 	return nil
 }
 
@@ -235,19 +401,21 @@ func (c *Context) ack(cn *conn, a uint32) {
 }
 
 func (c *Context) barrierArrived(uhdr []byte) {
-	if len(uhdr) != 8 {
-		return
-	}
-	e := binary.LittleEndian.Uint64(uhdr)
+	e := binary.LittleEndian.Uint64(uhdr) // check made sure it has 8 bytes
 	c.mu.Lock()
-	c.arrived[e]++
-	c.notify()
+	if e >= c.epoch { // older ones are of a Barrier that gave up
+		c.arrived[e]++
+		c.notify()
+	}
 	c.mu.Unlock()
 }
 
-// ticker sets the tick and wakes the progress goroutine every probeEvery
-// while messages are outstanding.
+// ticker wakes the progress goroutine every probeEvery, and sets the tick
+// while messages are outstanding. The wake-up when idle is also how the
+// progress goroutine learns, within probeEvery, that the device closed
+// under it (its next poll says so).
 func (c *Context) ticker(ctx context.Context) {
+	defer close(c.tock)
 	t := time.NewTicker(probeEvery)
 	defer t.Stop()
 	for {
@@ -260,8 +428,8 @@ func (c *Context) ticker(ctx context.Context) {
 			c.mu.Unlock()
 			if busy {
 				c.tick.Store(true)
-				c.ws.Wake()
 			}
+			c.ws.Wake()
 		}
 	}
 }

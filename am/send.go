@@ -15,6 +15,11 @@ import (
 // queued; data and uhdr must not change until cs.Org counts (or Fence
 // returns). Bad arguments get their own error, with nothing sent.
 func (c *Context) Amsend(tgt, handler int, uhdr, data []byte, cs Counters) error {
+	if c.down.Load() {
+		if err := c.usable(); err != nil {
+			return err
+		}
+	}
 	switch {
 	case tgt < 0 || tgt >= c.cfg.Tasks:
 		return fmt.Errorf("%w: task %d of %d", ErrTarget, tgt, c.cfg.Tasks)
@@ -34,11 +39,8 @@ func (c *Context) send(tgt int, handler uint16, uhdr, data []byte, cs Counters) 
 	cn := c.conns[tgt]
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if c.closed {
-		return ErrClosed
-	}
-	if c.perr != nil {
-		return c.perr
+	if err := c.err(); err != nil {
+		return err
 	}
 	if cn.err != nil {
 		return cn.err
@@ -159,7 +161,7 @@ func (c *Context) postTagged(cn *conn, qp *vfrdma.QP, slot int32, n int, tag uin
 		c.wr[0].SGEs = nil
 	}
 	if _, err := qp.PostSend(c.wr[:], vfrdma.FlagDefer); err != nil {
-		c.free = append(c.free, slot)
+		c.putSlot(slot)
 		return err
 	}
 	cn.credits--
@@ -173,29 +175,47 @@ func (c *Context) flush(cn *conn) {
 		cn.dirtyOut = false
 		if err := cn.out.Flush(); err != nil {
 			c.fail(cn, err)
+		} else {
+			c.stats.Doorbells++
 		}
 	}
 	if cn.dirtyIn {
 		cn.dirtyIn = false
 		if err := cn.in.Flush(); err != nil {
 			c.fail(cn, err)
+		} else {
+			c.stats.Doorbells++
 		}
 	}
 }
 
+// takeSlot takes a free send slot (the caller made sure there is one).
+// Under mu.
 func (c *Context) takeSlot() int32 {
 	s := c.free[len(c.free)-1]
 	c.free = c.free[:len(c.free)-1]
+	c.busy[s] = true
 	return s
 }
 
+// putSlot frees a slot takeSlot took. Under mu.
+func (c *Context) putSlot(s int32) {
+	c.busy[s] = false
+	c.free = append(c.free, s)
+}
+
 func (c *Context) slotBuf(slot int32) []byte {
-	return c.sendM.Bytes()[int(slot)*c.slotSize : int(slot+1)*c.slotSize]
+	return c.sendMem[int(slot)*c.slotSize : int(slot+1)*c.slotSize]
 }
 
 // fail purges cn: what is queued or unacknowledged to it fails, and every
 // later Amsend to it returns ErrPurged. Under mu.
 func (c *Context) fail(cn *conn, cause error) {
+	if errors.Is(cause, vfrdma.ErrClosed) {
+		// The device or its queues closed under the context: not this
+		// task's doing, and the end of every task's.
+		c.dead(fmt.Errorf("am: the device closed under the context: %w", cause))
+	}
 	if cn.err != nil {
 		return
 	}
@@ -211,13 +231,16 @@ func (c *Context) fail(cn *conn, cause error) {
 }
 
 // acked takes task cn's acknowledgements. Under mu.
-func (c *Context) acked(cn *conn, acks []byte) {
+// Each message is acknowledged once, after it was sent whole: an ack of
+// anything else is refused (the acks before it are taken).
+func (c *Context) acked(cn *conn, acks []byte) error {
+	defer c.notify()
 	for i := 0; i+4 <= len(acks); i += 4 {
 		a := binary.LittleEndian.Uint32(acks[i:])
 		id := a &^ ackFailed
 		m := cn.sent[id]
 		if m == nil {
-			continue // a message already failed with its task
+			return fmt.Errorf("%w: an acknowledgement of message %d, not one awaiting it", errProtocol, id)
 		}
 		delete(cn.sent, id)
 		c.pending--
@@ -231,7 +254,7 @@ func (c *Context) acked(cn *conn, acks []byte) {
 			m.cmpl.add(1)
 		}
 	}
-	c.notify()
+	return nil
 }
 
 // Purge cancels what this task has queued or unacknowledged to tgt and
@@ -243,6 +266,12 @@ func (c *Context) Purge(ctx context.Context, tgt int) error {
 	}
 	cn := c.conns[tgt]
 	c.mu.Lock()
+	if err := c.err(); err != nil {
+		c.mu.Unlock()
+		return err
+	}
+	c.calls.Add(1) // Close frees the QPs only once this call is done
+	defer c.calls.Done()
 	c.fail(cn, errors.New("purged by the caller"))
 	c.mu.Unlock()
 	err := cn.out.SetError(ctx)
@@ -280,6 +309,11 @@ func (c *Context) Barrier(ctx context.Context) error {
 	c.mu.Lock()
 	c.epoch++
 	e := c.epoch
+	for old := range c.arrived {
+		if old < e {
+			delete(c.arrived, old) // of a Barrier that gave up
+		}
+	}
 	c.mu.Unlock()
 	var uh [8]byte
 	binary.LittleEndian.PutUint64(uh[:], e)

@@ -63,9 +63,11 @@ func (h *header) put(b []byte) {
 	binary.LittleEndian.PutUint64(b[24:], h.offset)
 }
 
-// parse decodes and checks a received packet of n bytes: the peer is
+// parse decodes and checks a received packet on its own: the peer is
 // another process, and a packet that does not hold together is refused
-// rather than trusted.
+// rather than trusted. What a packet must agree with (the message being
+// reassembled, the credits outstanding, the next message id) the receiver
+// checks against its state: see Context.check.
 func (h *header) parse(b []byte, maxMessage int) error {
 	if len(b) < headerSize {
 		return fmt.Errorf("%w: a %d-byte packet, shorter than its header", errProtocol, len(b))
@@ -80,8 +82,20 @@ func (h *header) parse(b []byte, maxMessage int) error {
 	h.length = binary.LittleEndian.Uint64(b[16:])
 	h.offset = binary.LittleEndian.Uint64(b[24:])
 	body := uint64(len(b) - headerSize)
+	if h.kind != kindFrag && h.offset != 0 {
+		return fmt.Errorf("%w: kind %d packet with offset %d", errProtocol, h.kind, h.offset)
+	}
+	if h.kind != kindEager && h.kind != kindFirst && (h.flags != 0 || h.handler != 0 || h.uhdrLen != 0 || h.tgtCntr != 0) {
+		return fmt.Errorf("%w: kind %d packet with first-packet fields (flags %#x, handler %d, user header %d, counter %d)", errProtocol, h.kind, h.flags, h.handler, h.uhdrLen, h.tgtCntr)
+	}
 	switch h.kind {
 	case kindEager, kindFirst:
+		if h.flags&^flagTgtCounter != 0 || h.flags&flagTgtCounter != 0 && (h.tgtCntr == 0 || h.tgtCntr >= MaxCounters) || h.flags&flagTgtCounter == 0 && h.tgtCntr != 0 {
+			return fmt.Errorf("%w: flags %#x with target counter %d (1 to %d)", errProtocol, h.flags, h.tgtCntr, MaxCounters-1)
+		}
+		if h.uhdrLen%8 != 0 {
+			return fmt.Errorf("%w: a %d-byte user header, not a multiple of 8", errProtocol, h.uhdrLen)
+		}
 		if uint64(h.uhdrLen) > body {
 			return fmt.Errorf("%w: user header of %d bytes in a %d-byte body", errProtocol, h.uhdrLen, body)
 		}
@@ -93,11 +107,12 @@ func (h *header) parse(b []byte, maxMessage int) error {
 			return fmt.Errorf("%w: kind %d message of %d bytes with %d in its first packet", errProtocol, h.kind, h.length, data)
 		}
 	case kindFrag:
-		if h.offset+body > h.length || body == 0 {
-			return fmt.Errorf("%w: fragment of %d bytes at %d of a %d-byte message", errProtocol, body, h.offset, h.length)
+		// Each term on its own, so that no sum can wrap around.
+		if body == 0 || h.length > uint64(maxMessage) || h.offset >= h.length || body > h.length-h.offset {
+			return fmt.Errorf("%w: fragment of %d bytes at %d of a %d-byte message (maximum %d)", errProtocol, body, h.offset, h.length, maxMessage)
 		}
 	case kindCtrl:
-		if h.length*4 != body {
+		if h.length > body/4 || h.length*4 != body {
 			return fmt.Errorf("%w: %d acks in a %d-byte body", errProtocol, h.length, body)
 		}
 	default:
