@@ -3,6 +3,7 @@ package vfrdma
 import (
 	"context"
 	"fmt"
+	"github.com/vfrdma/vfrdma/internal/lifecycle"
 	"math/bits"
 	"sync"
 	"sync/atomic"
@@ -47,7 +48,7 @@ type CQ struct {
 	// The lifecycle: every call that reads the ring, the device's
 	// registers or its control pages is inside gate; shut closes it, and
 	// done, for the waiters asleep. rekey holds it for a moment.
-	gate     gate
+	gate     lifecycle.Gate
 	done     chan struct{}
 	shutOnce sync.Once
 
@@ -149,7 +150,7 @@ func newCQ(d *Device, handle uint32, entries int, buf *vfio.DMABuffer, st *rings
 // it once the device has forgotten the ring, Device.Close for every CQ.
 func (cq *CQ) shut() {
 	cq.shutOnce.Do(func() {
-		cq.gate.close()
+		cq.gate.Close()
 		close(cq.done)
 	})
 }
@@ -218,9 +219,9 @@ func (cq *CQ) destroy(ctx context.Context, force bool) error {
 // QP's, and the device may give its number to the next QP created. It
 // holds the gate while it scans: the poller waits a moment.
 func (cq *CQ) rekey(qpn, alias uint32) {
-	cq.gate.hold()
-	defer cq.gate.unhold()
-	if cq.gate.shut() {
+	cq.gate.Hold()
+	defer cq.gate.Unhold()
+	if cq.gate.IsShut() {
 		return
 	}
 	ready, err := cq.cons.Ready()
@@ -290,11 +291,11 @@ func (cq *CQ) Poll(wcs []WC) (int, error) {
 	if cq.driven.Load() {
 		return 0, cq.d.opErr("poll CQ", fmt.Errorf("%w: CQ %d is driven by a counter; its completions go there", ErrBusy, cq.handle))
 	}
-	if !cq.gate.enter() && !cq.enterSlow() {
+	if !cq.gate.Enter() && !cq.enterSlow() {
 		return 0, cq.errClosed("poll CQ")
 	}
 	n, err := cq.poll(wcs)
-	cq.gate.exit()
+	cq.gate.Exit()
 	return n, err
 }
 
@@ -302,10 +303,10 @@ func (cq *CQ) Poll(wcs []WC) (int, error) {
 // false once the CQ is shut.
 //
 //go:noinline
-func (cq *CQ) enterSlow() bool { return cq.gate.enterWait() }
+func (cq *CQ) enterSlow() bool { return cq.gate.EnterWait() }
 
 // enter admits a call other than Poll.
-func (cq *CQ) enter() bool { return cq.gate.enter() || cq.enterSlow() }
+func (cq *CQ) enter() bool { return cq.gate.Enter() || cq.enterSlow() }
 
 // syncEvery is how many CQEs a CQ consumes between looks at the
 // notification ring's fill.
@@ -518,9 +519,9 @@ func (cq *CQ) emitFlushes(wcs []WC) int {
 // starting meanwhile waits that long), so the poll path pays nothing for
 // it. Do not call it from a callback that Poll runs (OnLowWatermark).
 func (cq *CQ) Stats() CQStats {
-	cq.gate.hold()
+	cq.gate.Hold()
 	st := cq.stats
-	cq.gate.unhold()
+	cq.gate.Unhold()
 	st.Doorbells += cq.arms.Load()
 	st.Interrupts = cq.interrupts.Load()
 	return st
@@ -534,7 +535,7 @@ func (cq *CQ) Arm(solicitedOnly bool) error {
 	if !cq.enter() {
 		return cq.errClosed("arm CQ")
 	}
-	defer cq.gate.exit()
+	defer cq.gate.Exit()
 	return cq.arm(solicitedOnly)
 }
 
@@ -588,7 +589,7 @@ func (cq *CQ) readyOrArm() (bool, error) {
 	if !cq.enter() {
 		return false, cq.errClosed("wait CQ")
 	}
-	defer cq.gate.exit()
+	defer cq.gate.Exit()
 	if ok, err := cq.ready(); ok || err != nil {
 		return ok, err
 	}
@@ -635,7 +636,7 @@ func (cq *CQ) readyOrPoll() (bool, error) {
 	if !cq.enter() {
 		return false, cq.errClosed("wait CQ")
 	}
-	defer cq.gate.exit()
+	defer cq.gate.Exit()
 	if ok, err := cq.ready(); ok || err != nil {
 		return ok, err
 	}
@@ -663,7 +664,7 @@ func (cq *CQ) Ready(arm bool, _ *uint64) (bool, error) {
 	if !cq.enter() {
 		return false, cq.errClosed("CQ ready")
 	}
-	defer cq.gate.exit()
+	defer cq.gate.Exit()
 	if arm && !cq.armed.Load() {
 		if err := cq.arm(false); err != nil {
 			return false, err
@@ -706,7 +707,7 @@ func (cq *CQ) Progress() (int, error) {
 	if !cq.enter() {
 		return 0, cq.errClosed("progress CQ")
 	}
-	defer cq.gate.exit()
+	defer cq.gate.Exit()
 	cq.driven.Store(true)
 	total := 0
 	for {

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"github.com/vfrdma/vfrdma/internal/lifecycle"
 	"io"
 	"log/slog"
 	"net/netip"
@@ -167,7 +168,7 @@ type Device struct {
 	// object creation and Close), which Close waits out before it destroys
 	// anything; closeDone is made by the first Close and closed when it
 	// returns.
-	gate      gate
+	gate      lifecycle.Gate
 	closeDone chan struct{}
 	// onFree, if set, is called with each ring's memory where it is
 	// released: the host tests poison it there, so that a call that
@@ -625,11 +626,11 @@ func (d *Device) GIDs() map[int]GID {
 // Close. Once Device.Close has begun, the Device destroys the object
 // itself: closeObject waits for it to finish and returns nil.
 func (d *Device) closeObject(op string, destroy func(context.Context) error) error {
-	if !d.gate.enter() {
+	if !d.gate.Enter() {
 		d.waitClosed()
 		return nil
 	}
-	defer d.gate.exit()
+	defer d.gate.Exit()
 	ctx, cancel := context.WithTimeout(context.Background(), d.opt.CommandTimeout)
 	defer cancel()
 	return d.opErr(op, destroy(ctx))
@@ -638,13 +639,13 @@ func (d *Device) closeObject(op string, destroy func(context.Context) error) err
 // enter admits a control call (a command, an object's creation); it must
 // exit. After Close has begun it returns ErrClosed.
 func (d *Device) enter() error {
-	if !d.gate.enter() {
+	if !d.gate.Enter() {
 		return fmt.Errorf("%w: device %s", ErrClosed, d.name)
 	}
 	return nil
 }
 
-func (d *Device) exit() { d.gate.exit() }
+func (d *Device) exit() { d.gate.Exit() }
 
 // waitClosed waits for the Close under way, if any, to return.
 func (d *Device) waitClosed() {
@@ -680,7 +681,7 @@ func (d *Device) Close() error {
 	d.mu.Unlock()
 	defer close(done)
 
-	d.gate.close() // control calls under way finish; later ones get ErrClosed
+	d.gate.Close() // control calls under way finish; later ones get ErrClosed
 	d.mu.Lock()
 	d.closed = true
 	qps := mapKeys(d.qps)

@@ -469,7 +469,7 @@ func TestDeviceCloseRacingCreateLeaksNothing(t *testing.T) {
 	closed := make(chan error, 1)
 	go func() {
 		// Close once the creation is inside.
-		for l.d.gate.v.Load() == 0 {
+		for l.d.gate.Inside() == 0 {
 			time.Sleep(100 * time.Microsecond)
 		}
 		closed <- l.d.Close()
@@ -501,39 +501,6 @@ func TestRecoveredCountsConfirmedDestroys(t *testing.T) {
 		return syscall.EINVAL
 	})
 	assert.Equal(t, 2, some)
-}
-
-// The gate: calls after close are refused; close waits for the calls
-// inside; a holder refuses calls until it lets go.
-func TestGate(t *testing.T) {
-	var g gate
-	require.True(t, g.enter())
-	closed := make(chan struct{})
-	go func() {
-		g.close()
-		close(closed)
-	}()
-	select {
-	case <-closed:
-		t.Fatal("close returned with a call inside")
-	case <-time.After(10 * time.Millisecond):
-	}
-	assert.False(t, g.enter(), "enter while closing")
-	g.exit()
-	<-closed
-	assert.False(t, g.enter(), "enter after close")
-	assert.True(t, g.shut())
-
-	var h gate
-	h.hold()
-	assert.False(t, h.enter(), "enter while held")
-	h.unhold()
-	require.True(t, h.enter(), "enter after unhold")
-	h.exit()
-	h.hold()
-	h.shutHeld()
-	assert.False(t, h.enter(), "enter after shutHeld")
-	assert.False(t, h.enterWait(), "enterWait of a shut gate")
 }
 
 // The event package's sets, as the tests here use them.

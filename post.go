@@ -75,11 +75,11 @@ type PostError = wq.PostError
 // with a *PostError, and what came before it is still handed to the device.
 // It returns how many requests were posted. It does not allocate.
 func (qp *QP) PostSend(wrs []SendWR, flags PostFlags) (int, error) {
-	if !qp.sendGate.enter() {
+	if !qp.sendGate.Enter() {
 		return 0, qp.refused(&qp.sq, wrID(wrs, nil, 0))
 	}
 	n, err := qp.postSend(wrs, flags)
-	qp.sendGate.exit()
+	qp.sendGate.Exit()
 	return n, err
 }
 
@@ -128,11 +128,11 @@ func (qp *QP) postSend(wrs []SendWR, flags PostFlags) (int, error) {
 // Receives may be posted from INIT on. A UD receive needs UDHeaderRoom
 // bytes before the payload.
 func (qp *QP) PostRecv(wrs []RecvWR, flags PostFlags) (int, error) {
-	if !qp.recvGate.enter() {
+	if !qp.recvGate.Enter() {
 		return 0, qp.refused(&qp.rq, wrID(nil, wrs, 0))
 	}
 	n, err := qp.postRecv(wrs, flags)
-	qp.recvGate.exit()
+	qp.recvGate.Exit()
 	return n, err
 }
 
@@ -176,17 +176,17 @@ func (qp *QP) postRecv(wrs []RecvWR, flags PostFlags) (int, error) {
 // goroutine posting to both), and on a closed QP it returns ErrClosed.
 func (qp *QP) Flush() error {
 	var errs [2]error
-	if !qp.sendGate.enter() {
+	if !qp.sendGate.Enter() {
 		errs[0] = qp.refused(&qp.sq, 0)
 	} else {
 		errs[0] = qp.sq.Flush()
-		qp.sendGate.exit()
+		qp.sendGate.Exit()
 	}
-	if !qp.recvGate.enter() {
+	if !qp.recvGate.Enter() {
 		errs[1] = qp.refused(&qp.rq, 0)
 	} else {
 		errs[1] = qp.rq.Flush()
-		qp.recvGate.exit()
+		qp.recvGate.Exit()
 	}
 	return errors.Join(errs[0], errs[1])
 }

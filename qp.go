@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/vfrdma/vfrdma/internal/lifecycle"
 	"math/bits"
 	"sync"
 	"sync/atomic"
@@ -140,9 +141,9 @@ type QP struct {
 	// (on QEMU) holds and Close shuts; closing tells a refused post which
 	// error it is. alias is the QP's key in the QPN table once the device
 	// has destroyed it (retireQPN).
-	sendGate gate
+	sendGate lifecycle.Gate
 	_        cpu.CacheLinePad // the two posters do not share a line
-	recvGate gate
+	recvGate lifecycle.Gate
 	closing  atomic.Bool
 	alias    uint32
 
@@ -600,21 +601,21 @@ func (qp *QP) destroyOnDevice(ctx context.Context) error {
 // holdPosters waits out the posts under way and refuses the next ones
 // until unholdPosters.
 func (qp *QP) holdPosters() {
-	qp.sendGate.hold()
-	qp.recvGate.hold()
+	qp.sendGate.Hold()
+	qp.recvGate.Hold()
 }
 
 func (qp *QP) unholdPosters() {
-	qp.recvGate.unhold()
-	qp.sendGate.unhold()
+	qp.recvGate.Unhold()
+	qp.sendGate.Unhold()
 }
 
 // shut refuses the QP's posts from now on and waits out those under way:
 // Device.Close, for a QP whatever its DESTROY answered.
 func (qp *QP) shut() {
 	qp.closing.Store(true)
-	qp.sendGate.close()
-	qp.recvGate.close()
+	qp.sendGate.Close()
+	qp.recvGate.Close()
 }
 
 // errClosed is the error of a call on a closed QP.
@@ -667,8 +668,8 @@ func (qp *QP) destroy(ctx context.Context) error {
 		qp.unholdPosters()
 		return err
 	}
-	qp.recvGate.shutHeld()
-	qp.sendGate.shutHeld()
+	qp.recvGate.ShutHeld()
+	qp.sendGate.ShutHeld()
 	qp.closed = true
 	qp.state.Store(uint32(StateErr))
 	qp.startFlush()

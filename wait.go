@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/vfrdma/vfrdma/internal/lifecycle"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -31,7 +32,7 @@ type notifier struct {
 	// gate admits the calls that read the notification ring (Sync, from
 	// poll sets among others); stop shuts it before Device.Close unmaps
 	// the ring.
-	gate gate
+	gate lifecycle.Gate
 
 	mu      sync.Mutex
 	started bool
@@ -111,7 +112,7 @@ func (n *notifier) start() error {
 		return nil
 	}
 	d := n.d
-	if n.stopped || d.gate.shut() {
+	if n.stopped || d.gate.IsShut() {
 		return fmt.Errorf("%w: device %s", ErrClosed, d.name)
 	}
 	if d.cqIRQ == nil {
@@ -147,10 +148,10 @@ func (n *notifier) fail(err error) {
 // implements event.Syncer: once it returns, every notification the device
 // wrote before the call has been delivered.
 func (n *notifier) Sync() error {
-	if !n.gate.enter() {
+	if !n.gate.Enter() {
 		return fmt.Errorf("%w: device %s", ErrClosed, n.d.name)
 	}
-	defer n.gate.exit()
+	defer n.gate.Exit()
 	if n.d.cqNotify == nil {
 		return nil // a device without the ring (the host tests' fakes)
 	}
@@ -185,10 +186,10 @@ func (n *notifier) syncLocked() error {
 // ring and silence the notifications of the CQs someone does wait on.
 // If another goroutine is draining, there is nothing to do.
 func (n *notifier) syncIfFilling() {
-	if n.d.cqNotify == nil || !n.gate.enter() {
+	if n.d.cqNotify == nil || !n.gate.Enter() {
 		return
 	}
-	defer n.gate.exit()
+	defer n.gate.Exit()
 	if !n.drainMu.TryLock() {
 		return
 	}
@@ -210,5 +211,5 @@ func (n *notifier) stop() {
 		cancel()
 		<-done
 	}
-	n.gate.close()
+	n.gate.Close()
 }

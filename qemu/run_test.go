@@ -4,8 +4,8 @@ import (
 	"context"
 	"os"
 	"os/exec"
-	"strings"
 	"path/filepath"
+	"strings"
 	"testing"
 	"time"
 

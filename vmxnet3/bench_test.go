@@ -39,17 +39,3 @@ func BenchmarkRecvEmpty(b *testing.B) {
 		}
 	}
 }
-
-// BenchmarkGate: what the lifecycle gate adds to every Send and Recv call
-// (an enter and a leave, two atomic adds), whatever the batch.
-func BenchmarkGate(b *testing.B) {
-	var g gate
-	g.init()
-	b.ReportAllocs()
-	for b.Loop() {
-		if !g.enter() {
-			b.Fatal("shut")
-		}
-		g.leave()
-	}
-}

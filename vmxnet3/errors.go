@@ -3,6 +3,7 @@ package vmxnet3
 import (
 	"errors"
 	"fmt"
+	"github.com/vfrdma/vfrdma/internal/lifecycle"
 )
 
 // Sentinel errors, matched with errors.Is.
@@ -26,8 +27,9 @@ var (
 	// ErrDeviceFault reports a value the device wrote that cannot be right
 	// (a completion out of order, an index out of range).
 	ErrDeviceFault = errors.New("vmxnet3: device fault")
-	// ErrClosed reports use of a closed NIC.
-	ErrClosed = errors.New("vmxnet3: closed")
+	// ErrClosed reports use of a closed NIC. It is the driver's one
+	// ErrClosed (vfrdma.ErrClosed matches it).
+	ErrClosed = lifecycle.ErrClosed
 )
 
 // OpError is the error of a NIC operation: which function, what it was

@@ -212,9 +212,6 @@ func start(name string, pt, vd Register, mem []byte, iova uint64, rxIRQ, eventIR
 	}
 	n := &NIC{name: name, pt: pt, vd: vd, mem: mem, iova: iova, rxIRQ: rxIRQ, eventIRQ: eventIRQ,
 		mtu: o.MTU, maxFrame: o.MTU + HeaderLen}
-	n.txGate.init()
-	n.rxGate.init()
-	n.ctlGate.init()
 	// Reset first: the function has no FLR, so whatever the last user
 	// left (an active device, unmasked interrupts) is still there.
 	if err := n.command(cmdReset); err != nil {
@@ -367,10 +364,10 @@ func (n *NIC) MaxFrame() int { return n.maxFrame }
 // Link asks the device for its link state (and takes note of a change the
 // device signalled).
 func (n *NIC) Link() (Link, error) {
-	if !n.ctlGate.enter() {
+	if !n.ctlGate.Enter() {
 		return Link{}, n.opErr("get link", ErrClosed)
 	}
-	defer n.ctlGate.leave()
+	defer n.ctlGate.Exit()
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if err := n.noteLinkChangeLocked(); err != nil {
@@ -432,14 +429,14 @@ func (n *NIC) LinkChanges() uint64 { return n.linkChanges.Load() }
 // the link state then and the new count. Pass 0 first, then the count it
 // returned: no change between two calls is missed.
 func (n *NIC) WaitLinkChange(ctx context.Context, seen uint64) (Link, uint64, error) {
-	if n.ctlGate.isShut() {
+	if n.ctlGate.IsShut() {
 		return Link{}, 0, n.opErr("wait for a link change", ErrClosed)
 	}
 	if n.eventIRQ == nil {
 		return Link{}, 0, n.opErr("wait for a link change", fmt.Errorf("%w: the NIC has no event interrupt", ErrUnsupported))
 	}
 	for {
-		if !n.ctlGate.enter() {
+		if !n.ctlGate.Enter() {
 			return Link{}, 0, n.opErr("wait for a link change", ErrClosed)
 		}
 		n.mu.Lock()
@@ -454,14 +451,14 @@ func (n *NIC) WaitLinkChange(ctx context.Context, seen uint64) (Link, uint64, er
 		if err == nil && n.linkChanges.Load() > seen {
 			l, qerr := n.queryLinkLocked()
 			n.mu.Unlock()
-			n.ctlGate.leave()
+			n.ctlGate.Exit()
 			return l, n.linkChanges.Load(), qerr
 		}
 		if err == nil {
 			err = n.pt.Store32(regIMR+8*vecEvent, 0)
 		}
 		n.mu.Unlock()
-		n.ctlGate.leave()
+		n.ctlGate.Exit()
 		if err != nil {
 			return Link{}, 0, n.opErr("wait for a link change", n.closedOr(&n.ctlGate, err))
 		}
@@ -481,10 +478,10 @@ func (n *NIC) Stats() (Stats, error) {
 		RxFrames: n.count.rxFrames.Load(), RxBytes: n.count.rxBytes.Load(), RxTruncated: n.count.rxTrunc.Load(),
 		RxWaits: n.count.rxWaits.Load(),
 	}
-	if !n.ctlGate.enter() {
+	if !n.ctlGate.Enter() {
 		return s, n.opErr("get stats", ErrClosed)
 	}
-	defer n.ctlGate.leave()
+	defer n.ctlGate.Exit()
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	if err := n.command(cmdGetStats); err != nil {
@@ -507,15 +504,15 @@ func (n *NIC) Close() error {
 	defer n.closeMu.Unlock()
 	// Shut all three gates before waiting on any, so that no new call
 	// starts on one side while Close waits for another.
-	first := n.txGate.shut()
-	n.rxGate.shut()
-	n.ctlGate.shut()
+	first := n.txGate.Shut()
+	n.rxGate.Shut()
+	n.ctlGate.Shut()
 	if !first {
 		return nil
 	}
-	n.txGate.drain()
-	n.rxGate.drain()
-	n.ctlGate.drain()
+	n.txGate.Drain()
+	n.rxGate.Drain()
+	n.ctlGate.Drain()
 	n.mu.Lock()
 	defer n.mu.Unlock()
 	var errs []error
@@ -535,7 +532,7 @@ func (n *NIC) Close() error {
 // begun (a sleeper woken by Close sees its vector closed, or its context's
 // error: the NIC's state is the answer that matters).
 func (n *NIC) closedOr(g *gate, err error) error {
-	if g.isShut() {
+	if g.IsShut() {
 		return fmt.Errorf("%w (%w)", ErrClosed, err)
 	}
 	return err

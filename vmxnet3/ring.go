@@ -80,10 +80,10 @@ func (t *txRing) put(frame []byte) {
 // (the frames before it are sent), and a full ring with ErrRingFull. It
 // does not allocate.
 func (n *NIC) Send(frames [][]byte) (int, error) {
-	if !n.txGate.enter() {
+	if !n.txGate.Enter() {
 		return 0, n.opErr("send", ErrClosed)
 	}
-	defer n.txGate.leave()
+	defer n.txGate.Exit()
 	t := &n.tx
 	if err := n.checkLink(); err != nil {
 		return 0, n.opErr("send", err)
@@ -177,10 +177,10 @@ func (n *NIC) Recv(bufs [][]byte, sizes []int) (int, error) {
 	if len(sizes) < len(bufs) {
 		return 0, n.opErr("receive", invalidf("%d sizes for %d buffers", len(sizes), len(bufs)))
 	}
-	if !n.rxGate.enter() {
+	if !n.rxGate.Enter() {
 		return 0, n.opErr("receive", ErrClosed)
 	}
-	defer n.rxGate.leave()
+	defer n.rxGate.Exit()
 	return n.recv(bufs, sizes)
 }
 
@@ -239,7 +239,7 @@ func (n *NIC) recv(bufs [][]byte, sizes []int) (int, error) {
 // (the vector masks itself when it fires), so a frame that lands between
 // the last look and the sleep still wakes it.
 func (n *NIC) RecvWait(ctx context.Context, bufs [][]byte, sizes []int) (int, error) {
-	if n.rxGate.isShut() {
+	if n.rxGate.IsShut() {
 		return 0, n.opErr("receive", ErrClosed)
 	}
 	if len(sizes) < len(bufs) {
@@ -265,10 +265,10 @@ func (n *NIC) RecvWait(ctx context.Context, bufs [][]byte, sizes []int) (int, er
 // armRecv receives what is there, and when nothing is, arms the receive
 // interrupt and looks again, all inside the receive gate.
 func (n *NIC) armRecv(bufs [][]byte, sizes []int) (int, error) {
-	if !n.rxGate.enter() {
+	if !n.rxGate.Enter() {
 		return 0, n.opErr("receive", ErrClosed)
 	}
-	defer n.rxGate.leave()
+	defer n.rxGate.Exit()
 	if got, err := n.recv(bufs, sizes); got > 0 || err != nil {
 		return got, err
 	}

@@ -3,6 +3,7 @@ package wq
 import (
 	"errors"
 	"fmt"
+	"github.com/vfrdma/vfrdma/internal/lifecycle"
 )
 
 // Sentinel errors of the post path, matched with errors.Is. The root
@@ -10,7 +11,7 @@ import (
 var (
 	// ErrClosed reports use of a closed object: for a post, an invalid
 	// handle.
-	ErrClosed = errors.New("vfrdma: closed")
+	ErrClosed = lifecycle.ErrClosed
 	// ErrInvalid reports a bad argument: a segment outside its MR, too many
 	// SGEs, a bad size.
 	ErrInvalid = errors.New("vfrdma: invalid argument")
