@@ -96,7 +96,8 @@ lossy_tier() {
 
 run_tier() {
   case $1 in
-    vet)       $GO vet ./... && $GO vet -tags guest ./... && $GO tool staticcheck ./... && $GO tool staticcheck -tags guest ./... ;;
+    vet)       $GO vet ./... && $GO vet -tags guest ./... && $GO vet -tags bench ./qemu/... &&
+               $GO tool staticcheck ./... && $GO tool staticcheck -tags guest ./... && $GO tool staticcheck -tags bench ./qemu/... ;;
     host)      $GO test -race -count=1 ./... ;;
     backend)   make -s -C qemu/softverbs test OUT="$SV_OUT" ;;
     guest)     $GO test -tags bench -count=1 ./qemu/... && $GO run ./cmd/pvvm -test all ;;
