@@ -695,6 +695,12 @@ func (d *Device) Close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*d.opt.CommandTimeout)
 	defer cancel()
 	// Users before what they use: QPs, SRQs, CQs, MRs, PDs, then the GIDs.
+	// Posts to the SRQs stop first: the QPs' destruction takes them off
+	// their SRQ, and a post racing it must see ErrClosed, not "no QP uses
+	// the SRQ".
+	for _, s := range srqs {
+		s.q.StopPosts()
+	}
 	var errs []error
 	for _, qp := range qps {
 		errs = append(errs, qp.destroy(ctx))

@@ -101,3 +101,21 @@ func TestCloseAfterExcludesPostsAndKeepsTheQueueIfDestroyFails(t *testing.T) {
 	require.NoError(t, <-done)
 	assert.Positive(t, left)
 }
+
+// StopPosts refuses posts with ErrClosed, even where the queue has no QP
+// left (a device closing everything takes its QPs off first), writing
+// nothing; the queue can still be closed after it.
+func TestStopPostsRefusesWithErrClosed(t *testing.T) {
+	r := newRig(t, 8, 8, true)
+	m, err := r.q.Attach(0x42)
+	require.NoError(t, err)
+	r.q.StopPosts()
+	m.Detach()
+	before := r.q.Doorbell()
+	n, err := r.q.Post([]wq.RecvWR{{WRID: 1, SGEs: []wq.SGE{r.sge(0, 8)}}}, false)
+	assert.Zero(t, n)
+	assertOnlyKind(t, err, wq.ErrClosed)
+	assert.Equal(t, before.Doorbells, r.q.Doorbell().Doorbells)
+	assert.True(t, r.nextSlotUnwritten())
+	r.q.Close()
+}

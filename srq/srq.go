@@ -95,6 +95,7 @@ type Queue struct {
 	depth    int
 	lw       int // armed watermark; 0: disarmed
 	closed   bool
+	stopped  bool // StopPosts: posts refused, the queue not yet closed
 	need     bool
 	members  []*Member
 	consumed uint64 // completions by QPs, over the queue's life
@@ -151,7 +152,7 @@ func (q *Queue) Post(wrs []wq.RecvWR, deferred bool) (int, error) {
 	defer q.mu.Unlock()
 	w := &q.w
 	switch {
-	case q.closed:
+	case q.closed || q.stopped:
 		return 0, w.Fail(0, firstID(wrs), wq.ErrClosed)
 	case q.need && len(q.members) == 0:
 		return 0, w.Fail(0, firstID(wrs), errNoMember(w.Name()))
@@ -403,6 +404,15 @@ func (q *Queue) Doorbell() doorbell.Stats {
 // taken one by one with PopFlush, for flush completions. The device must
 // take no more of them (its SRQ is destroyed). It reports how many are
 // outstanding.
+// StopPosts refuses posts from now on with ErrClosed, before the queue is
+// closed: a closer that first takes the QPs off the queue (a device closing
+// everything) keeps a post racing it from seeing "no QP uses the queue".
+func (q *Queue) StopPosts() {
+	q.mu.Lock()
+	q.stopped = true
+	q.mu.Unlock()
+}
+
 func (q *Queue) Close() int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
