@@ -164,7 +164,13 @@ func (s *signal) wait(ctx context.Context) error {
 	case Chan:
 		select {
 		case <-s.ch:
-			s.ch <- struct{}{} // leave it set: only reset clears it
+			// Leave it set (only reset clears it), without blocking: a set
+			// that claimed the flag before the last reset may have sent
+			// its token since the receive, and the channel is full.
+			select {
+			case s.ch <- struct{}{}:
+			default:
+			}
 			return nil
 		case <-ctx.Done():
 			return ctx.Err()
