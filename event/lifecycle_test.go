@@ -160,3 +160,152 @@ func TestADeadEventfdIsAnErrorAndTheSetLeavesItsNumberAlone(t *testing.T) {
 	_, err = unix.Read(other, buf[:])
 	assert.ErrorIs(t, err, unix.EAGAIN, "the set wrote to a number it no longer owns")
 }
+
+// Rule: after Close, every method that returns an error returns one
+// wrapping ErrClosed, and a second Close returns nil: wait sets of each
+// kind, poll sets and counters.
+func TestEveryMethodAfterCloseReturnsErrClosed(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), long)
+	defer cancel()
+	f := &fakeSource{syncer: &fakeSyncer{}}
+	for _, kind := range []Kind{FD, Chan, Yield} {
+		ws, err := NewWaitSet(kind)
+		require.NoError(t, err)
+		require.NoError(t, ws.Close())
+		assert.NoError(t, ws.Close(), "%v: a second Close", kind)
+		assert.ErrorIs(t, ws.Add(f), ErrClosed, "%v: Add", kind)
+		assert.ErrorIs(t, ws.Remove(f), ErrClosed, "%v: Remove", kind)
+		_, err = ws.FD()
+		assert.ErrorIs(t, err, ErrClosed, "%v: FD", kind)
+		assert.ErrorIs(t, ws.TryWait(), ErrClosed, "%v: TryWait", kind)
+		assert.ErrorIs(t, ws.Wait(ctx), ErrClosed, "%v: Wait", kind)
+		assert.ErrorIs(t, TryWait(ws), ErrClosed, "%v: event.TryWait", kind)
+	}
+
+	ps := NewPollSet[int]()
+	require.NoError(t, ps.Add(f, 1))
+	assert.ErrorIs(t, ps.Close(), ErrBusy, "PollSet.Close with a member")
+	require.NoError(t, ps.Remove(f))
+	require.NoError(t, ps.Close())
+	assert.NoError(t, ps.Close(), "PollSet: a second Close")
+	assert.ErrorIs(t, ps.Add(f, 1), ErrClosed, "PollSet.Add")
+	assert.Zero(t, f.watchers.Len(), "Add to a closed poll set watched the source")
+	assert.ErrorIs(t, ps.Remove(f), ErrClosed, "PollSet.Remove")
+	_, err := ps.Poll(make([]int, 4))
+	assert.ErrorIs(t, err, ErrClosed, "PollSet.Poll")
+
+	c := NewCounter()
+	d := &fakeSource{syncer: &fakeSyncer{}, counter: c}
+	require.NoError(t, c.Drive(d))
+	c.Count(3)
+	require.NoError(t, c.Close())
+	assert.NoError(t, c.Close(), "Counter: a second Close")
+	v, err := c.Read()
+	assert.ErrorIs(t, err, ErrClosed, "Counter.Read")
+	assert.EqualValues(t, 3, v, "Counter.Read's value after Close")
+	_, err = c.ReadErr()
+	assert.ErrorIs(t, err, ErrClosed, "Counter.ReadErr")
+	assert.ErrorIs(t, c.Wait(ctx, 1), ErrClosed, "Counter.Wait, threshold reached")
+	assert.ErrorIs(t, c.Wait(ctx, 10), ErrClosed, "Counter.Wait")
+	assert.ErrorIs(t, c.Drive(d), ErrClosed, "Counter.Drive")
+	assert.ErrorIs(t, c.Undrive(d), ErrClosed, "Counter.Undrive")
+	assert.Zero(t, d.watchers.Len(), "Close left the driven source watched")
+	assert.ErrorIs(t, c.Watch(&wakeCount{}), ErrClosed, "Counter.Watch")
+	assert.ErrorIs(t, c.Hold(), ErrClosed, "Counter.Hold")
+	_, err = c.FD()
+	assert.ErrorIs(t, err, ErrClosed, "Counter.FD")
+	assert.ErrorIs(t, c.TryWait(), ErrClosed, "Counter.TryWait")
+	var mark uint64
+	_, err = c.Ready(true, &mark)
+	assert.ErrorIs(t, err, ErrClosed, "Counter.Ready")
+}
+
+// Rule: a Wait racing Close returns nil or ErrClosed, promptly, and Close
+// releases every waiter: several goroutines Wait on a quiet set or counter
+// while Close runs at a random point of their start.
+func TestWaitRacingCloseReturnsErrClosedAndCloseReleasesEveryWaiter(t *testing.T) {
+	const rounds, waiters = 50, 4
+	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
+	defer cancel() // a Wait that needs its ctx to return fails below first
+	check := func(t *testing.T, what string, round int, errs chan error) {
+		t.Helper()
+		for range waiters {
+			select {
+			case err := <-errs:
+				if err != nil {
+					assert.ErrorIs(t, err, ErrClosed, "%s round %d", what, round)
+				}
+			case <-time.After(long):
+				t.Fatalf("%s round %d: Close did not release a waiter", what, round)
+			}
+		}
+	}
+	for _, kind := range []Kind{FD, Chan, Yield} {
+		for round := range rounds {
+			ws, err := NewWaitSet(kind)
+			require.NoError(t, err)
+			errs := make(chan error, waiters)
+			for range waiters {
+				go func() { errs <- ws.Wait(ctx) }()
+			}
+			for range round % 7 {
+				runtime.Gosched()
+			}
+			require.NoError(t, ws.Close())
+			check(t, kind.String(), round, errs)
+		}
+	}
+	for round := range rounds {
+		c := NewCounter()
+		errs := make(chan error, waiters)
+		for range waiters {
+			go func() { errs <- c.Wait(ctx, 1) }()
+		}
+		for range round % 7 {
+			runtime.Gosched()
+		}
+		require.NoError(t, c.Close())
+		check(t, "counter", round, errs)
+	}
+}
+
+// Rule: the zero value of Counter is ready to use, like am.Counter's (it
+// used to panic on its first Read); so is the zero PollSet.
+func TestZeroCounterAndPollSetAreReady(t *testing.T) {
+	var c Counter
+	v, err := c.Read()
+	require.NoError(t, err)
+	assert.Zero(t, v)
+	c.Count(2)
+	c.CountErr(1)
+	assert.EqualValues(t, 2, c.Value())
+	assert.EqualValues(t, 1, c.Errors())
+	go func() { time.Sleep(time.Millisecond); c.Count(3) }()
+	require.NoError(t, c.Wait(context.Background(), 5), "Wait on a zero counter")
+
+	var ps PollSet[int]
+	require.NoError(t, ps.Add(&c, 7), "Add to a zero poll set")
+	f := &fakeSource{syncer: &fakeSyncer{}}
+	require.NoError(t, ps.Add(f, 8))
+	out := make([]int, 4)
+	n, err := ps.Poll(out)
+	require.NoError(t, err)
+	assert.ElementsMatch(t, []int{7}, out[:n], "a new observer sees the counter's count")
+	f.produce(1)
+	c.Count(1)
+	n, err = ps.Poll(out)
+	require.NoError(t, err)
+	assert.ElementsMatch(t, []int{7, 8}, out[:n])
+	require.NoError(t, ps.Remove(&c))
+	require.NoError(t, ps.Remove(f))
+	require.NoError(t, ps.Close())
+
+	var zc Counter
+	fd, err := zc.FD()
+	require.NoError(t, err, "FD of a zero counter")
+	require.NoError(t, unix.Close(fd))
+	require.NoError(t, zc.Close())
+	var zc2 Counter
+	require.NoError(t, zc2.Close(), "Close of an unused zero counter")
+	assert.ErrorIs(t, zc2.Wait(context.Background(), 1), ErrClosed)
+}
