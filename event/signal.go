@@ -64,9 +64,11 @@ type signal struct {
 	done chan struct{} // closed by close
 
 	// FD
-	fdMu sync.RWMutex
-	efd  int // -1 once closed; written under fdMu held exclusively
-	dead atomic.Pointer[error]
+	fdMu  sync.RWMutex
+	efd   int // -1 once closed; written under fdMu held exclusively
+	dead  atomic.Pointer[error]
+	bufMu sync.Mutex
+	buf   [8]byte
 
 	closed atomic.Bool
 }
@@ -133,7 +135,7 @@ func (s *signal) reset() {
 		return
 	}
 	if s.kind == FD {
-		s.fdOp("drain", drainFD)
+		s.fdOp("drain", s.drainFD)
 	}
 	if s.ch != nil {
 		select {
@@ -145,9 +147,12 @@ func (s *signal) reset() {
 	s.on.Store(false)
 }
 
-func drainFD(fd int) error {
-	var buf [8]byte
-	_, err := unix.Read(fd, buf[:])
+// drainFD reads the eventfd into buf (a local one escapes under -race),
+// one reset at a time.
+func (s *signal) drainFD(fd int) error {
+	s.bufMu.Lock()
+	defer s.bufMu.Unlock()
+	_, err := unix.Read(fd, s.buf[:])
 	if err == unix.EAGAIN { // already clear
 		return nil
 	}
