@@ -309,3 +309,24 @@ func TestZeroCounterAndPollSetAreReady(t *testing.T) {
 	require.NoError(t, zc2.Close(), "Close of an unused zero counter")
 	assert.ErrorIs(t, zc2.Wait(context.Background(), 1), ErrClosed)
 }
+
+// Rule: Close releases every waiter, those asleep on their own FD too: the
+// set raises its eventfd as it closes, the caller's dup becomes readable,
+// and the caller's TryWait finds the set closed. The dup stays the
+// caller's: it is still open after Close.
+func TestCloseWakesACallerAsleepOnItsFD(t *testing.T) {
+	ws, err := NewWaitSet(FD)
+	require.NoError(t, err)
+	fd, err := ws.FD()
+	require.NoError(t, err)
+	defer unix.Close(fd)
+	require.NoError(t, ws.TryWait())
+	require.False(t, fdReadable(t, fd, 0), "readable after a TryWait that succeeded")
+	go func() {
+		time.Sleep(time.Millisecond)
+		_ = ws.Close()
+	}()
+	assert.True(t, fdReadable(t, fd, int(long/time.Millisecond)), "a caller asleep on its fd slept through Close")
+	assert.ErrorIs(t, ws.TryWait(), ErrClosed)
+	assert.True(t, fdOpen(fd), "Close closed the caller's fd")
+}
