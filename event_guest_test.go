@@ -217,9 +217,12 @@ func TestWaitSetFDInEpollNeverSpins(t *testing.T) {
 	defer unix.Close(ep)
 	setFD, err := ws.FD()
 	require.NoError(t, err)
+	// FD hands out the caller's own dup.
+	defer unix.Close(setFD)
 	rcq := r.cqs[3] // receiver 1's CQ
 	cqFD, err := rcq.FD()
 	require.NoError(t, err)
+	defer unix.Close(cqFD)
 	require.NoError(t, unix.EpollCtl(ep, unix.EPOLL_CTL_ADD, setFD, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(setFD)}))
 	require.NoError(t, unix.EpollCtl(ep, unix.EPOLL_CTL_ADD, cqFD, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(cqFD)}))
 	evs := make([]unix.EpollEvent, 4)
@@ -419,10 +422,12 @@ func TestCloseRulesAndBlockedWaitersReleased(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("Close did not release the counter's waiter")
 	}
-	// A CQ with its own fd closes, and the fd goes with it.
-	_, err = lone.FD()
+	// A CQ with its own fd closes, and its wait object goes with it; the
+	// fd FD handed out is the caller's dup, closed here.
+	loneFD, err := lone.FD()
 	require.NoError(t, err)
 	require.NoError(t, lone.Close())
+	require.NoError(t, unix.Close(loneFD))
 	require.NoError(t, r.receivers[0].Close())
 	for _, cq := range r.cqs {
 		require.NoError(t, cq.Close())

@@ -255,6 +255,7 @@ func TestTryWaitThenSleepNeverLosesAWakeUp(t *testing.T) {
 	}
 	fd, err := ws.FD()
 	require.NoError(t, err)
+	defer unix.Close(fd) // the caller's own dup
 
 	// The producer posts bursts on random QPs and completes them as the
 	// device would, pausing now and then so that the consumer sleeps.

@@ -123,3 +123,23 @@ func BenchmarkWaitSetTryWaitIdle(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkWaitSetWakeTryWait: a Wake that raises the wait object, then the
+// TryWait that clears it (on an FD set, one write(2) and one read(2)).
+func BenchmarkWaitSetWakeTryWait(b *testing.B) {
+	for _, kind := range []Kind{FD, Chan} {
+		b.Run(kind.String(), func(b *testing.B) {
+			ws, err := NewWaitSet(kind)
+			require.NoError(b, err)
+			b.ReportAllocs()
+			for b.Loop() {
+				ws.Wake()
+				if err := ws.TryWait(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.StopTimer()
+			require.NoError(b, ws.Close())
+		})
+	}
+}

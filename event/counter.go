@@ -26,32 +26,36 @@ type Driven interface {
 // Count and CountErr are events: poll sets report them and waiters wake.
 // Add, AddErr and Set adjust the values without being events. Reads take
 // no lock and allocate nothing. A Counter is safe for concurrent use.
+//
+// The zero Counter is ready to use, at zero, like NewCounter's (and like
+// am.Counter). Lifecycle: Close is refused with ErrBusy while a QP or a set
+// holds the counter; after Close, every method that returns an error
+// returns one wrapping ErrClosed (the values stay readable through Value
+// and Errors, and Count, Add and Set still move them); a second Close
+// returns nil; Close releases every goroutine in Wait with ErrClosed.
 type Counter struct {
 	val, errv atomic.Uint64
 	seq       atomic.Uint64 // events counted, for the observers' marks
 	watchers  Watchers
 
-	// Waiters in Wait sleep on ch, which a change closes and replaces
-	// only while someone waits.
+	// Waiters in Wait sleep on ch, which a waiter makes and a change
+	// closes (and forgets) only while someone waits.
 	nwait atomic.Int32
 	chMu  sync.Mutex
 	ch    chan struct{}
 
-	drives atomic.Pointer[[]Driven]
+	drives atomic.Pointer[[]Driven] // nil: none
 
 	mu     sync.Mutex
 	users  int // bindings (QPs) and sets holding the counter
 	closed bool
-	done   chan struct{}
-	own    *WaitSet // the counter's own wait object (FD), made on first use
+	shut   atomic.Bool   // closed, for the lock-free reads
+	done   chan struct{} // made on first use; closed by Close
+	own    *WaitSet      // the counter's own wait object (FD), made on first use
 }
 
 // NewCounter returns a counter at zero.
-func NewCounter() *Counter {
-	c := &Counter{ch: make(chan struct{}), done: make(chan struct{})}
-	c.drives.Store(&[]Driven{})
-	return c
-}
+func NewCounter() *Counter { return &Counter{} }
 
 // Count records n successful events.
 func (c *Counter) Count(n uint64) {
@@ -76,9 +80,27 @@ func (c *Counter) wakeWaiters() {
 		return
 	}
 	c.chMu.Lock()
-	close(c.ch)
-	c.ch = make(chan struct{})
+	if c.ch != nil {
+		close(c.ch)
+		c.ch = nil
+	}
 	c.chMu.Unlock()
+}
+
+// driven returns the driven sources.
+func (c *Counter) driven() []Driven {
+	if p := c.drives.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// doneCh returns the channel Close closes; c.mu must be held.
+func (c *Counter) doneCh() chan struct{} {
+	if c.done == nil {
+		c.done = make(chan struct{})
+	}
+	return c.done
 }
 
 // Add adds n to the success value; it is not an event (fi_cntr_add), but
@@ -107,13 +129,15 @@ func (c *Counter) SetErr(v uint64) {
 }
 
 // Read makes progress on the driven sources and returns the success value.
-// Without driven sources it is one atomic load.
+// Without driven sources it is one atomic load. On a closed counter it
+// returns the value and ErrClosed.
 func (c *Counter) Read() (uint64, error) {
 	err := c.progress()
 	return c.val.Load(), err
 }
 
-// ReadErr makes progress and returns the error value.
+// ReadErr makes progress and returns the error value (and ErrClosed on a
+// closed counter).
 func (c *Counter) ReadErr() (uint64, error) {
 	err := c.progress()
 	return c.errv.Load(), err
@@ -124,7 +148,14 @@ func (c *Counter) Value() uint64  { return c.val.Load() }
 func (c *Counter) Errors() uint64 { return c.errv.Load() }
 
 func (c *Counter) progress() error {
-	for _, d := range *c.drives.Load() {
+	if c.shut.Load() {
+		return fmt.Errorf("counter: %w", ErrClosed)
+	}
+	p := c.drives.Load()
+	if p == nil {
+		return nil
+	}
+	for _, d := range *p {
 		if _, err := d.Progress(); err != nil {
 			return err
 		}
@@ -144,7 +175,7 @@ func (c *Counter) Drive(d Driven) error {
 	if c.closed {
 		return fmt.Errorf("counter drive: %w", ErrClosed)
 	}
-	old := *c.drives.Load()
+	old := c.driven()
 	if slices.Contains(old, d) {
 		return fmt.Errorf("counter drive: %w: already driven", ErrBusy)
 	}
@@ -160,7 +191,10 @@ func (c *Counter) Drive(d Driven) error {
 func (c *Counter) Undrive(d Driven) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	old := *c.drives.Load()
+	if c.closed {
+		return fmt.Errorf("counter undrive: %w", ErrClosed)
+	}
+	old := c.driven()
 	i := slices.Index(old, d)
 	if i < 0 {
 		return fmt.Errorf("counter undrive: %w: not driven", errInvalid)
@@ -183,7 +217,7 @@ func (c *Counter) Watch(w Waker) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
-		return ErrClosed
+		return fmt.Errorf("counter watch: %w", ErrClosed)
 	}
 	if err := c.watchers.Add(w); err != nil {
 		return err
@@ -206,7 +240,10 @@ func (c *Counter) Unwatch(w Waker) {
 // since *mark, which it moves to the present.
 func (c *Counter) Ready(arm bool, mark *uint64) (bool, error) {
 	pending := false
-	for _, d := range *c.drives.Load() {
+	if c.shut.Load() {
+		return false, fmt.Errorf("counter: %w", ErrClosed)
+	}
+	for _, d := range c.driven() {
 		if _, err := d.Progress(); err != nil {
 			return false, err
 		}
@@ -233,7 +270,7 @@ func (c *Counter) Hold() error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
-		return ErrClosed
+		return fmt.Errorf("counter hold: %w", ErrClosed)
 	}
 	c.users++
 	return nil
@@ -251,6 +288,12 @@ func (c *Counter) Release() {
 // It makes progress on the driven sources while it waits, sleeping between
 // their events without spinning.
 func (c *Counter) Wait(ctx context.Context, threshold uint64) error {
+	c.mu.Lock()
+	done, closed := c.doneCh(), c.closed
+	c.mu.Unlock()
+	if closed {
+		return fmt.Errorf("counter wait for %d: %w", threshold, ErrClosed)
+	}
 	errStart := c.errv.Load()
 	check := func() (bool, error) {
 		if err := c.progress(); err != nil {
@@ -267,11 +310,14 @@ func (c *Counter) Wait(ctx context.Context, threshold uint64) error {
 		}
 		c.nwait.Add(1)
 		c.chMu.Lock()
+		if c.ch == nil {
+			c.ch = make(chan struct{})
+		}
 		ch := c.ch
 		c.chMu.Unlock()
 		var ok bool
 		var err error
-		for _, d := range *c.drives.Load() {
+		for _, d := range c.driven() {
 			if _, err = d.Ready(true, nil); err != nil {
 				break
 			}
@@ -285,7 +331,7 @@ func (c *Counter) Wait(ctx context.Context, threshold uint64) error {
 		}
 		select {
 		case <-ch:
-		case <-c.done:
+		case <-done:
 			err = fmt.Errorf("counter wait for %d: %w", threshold, ErrClosed)
 		case <-ctx.Done():
 			err = fmt.Errorf("counter wait for %d (at %d, errors %d): %w", threshold, c.val.Load(), c.errv.Load(), ctx.Err())
@@ -297,9 +343,10 @@ func (c *Counter) Wait(ctx context.Context, threshold uint64) error {
 	}
 }
 
-// FD returns the counter's own eventfd (its own FD wait set, made on first
-// use): readable when the counter may have counted, until TryWait
-// succeeds. The caller must not close, read or write it.
+// FD returns a new descriptor of the counter's own eventfd (its own FD
+// wait set, made on first use): readable when the counter may have
+// counted, until TryWait succeeds. The descriptor is the caller's to close
+// (see WaitSet.FD); do not read or write it.
 func (c *Counter) FD() (int, error) {
 	ws, err := c.ownSet()
 	if err != nil {
@@ -324,7 +371,7 @@ func (c *Counter) ownSet() (*WaitSet, error) {
 	own, closed := c.own, c.closed
 	c.mu.Unlock()
 	if closed {
-		return nil, ErrClosed
+		return nil, fmt.Errorf("counter wait object: %w", ErrClosed)
 	}
 	if own != nil {
 		return own, nil
@@ -348,13 +395,13 @@ func (c *Counter) ownSet() (*WaitSet, error) {
 		_ = ws.Close()
 	}
 	if closed {
-		return nil, ErrClosed
+		return nil, fmt.Errorf("counter wait object: %w", ErrClosed)
 	}
 	return own, nil
 }
 
 // Close releases its waiters with ErrClosed. A counter still bound to a
-// QP or in a set is refused with ErrBusy. Close is idempotent.
+// QP or in a set is refused with ErrBusy. A second Close returns nil.
 func (c *Counter) Close() error {
 	c.mu.Lock()
 	own := c.own
@@ -371,9 +418,10 @@ func (c *Counter) Close() error {
 		return fmt.Errorf("close counter: %w: %d bindings or sets still use it", ErrBusy, busy)
 	}
 	c.closed = true
-	drives := *c.drives.Load()
-	c.drives.Store(&[]Driven{})
-	close(c.done)
+	drives := c.driven()
+	c.drives.Store(nil)
+	c.shut.Store(true)
+	close(c.doneCh())
 	c.mu.Unlock()
 	for _, d := range drives {
 		d.Unwatch(c)

@@ -25,4 +25,27 @@
 //
 // The sets live below the root package, which implements Source for its CQ,
 // so that higher layers (active messages) can be members too.
+//
+// # Lifecycle
+//
+// One rule for PollSet, WaitSet and Counter, the project's: after Close,
+// every method that returns an error returns one wrapping ErrClosed (the
+// driver's vfrdma.ErrClosed); a second Close returns nil; a call racing
+// Close either completes or returns ErrClosed; Close releases every
+// goroutine asleep in Wait with ErrClosed, and frees nothing a call may
+// still use. Close is refused with ErrBusy while the object is in use: a
+// set with members, a counter bound to a QP or held by a set.
+//
+// Wait never outlives its ctx. The zero Counter and the zero PollSet are
+// ready to use (as am.Counter's zero value is); a WaitSet is made by
+// NewWaitSet.
+//
+// # File descriptors
+//
+// An fd the package hands out (WaitSet.FD, Counter.FD, and through them a
+// CQ's FD) is a new dup of the wait object's eventfd, the caller's to
+// close: closing it never affects the set or anyone else, and the set never
+// closes a number it did not make. If the set's own eventfd dies (EBADF:
+// code closed a number it did not own), TryWait, Wait and FD report the
+// error instead of spinning, and the set leaves that number alone.
 package event

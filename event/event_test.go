@@ -193,6 +193,7 @@ func signaled(t testing.TB, ws *WaitSet) bool {
 	case FD:
 		fd, err := ws.FD()
 		require.NoError(t, err)
+		defer unix.Close(fd)
 		return fdReadable(t, fd, 0)
 	case Chan:
 		return len(ws.C()) > 0
@@ -621,6 +622,7 @@ func lostWakeUpRun(t *testing.T, kind Kind, members string, total int, seed uint
 		var err error
 		fd, err = ws.FD()
 		require.NoError(t, err)
+		defer unix.Close(fd)
 	}
 	var got, lastC int64
 	sleeps, agains := 0, 0
@@ -832,8 +834,9 @@ func TestCounterCloseIsRefusedWhileHeldOrInASet(t *testing.T) {
 	assert.ErrorIs(t, c.Close(), ErrBusy, "in a poll set")
 	require.NoError(t, ps.Remove(c))
 
-	_, err = c.FD() // its own wait set does not count
+	fd, err := c.FD() // its own wait set does not count
 	require.NoError(t, err)
+	require.NoError(t, unix.Close(fd))
 	require.NoError(t, c.Close())
 	assert.NoError(t, c.Close(), "Close twice")
 	assert.ErrorIs(t, c.Hold(), ErrClosed)
@@ -932,9 +935,11 @@ func TestCounterFDAndTryWaitActLikeAWaitSet(t *testing.T) {
 	require.NoError(t, c.Drive(d))
 	fd, err := c.FD()
 	require.NoError(t, err)
+	defer unix.Close(fd)
 	fd2, err := c.FD()
 	require.NoError(t, err)
-	assert.Equal(t, fd, fd2, "FD made a second wait object")
+	defer unix.Close(fd2)
+	assert.NotEqual(t, fd, fd2, "FD handed out the same descriptor twice")
 
 	settle := func() {
 		t.Helper()
@@ -951,6 +956,7 @@ func TestCounterFDAndTryWaitActLikeAWaitSet(t *testing.T) {
 
 	c.Count(1)
 	assert.True(t, fdReadable(t, fd, 0), "not readable after Count")
+	assert.True(t, fdReadable(t, fd2, 0), "a second FD is not the same wait object")
 	assert.ErrorIs(t, c.TryWait(), ErrAgain)
 	require.NoError(t, c.TryWait())
 	assert.False(t, fdReadable(t, fd, 0))

@@ -18,6 +18,12 @@ const DefaultIdleAfter = 64
 // from then on costs Poll nothing until its source wakes it. Members
 // without a Syncer (counters) stay hot. A PollSet is safe for concurrent
 // use; Poll holds its lock.
+//
+// Lifecycle: Close is refused with ErrBusy while the set has members
+// (remove them first, as for a WaitSet); after Close, Add, Remove and Poll
+// return an error wrapping ErrClosed, and a second Close returns nil. A
+// Poll racing Close completes first or returns ErrClosed. The zero PollSet
+// is ready to use, like NewPollSet's.
 type PollSet[C any] struct {
 	mu        sync.Mutex
 	members   []*pmember[C] // by slot; nil where free
@@ -27,8 +33,9 @@ type PollSet[C any] struct {
 	words     []*atomic.Uint64 // one bit per slot: woken while idle
 	syncers   []Syncer
 	syncRefs  map[Syncer]int
-	idleAfter int
+	idleAfter int // 0: DefaultIdleAfter
 	stats     PollStats
+	closed    bool
 }
 
 // PollStats count what a poll set did.
@@ -76,6 +83,9 @@ func (ps *PollSet[C]) Add(src Source, ctx C) error {
 	}
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
+	if ps.closed {
+		return fmt.Errorf("add to poll set: %w", ErrClosed)
+	}
 	if ps.find(src) >= 0 {
 		return fmt.Errorf("add to poll set: %w: already a member", ErrBusy)
 	}
@@ -101,6 +111,9 @@ func (ps *PollSet[C]) Add(src Source, ctx C) error {
 	ps.members[slot] = m
 	ps.hot = append(ps.hot, slot)
 	if m.sync != nil {
+		if ps.syncRefs == nil {
+			ps.syncRefs = map[Syncer]int{}
+		}
 		if ps.syncRefs[m.sync]++; ps.syncRefs[m.sync] == 1 {
 			ps.syncers = append(ps.syncers, m.sync)
 		}
@@ -122,6 +135,9 @@ func (ps *PollSet[C]) find(src Source) int32 {
 func (ps *PollSet[C]) Remove(src Source) error {
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
+	if ps.closed {
+		return fmt.Errorf("remove from poll set: %w", ErrClosed)
+	}
 	slot := ps.find(src)
 	if slot < 0 {
 		return fmt.Errorf("remove from poll set: %w: not a member", errInvalid)
@@ -146,6 +162,21 @@ func (ps *PollSet[C]) Remove(src Source) error {
 			ps.syncers = slices.DeleteFunc(ps.syncers, func(s Syncer) bool { return s == m.sync })
 		}
 	}
+	return nil
+}
+
+// Close ends the set. A set that still has members is refused with
+// ErrBusy: remove them first. A second Close returns nil.
+func (ps *PollSet[C]) Close() error {
+	ps.mu.Lock()
+	defer ps.mu.Unlock()
+	if ps.closed {
+		return nil
+	}
+	if n := len(ps.members) - len(ps.free); n > 0 {
+		return fmt.Errorf("close poll set: %w: %d members; remove them first", ErrBusy, n)
+	}
+	ps.closed = true
 	return nil
 }
 
@@ -174,6 +205,9 @@ func (ps *PollSet[C]) Stats() PollStats {
 func (ps *PollSet[C]) Poll(out []C) (int, error) {
 	ps.mu.Lock()
 	defer ps.mu.Unlock()
+	if ps.closed {
+		return 0, fmt.Errorf("poll set: %w", ErrClosed)
+	}
 	ps.stats.Polls++
 	if len(out) == 0 {
 		return 0, nil
@@ -199,6 +233,10 @@ func (ps *PollSet[C]) Poll(out []C) (int, error) {
 			}
 		}
 	}
+	idleAfter := ps.idleAfter
+	if idleAfter == 0 {
+		idleAfter = DefaultIdleAfter
+	}
 	n, idled := 0, false
 	h := len(ps.hot)
 	start := ps.cursor
@@ -218,7 +256,7 @@ func (ps *PollSet[C]) Poll(out []C) (int, error) {
 			return n, fmt.Errorf("poll set: %w", err)
 		}
 		if !ok && m.sync != nil {
-			if m.empties++; m.empties >= ps.idleAfter {
+			if m.empties++; m.empties >= idleAfter {
 				// Clear a stale wake-up, arm, and look once more: an event
 				// after the arming wakes the member again.
 				m.word.And(^m.bit)

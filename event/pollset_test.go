@@ -594,6 +594,12 @@ func TestHotCallsAllocateNothing(t *testing.T) {
 				panic(err)
 			}
 		}), "WaitSet.TryWait on %v, nothing pending", kind)
+		assert.Zero(t, testing.AllocsPerRun(200, func() {
+			ws.Wake()
+			if err := ws.TryWait(); err != nil {
+				panic(err)
+			}
+		}), "WaitSet.Wake, then TryWait on %v (raise and drain)", kind)
 	}
 
 	assert.Zero(t, testing.AllocsPerRun(200, func() { _, _ = cs[2].Read() }), "Counter.Read")

@@ -3,12 +3,9 @@ package event
 import (
 	"context"
 	"encoding/binary"
-	"errors"
 	"fmt"
-	"os"
+	"sync"
 	"sync/atomic"
-	"syscall"
-	"time"
 
 	"golang.org/x/sys/unix"
 )
@@ -17,10 +14,10 @@ import (
 type Kind int
 
 const (
-	// FD is an eventfd, usable with select, poll and epoll (FD returns
-	// it). It is readable from the moment an event may be pending until a
-	// TryWait succeeds. Wait parks the goroutine in the Go runtime poller,
-	// holding no OS thread. The default.
+	// FD is an eventfd, usable with select, poll and epoll (FD returns a
+	// dup of it). It is readable from the moment an event may be pending
+	// until a TryWait succeeds. Wait parks the goroutine on a channel
+	// raised with the eventfd, holding no OS thread. The default.
 	FD Kind = iota
 	// Chan is a Go channel (C returns it); Wait blocks on it.
 	Chan
@@ -45,6 +42,17 @@ func (k Kind) String() string {
 // signal is a wait object that is set or not. set is idempotent and cheap
 // while already set; reset clears it; wait blocks until it is set (without
 // clearing it), the context ends, or the signal is closed.
+//
+// Wait sleeps on a channel of one token for both the Chan and the FD kind:
+// a select on it, ctx and close needs no deadline juggling and serves any
+// number of waiters. The FD kind keeps an eventfd beside it, raised and
+// drained with the channel, for the callers' own select, poll or epoll.
+// That eventfd is the set's alone: FD hands out dups. Every use of its
+// number holds fdMu shared and close takes it exclusively, so the number is
+// never used after it is closed; once a system call on it fails (EBADF:
+// some code closed a number it did not own), the set is dead: it reports
+// the error from TryWait and Wait, and it never touches or closes the
+// number again, since another file may hold it by then.
 type signal struct {
 	kind Kind
 	on   atomic.Bool
@@ -52,48 +60,29 @@ type signal struct {
 	// value when a reset last drained the object.
 	raised, drained atomic.Uint64
 
-	// FD
-	f  *os.File
-	rc syscall.RawConn
-	fd int
-	pr [1]unix.PollFd
-	// The raw read and write functions, made once: closures made per call
-	// would be allocated, and reset and set are hot.
-	drainFn, setFn func(fd uintptr) bool
-	buf            [8]byte
+	ch   chan struct{} // Chan and FD: what Wait sleeps on
+	done chan struct{} // closed by close
 
-	// Chan
-	ch   chan struct{}
-	done chan struct{}
+	// FD
+	fdMu  sync.RWMutex
+	efd   int // -1 once closed; written under fdMu held exclusively
+	dead  atomic.Pointer[error]
+	bufMu sync.Mutex
+	buf   [8]byte
 
 	closed atomic.Bool
 }
 
 func newSignal(kind Kind) (*signal, error) {
-	s := &signal{kind: kind, done: make(chan struct{})}
+	s := &signal{kind: kind, done: make(chan struct{}), efd: -1}
 	switch kind {
 	case FD:
 		efd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
 		if err != nil {
 			return nil, fmt.Errorf("eventfd: %w", err)
 		}
-		// Non-blocking, so the runtime poller takes it; the fd number is
-		// kept, since File.Fd would switch it to blocking.
-		s.f = os.NewFile(uintptr(efd), "vfrdma-waitset")
-		if s.rc, err = s.f.SyscallConn(); err != nil {
-			_ = s.f.Close()
-			return nil, err
-		}
-		s.fd = efd
-		s.pr[0] = unix.PollFd{Fd: int32(efd), Events: unix.POLLIN}
-		s.drainFn = func(fd uintptr) bool {
-			_, _ = unix.Read(int(fd), s.buf[:])
-			return true
-		}
-		s.setFn = func(fd uintptr) bool {
-			_, err := unix.Write(int(fd), one)
-			return err != unix.EAGAIN // the counter is saturated: readable anyway
-		}
+		s.efd = efd
+		s.ch = make(chan struct{}, 1)
 	case Chan:
 		s.ch = make(chan struct{}, 1)
 	case Yield:
@@ -113,10 +102,16 @@ func (s *signal) set() {
 	if s.on.Load() || !s.on.CompareAndSwap(false, true) {
 		return
 	}
-	switch s.kind {
-	case FD:
-		_ = s.rc.Write(s.setFn)
-	case Chan:
+	if s.kind == FD {
+		s.fdOp("raise", func(fd int) error {
+			_, err := unix.Write(fd, one)
+			if err == unix.EAGAIN { // the counter is saturated: readable anyway
+				return nil
+			}
+			return err
+		})
+	}
+	if s.ch != nil {
 		select {
 		case s.ch <- struct{}{}:
 		default:
@@ -139,10 +134,10 @@ func (s *signal) reset() {
 	if !s.on.Load() && r == s.drained.Load() {
 		return
 	}
-	switch s.kind {
-	case FD:
-		_ = s.rc.Read(s.drainFn)
-	case Chan:
+	if s.kind == FD {
+		s.fdOp("drain", s.drainFD)
+	}
+	if s.ch != nil {
 		select {
 		case <-s.ch:
 		default:
@@ -150,6 +145,62 @@ func (s *signal) reset() {
 	}
 	s.drained.Store(r)
 	s.on.Store(false)
+}
+
+// drainFD reads the eventfd into buf (a local one escapes under -race),
+// one reset at a time.
+func (s *signal) drainFD(fd int) error {
+	s.bufMu.Lock()
+	defer s.bufMu.Unlock()
+	_, err := unix.Read(fd, s.buf[:])
+	if err == unix.EAGAIN { // already clear
+		return nil
+	}
+	return err
+}
+
+// fdOp runs op on the eventfd unless the set is closed or dead, retrying
+// on EINTR; an error kills the set.
+func (s *signal) fdOp(what string, op func(fd int) error) {
+	s.fdMu.RLock()
+	defer s.fdMu.RUnlock()
+	if s.efd < 0 || s.dead.Load() != nil {
+		return
+	}
+	err := op(s.efd)
+	for err == unix.EINTR {
+		err = op(s.efd)
+	}
+	if err != nil {
+		s.kill(fmt.Errorf("wait set: %s eventfd %d: %w (closed by code that does not own it?); the set no longer uses that number", what, s.efd, err))
+	}
+}
+
+func (s *signal) kill(err error) { s.dead.CompareAndSwap(nil, &err) }
+
+// err reports a dead eventfd.
+func (s *signal) err() error {
+	if p := s.dead.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// dup returns a new descriptor of the eventfd, the caller's to close.
+func (s *signal) dup() (int, error) {
+	s.fdMu.RLock()
+	defer s.fdMu.RUnlock()
+	if s.efd < 0 {
+		return -1, ErrClosed
+	}
+	if err := s.err(); err != nil {
+		return -1, err
+	}
+	fd, err := unix.FcntlInt(uintptr(s.efd), unix.F_DUPFD_CLOEXEC, 0)
+	if err != nil {
+		return -1, fmt.Errorf("wait set: dup eventfd: %w", err)
+	}
+	return fd, nil
 }
 
 // wait blocks until the signal is set, ctx ends or the signal is closed.
@@ -160,83 +211,53 @@ func (s *signal) wait(ctx context.Context) error {
 	if s.closed.Load() {
 		return ErrClosed
 	}
-	switch s.kind {
-	case Chan:
+	if s.ch == nil {
+		return fmt.Errorf("%w: a %v wait set has no wait object", errInvalid, s.kind)
+	}
+	select {
+	case <-s.ch:
+		// Leave it set (only reset clears it), without blocking: a set
+		// that claimed the flag before the last reset may have sent its
+		// token since the receive, and the channel is full.
 		select {
-		case <-s.ch:
-			s.ch <- struct{}{} // leave it set: only reset clears it
-			return nil
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-s.done:
-			return ErrClosed
+		case s.ch <- struct{}{}:
+		default:
 		}
-	case FD:
-		return s.waitFD(ctx)
-	}
-	return fmt.Errorf("%w: a %v wait set has no wait object", errInvalid, s.kind)
-}
-
-// waitFD waits for the eventfd to be readable, without reading it.
-func (s *signal) waitFD(ctx context.Context) error {
-	deadline, _ := ctx.Deadline()
-	if err := s.f.SetReadDeadline(deadline); err != nil {
-		return s.mapErr(err)
-	}
-	var stop func() bool
-	var fired chan struct{}
-	if ctx.Done() != nil {
-		fired = make(chan struct{})
-		stop = context.AfterFunc(ctx, func() {
-			_ = s.f.SetReadDeadline(time.Unix(1, 0)) // in the past: wakes the waiter
-			close(fired)
-		})
-	}
-	var perr error
-	err := s.rc.Read(func(uintptr) bool {
-		n, err := unix.Poll(s.pr[:], 0)
-		switch {
-		case err == unix.EINTR:
-			return false
-		case err != nil:
-			perr = err
-			return true
-		}
-		return n > 0 // not readable yet: park until it is
-	})
-	if stop != nil && !stop() {
-		<-fired
-	}
-	if err == nil {
-		err = perr
-	}
-	if err != nil {
-		if errors.Is(err, os.ErrDeadlineExceeded) {
-			if cerr := ctx.Err(); cerr != nil {
-				return cerr
-			}
-			return context.DeadlineExceeded
-		}
-		return s.mapErr(err)
-	}
-	return nil
-}
-
-func (s *signal) mapErr(err error) error {
-	if errors.Is(err, os.ErrClosed) || s.closed.Load() {
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-s.done:
 		return ErrClosed
 	}
-	return err
 }
 
-// close releases a waiter with ErrClosed and frees the wait object.
+// close releases the waiters with ErrClosed and frees the wait object. The
+// eventfd is raised first, so that a caller asleep on a dup of it wakes
+// and finds the set closed; a dead eventfd's number is not closed.
 func (s *signal) close() error {
 	if s.closed.Swap(true) {
 		return nil
 	}
 	close(s.done)
-	if s.f != nil {
-		return s.f.Close()
+	if s.kind != FD {
+		return nil
+	}
+	s.fdOp("raise", func(fd int) error {
+		_, err := unix.Write(fd, one)
+		if err == unix.EAGAIN {
+			return nil
+		}
+		return err
+	})
+	s.fdMu.Lock()
+	fd := s.efd
+	s.efd = -1
+	s.fdMu.Unlock()
+	if s.err() != nil {
+		return nil
+	}
+	if err := unix.Close(fd); err != nil {
+		return fmt.Errorf("close wait set eventfd %d: %w", fd, err)
 	}
 	return nil
 }

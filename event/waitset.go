@@ -11,8 +11,15 @@ import (
 
 // WaitSet is one wait object for many sources: it is signaled when any
 // member may have an event. Add, Remove and Close are safe for concurrent
-// use with everything; TryWait and Wait are for one goroutine at a time
-// (the one that drains the members).
+// use with everything; TryWait and Wait are meant for the goroutine that
+// drains the members, though several may Wait at once.
+//
+// Lifecycle: after Close, every method that returns an error returns one
+// wrapping ErrClosed; a second Close returns nil. A Wait racing Close
+// returns nil or ErrClosed, and Close releases every goroutine asleep in
+// Wait with ErrClosed (and raises the eventfd, so that callers asleep on
+// their FD wake and find the set closed). The zero WaitSet is not usable:
+// make one with NewWaitSet.
 type WaitSet struct {
 	sig *signal
 
@@ -73,6 +80,9 @@ func (ws *WaitSet) Add(src Source) error {
 func (ws *WaitSet) Remove(src Source) error {
 	ws.mu.Lock()
 	defer ws.mu.Unlock()
+	if ws.closed.Load() {
+		return fmt.Errorf("remove from wait set: %w", ErrClosed)
+	}
 	old := *ws.members.Load()
 	i := slices.IndexFunc(old, func(m *wsMember) bool { return m.src == src })
 	if i < 0 {
@@ -87,24 +97,36 @@ func (ws *WaitSet) Remove(src Source) error {
 // Len returns the number of members.
 func (ws *WaitSet) Len() int { return len(*ws.members.Load()) }
 
-// FD returns the eventfd of an FD wait set, to put in the caller's own
-// select, poll or epoll. It is readable while events may be pending, until
-// a TryWait succeeds. The caller must not close it, read it or write it;
-// it stays valid until Close.
+// FD returns a new descriptor of an FD wait set's eventfd, to put in the
+// caller's own select, poll or epoll. It is readable while events may be
+// pending, until a TryWait succeeds, and when the set closes. The
+// descriptor is the caller's: close it when done (take it out of an epoll
+// set first: epoll watches the file, which the set keeps open). Closing it
+// never affects the set or anyone else; each call makes a new one. Do not
+// read it, write it or change its flags: they are the set's.
 func (ws *WaitSet) FD() (int, error) {
+	if ws.closed.Load() {
+		return -1, fmt.Errorf("wait set fd: %w", ErrClosed)
+	}
 	if ws.sig.kind != FD {
 		return -1, fmt.Errorf("%w: a %v wait set has no fd", errInvalid, ws.sig.kind)
 	}
-	if ws.closed.Load() {
-		return -1, ErrClosed
+	fd, err := ws.sig.dup()
+	if err != nil {
+		return -1, fmt.Errorf("wait set fd: %w", err)
 	}
-	return ws.sig.fd, nil
+	return fd, nil
 }
 
 // C returns the channel of a Chan wait set: it holds a value while events
 // may be pending. Receiving it consumes the signal; call TryWait before
 // the next receive.
-func (ws *WaitSet) C() <-chan struct{} { return ws.sig.ch }
+func (ws *WaitSet) C() <-chan struct{} {
+	if ws.sig.kind != Chan {
+		return nil
+	}
+	return ws.sig.ch
+}
 
 // TryWait arms every member and reports whether it is safe to sleep on the
 // wait object: nil when nothing is pending, ErrAgain (the wait object left
@@ -119,6 +141,9 @@ func (ws *WaitSet) TryWait() error {
 	arm := ws.sig.kind != Yield
 	if arm {
 		ws.sig.reset()
+		if err := ws.sig.err(); err != nil {
+			return fmt.Errorf("trywait: %w", err)
+		}
 	}
 	pending := false
 	for _, m := range *ws.members.Load() {
