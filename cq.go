@@ -719,10 +719,13 @@ func (cq *CQ) Progress() (int, error) {
 	}
 }
 
-// FD returns the CQ's own eventfd, for the per-CQ style of waiting: it is
-// readable when the CQ may hold completions, until TryWait succeeds. Put it
-// in select, poll or epoll; do not close, read or write it. It lives until
-// the CQ is closed.
+// FD returns a descriptor for the CQ's own eventfd, for the per-CQ style
+// of waiting: it is readable when the CQ may hold completions, until
+// TryWait succeeds. Each call returns a new dup that is the caller's to
+// close (take it out of epoll first: epoll watches until every descriptor
+// of the file is closed); closing it never affects the CQ. Do not read or
+// write it. After the CQ is closed it reads as readable, and TryWait and
+// Poll return ErrClosed.
 func (cq *CQ) FD() (int, error) {
 	ws, err := cq.ownSet()
 	if err != nil {
