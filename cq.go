@@ -724,8 +724,7 @@ func (cq *CQ) Progress() (int, error) {
 // TryWait succeeds. Each call returns a new dup that is the caller's to
 // close (take it out of epoll first: epoll watches until every descriptor
 // of the file is closed); closing it never affects the CQ. Do not read or
-// write it. After the CQ is closed it reads as readable, and TryWait and
-// Poll return ErrClosed.
+// write it. After the CQ is closed, TryWait and Poll return ErrClosed.
 func (cq *CQ) FD() (int, error) {
 	ws, err := cq.ownSet()
 	if err != nil {
