@@ -909,6 +909,14 @@ static void t_rc_window_rnr(void)
 		}
 		pthread_join(th, NULL);
 		CHECK(sent == N && !t.failed);
+		if (got != N) {
+			int m = ibv_poll_cq(p.cq[0], N, wc);
+
+			printf("round %d: %d of %d placed; sender CQ: %d completions", round, got, N, m);
+			for (int i = 0; i < m; i++)
+				printf(" [%llu %s]", (unsigned long long)wc[i].wr_id, ibv_wc_status_str(wc[i].status));
+			printf("; QP states %d %d\n", p.qp[0]->state, p.qp[1]->state);
+		}
 		CHECK(got == N);
 		for (sent = 0; sent < N;) {
 			int n = poll_n(p.cq[0], wc, N - sent, 3000);
