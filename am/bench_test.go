@@ -2,7 +2,11 @@
 
 package am
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
 
 // fragmentStream returns a context reassembling a 1 MiB message from
 // task 1 into its handler's buffer, and a function that returns the next
@@ -13,7 +17,7 @@ func fragmentStream(tb testing.TB) (*Context, func() []byte) {
 	c := hostContext(tb, Config{Tasks: 2, PacketSize: 4096})
 	buf := make([]byte, length)
 	if err := c.SetHandler(1, func(a *Arrival) Return { return Return{Buf: buf} }); err != nil {
-		tb.Fatal(err)
+		require.NoError(tb, err)
 	}
 	body := 4096 - headerSize
 	cn := c.conns[1]
@@ -37,10 +41,10 @@ func TestTakingAFragmentAllocatesNothing(t *testing.T) {
 	cn := c.conns[1]
 	allocs := testing.AllocsPerRun(100, func() { c.take(cn, next()) })
 	if cn.err != nil || cn.rx == nil || cn.rx.drop {
-		t.Fatalf("the stream was not reassembled into the buffer (refused: %v)", cn.err)
+		require.Failf(t, "broken", "the stream was not reassembled into the buffer (refused: %v)", cn.err)
 	}
 	if allocs != 0 {
-		t.Fatalf("%v allocations per fragment", allocs)
+		require.Failf(t, "broken", "%v allocations per fragment", allocs)
 	}
 }
 
@@ -54,6 +58,6 @@ func BenchmarkTakeFragment(b *testing.B) {
 		c.take(cn, next())
 	}
 	if cn.err != nil {
-		b.Fatal(cn.err)
+		require.NoError(b, cn.err)
 	}
 }

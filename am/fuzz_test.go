@@ -5,6 +5,7 @@ package am
 import (
 	"bytes"
 	"encoding/binary"
+	"github.com/stretchr/testify/require"
 	"testing"
 
 	"github.com/vfrdma/vfrdma"
@@ -29,23 +30,23 @@ func FuzzParse(f *testing.F) {
 		switch h.kind {
 		case kindEager, kindFirst:
 			if uint64(h.uhdrLen) > body || h.length > maxMessage {
-				t.Fatalf("accepted %+v with a %d-byte body", h, body)
+				require.Failf(t, "broken", "accepted %+v with a %d-byte body", h, body)
 			}
 		case kindFrag:
 			if body == 0 || h.offset > h.length || body > h.length-h.offset || h.length > maxMessage {
-				t.Fatalf("accepted fragment %+v with a %d-byte body", h, body)
+				require.Failf(t, "broken", "accepted fragment %+v with a %d-byte body", h, body)
 			}
 		case kindCtrl:
 			if h.length*4 != body || h.length > body {
-				t.Fatalf("accepted ctrl %+v with a %d-byte body", h, body)
+				require.Failf(t, "broken", "accepted ctrl %+v with a %d-byte body", h, body)
 			}
 		default:
-			t.Fatalf("accepted kind %d", h.kind)
+			require.Failf(t, "broken", "accepted kind %d", h.kind)
 		}
 		out := make([]byte, headerSize)
 		h.put(out)
 		if !bytes.Equal(out, b[:headerSize]) {
-			t.Fatalf("%+v re-encodes to %x, not %x", h, out, b[:headerSize])
+			require.Failf(t, "broken", "%+v re-encodes to %x, not %x", h, out, b[:headerSize])
 		}
 	})
 }
@@ -111,11 +112,11 @@ func FuzzReassembly(f *testing.F) {
 			copy(c.recvMem[slot*c.cfg.PacketSize:(slot+1)*c.cfg.PacketSize], b)
 			wc := vfrdma.WC{WRID: uint64(slot), Status: vfrdma.WCSuccess, Opcode: vfrdma.WCRecv, ByteLen: uint32(n), QPN: uint32(src + 1)}
 			if _, err := c.recv(&wc); err != nil {
-				t.Fatalf("a peer's packet stopped the context: %v", err)
+				require.Failf(t, "broken", "a peer's packet stopped the context: %v", err)
 			}
 			st := c.Stats()
 			if st.Refused < refused {
-				t.Fatalf("Refused went back: %d after %d", st.Refused, refused)
+				require.Failf(t, "broken", "Refused went back: %d after %d", st.Refused, refused)
 			}
 			refused = st.Refused
 			purged := uint64(0)
@@ -124,19 +125,19 @@ func FuzzReassembly(f *testing.F) {
 					purged++
 				}
 				if cn.credits > c.cfg.Credits {
-					t.Fatalf("task %d: %d credits of %d", cn.task, cn.credits, c.cfg.Credits)
+					require.Failf(t, "broken", "task %d: %d credits of %d", cn.task, cn.credits, c.cfg.Credits)
 				}
 				if m := cn.rx; m != nil {
 					if m.got >= m.length {
-						t.Fatalf("task %d: message %d complete (%d of %d) and still reassembled", cn.task, m.id, m.got, m.length)
+						require.Failf(t, "broken", "task %d: message %d complete (%d of %d) and still reassembled", cn.task, m.id, m.got, m.length)
 					}
 					if !m.drop && uint64(len(m.ret.Buf)) < m.length {
-						t.Fatalf("task %d: message %d of %d bytes into a %d-byte buffer", cn.task, m.id, m.length, len(m.ret.Buf))
+						require.Failf(t, "broken", "task %d: message %d of %d bytes into a %d-byte buffer", cn.task, m.id, m.length, len(m.ret.Buf))
 					}
 				}
 			}
 			if purged != refused {
-				t.Fatalf("%d tasks purged, %d refused", purged, refused)
+				require.Failf(t, "broken", "%d tasks purged, %d refused", purged, refused)
 			}
 		}
 	})
