@@ -15,6 +15,7 @@ import (
 
 	"github.com/vfrdma/vfrdma/doorbell"
 	"github.com/vfrdma/vfrdma/firmware"
+	"github.com/vfrdma/vfrdma/hw"
 	"github.com/vfrdma/vfrdma/mmio"
 	"github.com/vfrdma/vfrdma/pci"
 	"github.com/vfrdma/vfrdma/vfio"
@@ -145,13 +146,14 @@ type Device struct {
 
 	bus       *pci.Bus
 	boundPrev map[pci.Addr]string // set when Open bound the group
-	vdev      *vfio.Device
-	ethDev    *vfio.Device // function 0 of the slot, through the same group
-	eth       *vmxnet3.NIC // its NIC, while open
-	regs      *mmio.Region
+	fn        hw.Function         // the function: VFIO's (Open) or another (OpenFunction)
+	vdev      *vfio.Device        // the VFIO device under fn, when Open opened it
+	ethDev    *vfio.Device        // function 0 of the slot, through the same group
+	eth       *vmxnet3.NIC        // its NIC, while open
+	regs      hw.Registers
 	uar       doorbell.Register // the UAR page (an *mmio.Region; the host tests intercept it)
 	ctl       *vfio.DMABuffer
-	vectors   []*vfio.Vector
+	vectors   []hw.Vector
 	cqIRQ     irqWaiter // vector 2, what the notifier waits on
 	ch        commands  // a *firmware.Channel once open
 	cqNotify  *firmware.CQNotifyRing
@@ -195,17 +197,69 @@ type Device struct {
 	cqArm    [2]uint32 // CQ arm bits: [0] next completion, [1] solicited only
 }
 
-// Open takes the pvrdma function at bdf ("0000:00:10.1") and brings the
-// device up.
+// Open takes the pvrdma function at bdf ("0000:00:10.1") through VFIO and
+// brings the device up.
 func Open(bdf string, opts *Options) (_ *Device, err error) {
 	o := opts.withDefaults()
 	addr, err := pci.ParseAddr(bdf)
 	if err != nil {
 		return nil, &OpError{Op: "open", Dev: bdf, Err: err}
 	}
+	d := newDevice(addr.String(), o)
+	d.addr = addr
+	d.bus = pci.NewBus(o.SysfsRoot)
+	defer func() {
+		if err != nil {
+			d.release()
+			err = d.opErr("open", err)
+		}
+	}()
+	if err := d.takeFunction(); err != nil {
+		return nil, err
+	}
+	vdev, err := vfio.Open(d.addr, &vfio.Options{SysfsRoot: d.opt.SysfsRoot})
+	if err != nil {
+		return nil, err
+	}
+	d.vdev = vdev
+	d.fn = &vfioFunction{dev: vdev}
+	if _, err := vdev.EnableBusMaster(); err != nil {
+		return nil, err
+	}
+	return d, d.bringUp()
+}
+
+// OpenFunction brings up the pvrdma device behind fn, a function other
+// than VFIO's: the device model (package pvsim) in tests, examples and
+// tools. Options.SysfsRoot, BindGroup, Ethernet and NoEthernet do not
+// apply (there is no slot, so no vmxnet3 function); the journal is kept
+// only where Options.StateDir names a directory. Close closes fn.
+func OpenFunction(fn hw.Function, opts *Options) (_ *Device, err error) {
+	if fn == nil {
+		return nil, &OpError{Op: "open", Err: invalidf("no function")}
+	}
+	var o Options
+	if opts != nil {
+		o = *opts
+	}
+	if o.StateDir == "" {
+		o.StateDir = "-"
+	}
+	o.NoEthernet = true
+	d := newDevice(fn.Name(), o.withDefaults())
+	d.fn = fn
+	defer func() {
+		if err != nil {
+			d.release()
+			err = d.opErr("open", err)
+		}
+	}()
+	return d, d.bringUp()
+}
+
+func newDevice(name string, o Options) *Device {
 	d := &Device{
-		name: addr.String(), addr: addr, opt: o, log: o.Logger,
-		bus:   pci.NewBus(o.SysfsRoot),
+		name: name, opt: o, log: o.Logger,
 		pds:   map[*PD]struct{}{},
 		cqs:   map[*CQ]struct{}{},
 		mrs:   map[*MR]struct{}{},
@@ -215,33 +269,30 @@ func Open(bdf string, opts *Options) (_ *Device, err error) {
 	}
 	d.notify.d = d
 	d.journal.path = journalPath(o.StateDir, d.name)
-	defer func() {
-		if err != nil {
-			d.release()
-			err = d.opErr("open", err)
-		}
-	}()
-	ctx, cancel := context.WithTimeout(context.Background(), 4*o.CommandTimeout)
-	defer cancel()
+	return d
+}
 
-	if err := d.takeFunction(); err != nil {
-		return nil, err
-	}
+// bringUp maps the function, loads the DSR, recovers a crashed holder's
+// leftovers, activates the device, brings up the Ethernet function if there
+// is one, binds the default GID and reads the port.
+func (d *Device) bringUp() error {
+	ctx, cancel := context.WithTimeout(context.Background(), 4*d.opt.CommandTimeout)
+	defer cancel()
 	if err := d.mapDevice(); err != nil {
-		return nil, err
+		return err
 	}
 	if err := d.start(ctx); err != nil {
-		return nil, err
+		return err
 	}
 	if err := d.recover(ctx); err != nil {
-		return nil, err
+		return err
 	}
 	if err := d.activate(ctx); err != nil {
-		return nil, err
+		return err
 	}
-	if !o.NoEthernet {
+	if !d.opt.NoEthernet && d.vdev != nil {
 		if err := d.openEthernet(); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	// The default GID: the link-local prefix and the node GUID, the
@@ -249,14 +300,14 @@ func Open(bdf string, opts *Options) (_ *Device, err error) {
 	copy(d.gid[:2], []byte{0xfe, 0x80})
 	binary.BigEndian.PutUint64(d.gid[8:], d.caps.NodeGUID)
 	if err := d.BindGID(ctx, 0, d.gid); err != nil {
-		return nil, err
+		return err
 	}
 	port, err := d.ch.QueryPort(ctx, 1)
 	if err != nil {
-		return nil, err
+		return err
 	}
 	d.udMax = 128 << min(max(port.ActiveMTU, 1), 5)
-	return d, nil
+	return nil
 }
 
 // openEthernet opens the slot's vmxnet3 function (function 0) through the
@@ -297,39 +348,26 @@ func (d *Device) takeFunction() error {
 	return nil
 }
 
-// mapDevice opens the function through VFIO, maps the registers and the
-// first doorbell page, enables bus mastering and MSI-X, and allocates and
-// lays out the control pages.
+// mapDevice maps the registers and the first doorbell page, enables
+// MSI-X, and allocates and lays out the control pages.
 func (d *Device) mapDevice() error {
-	vdev, err := vfio.Open(d.addr, &vfio.Options{SysfsRoot: d.opt.SysfsRoot})
-	if err != nil {
-		return err
-	}
-	d.vdev = vdev
-	if _, err := vdev.EnableBusMaster(); err != nil {
-		return err
-	}
-	regs, err := vdev.Map(regionRegs, 0, 0)
-	if err != nil {
-		return err
-	}
-	if d.regs, err = mmio.New(regs); err != nil {
+	var err error
+	if d.regs, err = d.fn.Registers(); err != nil {
 		return err
 	}
 	// Every UAR page is equivalent on QEMU and handles are global; the
 	// driver uses page 0, the kernel driver's page on VMware hardware.
-	uar, err := vdev.Map(regionUAR, 0, firmware.PageSize)
-	if err != nil {
+	if d.uar, err = d.fn.Doorbells(); err != nil {
 		return err
 	}
-	if d.uar, err = mmio.New(uar); err != nil {
+	if d.vectors, err = d.fn.EnableVectors(numVectors); err != nil {
 		return err
 	}
-	if d.vectors, err = vdev.EnableMSIX(numVectors); err != nil {
-		return err
+	if len(d.vectors) != numVectors {
+		return fmt.Errorf("%d MSI-X vectors enabled, the driver needs %d", len(d.vectors), numVectors)
 	}
 	d.cqIRQ = d.vectors[firmware.VectorCQ]
-	d.ctl, err = vdev.Container().AllocDMA(ctlPages*firmware.PageSize, &vfio.MemOptions{HugePages: vfio.HugeNever})
+	d.ctl, err = d.fn.AllocDMA(ctlPages*firmware.PageSize, false)
 	if err != nil {
 		return err
 	}
@@ -383,7 +421,7 @@ const (
 // start at 0; the device never initialises them), and writes its
 // directory.
 func (d *Device) allocRing(dataPages int) (*vfio.DMABuffer, error) {
-	buf, err := d.vdev.Container().AllocDMA((ringPgData+dataPages)*firmware.PageSize, &vfio.MemOptions{HugePages: vfio.HugeNever})
+	buf, err := d.fn.AllocDMA((ringPgData+dataPages)*firmware.PageSize, false)
 	if err != nil {
 		return nil, err
 	}
@@ -766,14 +804,11 @@ func (d *Device) release() error {
 	if d.ch != nil {
 		errs = append(errs, d.ch.Close())
 	}
-	if d.vdev != nil && d.vectors != nil {
-		errs = append(errs, d.vdev.DisableIRQs(vfio.IRQMSIX))
-	}
 	if d.ctl != nil {
 		errs = append(errs, d.ctl.Close())
 	}
-	if d.vdev != nil {
-		errs = append(errs, d.vdev.Close()) // unmaps the BARs, closes group and container
+	if d.fn != nil {
+		errs = append(errs, d.fn.Close()) // disables the vectors, unmaps the BARs, closes VFIO's handles
 	}
 	if d.boundPrev != nil {
 		errs = append(errs, d.bus.RestoreGroup(d.boundPrev))

@@ -59,7 +59,7 @@ func (pd *PD) AllocMR(ctx context.Context, size int, access Access) (*MR, error)
 	if err := d.checkMRSize(uint64(size)); err != nil {
 		return nil, d.opErr(op, err)
 	}
-	buf, err := d.vdev.Container().AllocDMA(size, nil)
+	buf, err := d.fn.AllocDMA(size, true)
 	if err != nil {
 		return nil, d.opErr(op, err)
 	}
@@ -89,26 +89,19 @@ func (pd *PD) RegisterMR(ctx context.Context, mem []byte, access Access) (*MR, e
 	if err := d.checkMRSize(uint64(len(mem))); err != nil {
 		return nil, d.opErr(op, err)
 	}
-	page := uint64(os.Getpagesize())
 	if !pageAligned(mem) {
 		return nil, d.opErr(op, invalidf("memory does not start on a page boundary (AllocMR gives memory that does)"))
 	}
-	c := d.vdev.Container()
 	span := pageSpan(len(mem))
-	iova, err := c.AllocIOVA(span, page)
-	if err != nil {
-		return nil, d.opErr(op, err)
-	}
 	// The IOMMU maps whole pages: the tail of the last page goes with it
 	// (the device still reaches only the MR's length through its key).
-	if err := c.MapDMA(wholePages(mem, span), iova); err != nil {
-		c.FreeIOVA(iova, span)
+	iova, err := d.fn.MapDMA(wholePages(mem, span))
+	if err != nil {
 		return nil, d.opErr(op, err)
 	}
 	mr, err := pd.register(ctx, mem, iova, access)
 	if err != nil {
-		c.UnmapDMA(iova, span)
-		c.FreeIOVA(iova, span)
+		d.fn.UnmapDMA(iova, int(span))
 		return nil, d.opErr(op, err)
 	}
 	mr.mapped = true
@@ -128,7 +121,7 @@ func (pd *PD) register(ctx context.Context, mem []byte, iova uint64, access Acce
 	d := pd.d
 	npages := (len(mem) + firmware.PageSize - 1) / firmware.PageSize
 	ntables := firmware.TablesFor(npages)
-	pdir, err := d.vdev.Container().AllocDMA((1+ntables)*firmware.PageSize, &vfio.MemOptions{HugePages: vfio.HugeNever})
+	pdir, err := d.fn.AllocDMA((1+ntables)*firmware.PageSize, false)
 	if err != nil {
 		return nil, err
 	}
@@ -229,9 +222,7 @@ func (mr *MR) destroy(ctx context.Context) error {
 	case mr.own != nil:
 		err = errors.Join(err, mr.own.Close())
 	case mr.mapped:
-		c := d.vdev.Container()
-		span := pageSpan(len(mr.mem))
-		err = errors.Join(err, c.UnmapDMA(mr.addr, span), c.FreeIOVA(mr.addr, span))
+		err = errors.Join(err, d.fn.UnmapDMA(mr.addr, int(pageSpan(len(mr.mem)))))
 	}
 	return err
 }

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"strconv"
+	"sync"
 	"sync/atomic"
 
 	"golang.org/x/sys/unix"
@@ -163,15 +164,25 @@ func (m *Memory) Close() error {
 // given any.
 //
 // A DMABuffer built by hand (for tests of upper layers) has no container:
-// its Close does nothing.
+// its Close does nothing. One from NewDMABuffer belongs to whoever made
+// it (a device model): its Close calls the release function once.
 type DMABuffer struct {
 	Mem      []byte
 	IOVA     uint64
 	PageSize int // of the memory backing Mem
 
-	c      *Container
-	mem    *Memory
-	closed bool // guarded by c.mu
+	c       *Container
+	mem     *Memory
+	closed  bool // guarded by c.mu
+	release func() error
+	once    sync.Once
+}
+
+// NewDMABuffer returns a buffer over memory that something other than a
+// container maps for a device (a device model): Close calls release once
+// and clears Mem.
+func NewDMABuffer(mem []byte, iova uint64, pageSize int, release func() error) *DMABuffer {
+	return &DMABuffer{Mem: mem, IOVA: iova, PageSize: pageSize, release: release}
 }
 
 // AllocDMA allocates size bytes (rounded up to the page size) of pinned,
@@ -204,7 +215,18 @@ func (c *Container) AllocDMA(size int, opts *MemOptions) (*DMABuffer, error) {
 // Close unmaps the buffer from the IOMMU, returns its IOVA range and frees
 // the memory. It is idempotent.
 func (b *DMABuffer) Close() error {
-	if b == nil || b.c == nil {
+	if b == nil {
+		return nil
+	}
+	if b.release != nil {
+		var err error
+		b.once.Do(func() {
+			err = b.release()
+			b.Mem = nil
+		})
+		return err
+	}
+	if b.c == nil {
 		return nil
 	}
 	c := b.c
