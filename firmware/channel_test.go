@@ -547,24 +547,28 @@ func equalCmds(a, b []Cmd) bool {
 func TestCloseWaitsForTheCommandInProgress(t *testing.T) {
 	b := newBench(t, benchOpts{spec: true, deferred: true})
 	entered, release := make(chan struct{}), make(chan struct{})
+	// waited is set inside the command, before it reads the response slot
+	// and lets the channel go: a Close that waits returns after it. (The
+	// command's return to its caller comes after the channel is free, so
+	// it cannot be the mark.)
+	var waited atomic.Bool
 	b.ch.wait = func(ctx context.Context) error {
 		close(entered)
 		<-release
 		b.dev.deliver()
+		waited.Store(true)
 		return nil
 	}
-	var cmdDone atomic.Bool
 	cmdErr := make(chan error, 1)
 	go func() {
 		_, err := b.ch.CreatePD(bg, 0)
-		cmdDone.Store(true)
 		cmdErr <- err
 	}()
 	<-entered // the command holds the channel and waits for its response
 	doneAtClose := make(chan bool, 1)
 	go func() {
 		assert.NoError(t, b.ch.Close())
-		doneAtClose <- cmdDone.Load()
+		doneAtClose <- waited.Load()
 	}()
 	for !b.ch.closed.Load() {
 		runtime.Gosched()
