@@ -442,7 +442,9 @@ func bufPage(buf *vfio.DMABuffer, i int) firmware.Page {
 	return firmware.Page{DMA: buf.IOVA + uint64(off), Mem: buf.Mem[off : off+firmware.PageSize]}
 }
 
-// start opens the command channel and loads the DSR.
+// start opens the command channel and loads the DSR (firmware.Channel.Start:
+// the version checked, the DSR written, the capabilities validated), leaving
+// the device inactive.
 func (d *Device) start(ctx context.Context) error {
 	vec0 := d.vectors[firmware.VectorResponse]
 	ch, err := firmware.NewChannel(d.regs, d.ctlPage(pgCmd).Mem, d.ctlPage(pgResp).Mem, &firmware.Options{
@@ -457,25 +459,22 @@ func (d *Device) start(ctx context.Context) error {
 		return err
 	}
 	d.ch = ch
-	if d.version, err = ch.ReadVersion(ctx); err != nil {
-		return err
-	}
-	if d.version < firmware.MinVersion || d.version > firmware.MaxVersion {
-		return fmt.Errorf("%w: device interface version %d (this driver knows %d to %d)",
-			ErrNotSupported, d.version, firmware.MinVersion, firmware.MaxVersion)
-	}
-	dsr := firmware.DSR{
-		GOS:         firmware.GOSInfo{Bits: firmware.GOSBits64, Type: firmware.GOSTypeLinux, Version: 1},
-		CmdSlotDMA:  d.ctlPage(pgCmd).DMA,
-		RespSlotDMA: d.ctlPage(pgResp).DMA,
-		AsyncRing:   firmware.RingPageInfo{NumPages: 2, PDirDMA: d.ctlPage(pgAsyncDir).DMA},
-		CQRing:      firmware.RingPageInfo{NumPages: 1 + cqnDataPages, PDirDMA: d.ctlPage(pgCQNDir).DMA},
-	}
 	dsrPage := d.ctlPage(pgDSR)
-	if err := dsr.Encode(dsrPage.Mem, d.version); err != nil {
-		return err
-	}
-	caps, err := ch.LoadDSR(ctx, dsrPage.DMA, dsrPage.Mem, d.version)
+	// Not activated here: recover destroys a crashed holder's leftovers
+	// first, then activate unmasks and activates (once, on QEMU).
+	version, caps, err := ch.Start(ctx, &firmware.StartConfig{
+		DSR: firmware.DSR{
+			GOS:         firmware.GOSInfo{Bits: firmware.GOSBits64, Type: firmware.GOSTypeLinux, Version: 1},
+			CmdSlotDMA:  d.ctlPage(pgCmd).DMA,
+			RespSlotDMA: d.ctlPage(pgResp).DMA,
+			AsyncRing:   firmware.RingPageInfo{NumPages: 2, PDirDMA: d.ctlPage(pgAsyncDir).DMA},
+			CQRing:      firmware.RingPageInfo{NumPages: 1 + cqnDataPages, PDirDMA: d.ctlPage(pgCQNDir).DMA},
+		},
+		DSRMem:     dsrPage.Mem,
+		DSRDMA:     dsrPage.DMA,
+		NoActivate: true,
+	})
+	d.version = version
 	if err != nil {
 		return err
 	}

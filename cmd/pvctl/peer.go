@@ -7,15 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"runtime"
-	"strconv"
 	"syscall"
 	"time"
 
 	"github.com/vfrdma/vfrdma"
-	"github.com/vfrdma/vfrdma/qemu/guestctl"
-	"github.com/vfrdma/vfrdma/qemu/proto"
 )
 
 // peerInfo is what two ends exchange to connect.
@@ -29,7 +25,7 @@ type peerInfo struct {
 }
 
 // exchanger swaps peerInfo with the other end: over TCP (like
-// ibv_rc_pingpong), or through the bench's control channel between VMs.
+// ibv_rc_pingpong), or through the bench's rendezvous between VMs.
 type exchanger interface {
 	swap(ctx context.Context, mine peerInfo) (peerInfo, error)
 	// barrier returns once the other end called it with the same name.
@@ -43,7 +39,7 @@ type exchanger interface {
 type peerFlags struct {
 	listen  string // TCP address to wait on (server)
 	connect string // TCP address to dial (client)
-	vm      bool   // through the bench's rendezvous: VM 0 is the server
+	vm      bool   // through the bench's rendezvous (openRendezvous): VM 0 is the server
 	tag     string // rendezvous key prefix
 	// rdmaCore speaks rdma-core's pingpong exchange on --listen/--connect
 	// (port 18515 by default): the peer is ibv_rc_pingpong or
@@ -59,15 +55,11 @@ func (p *peerFlags) loopback() bool {
 func (p *peerFlags) open(ctx context.Context) (exchanger, error) {
 	switch {
 	case p.vm:
-		vm, err := strconv.Atoi(os.Getenv(proto.EnvVM))
-		if err != nil {
-			return nil, fmt.Errorf("--vm: %s is not set: run inside the bench (pvvm -vms 2)", proto.EnvVM)
-		}
-		c, err := guestctl.Open()
+		r, vm, err := openRendezvous()
 		if err != nil {
 			return nil, err
 		}
-		return &vmExchange{c: c, vm: vm, tag: p.tag}, nil
+		return &vmExchange{c: r, vm: vm, tag: p.tag}, nil
 	case p.rdmaCore && p.listen == "" && p.connect == "":
 		return nil, fmt.Errorf("--rdma-core needs --listen ADDR or --connect HOST (the peer is an rdma-core program)")
 	case p.listen != "":
@@ -163,8 +155,21 @@ func (t *tcpExchange) barrier(ctx context.Context, name string) error {
 func (t *tcpExchange) server() bool { return t.srv }
 func (t *tcpExchange) close()       { t.conn.Close() }
 
+// rendezvous is the bench's key/value store shared by the VMs of a run: a
+// key is written once per run, and Get waits until it has a value (or ctx
+// ends). The bench provides it to the pvctl it builds for its guests
+// (rendezvous_guest.go: qemu/guestctl's Conn over the guest's control
+// channel); pvctl itself depends on nothing of the bench.
+type rendezvous interface {
+	Put(key, value string) error
+	Get(ctx context.Context, key string) (string, error)
+	Close() error
+}
+
+// vmExchange swaps through a rendezvous, keyed by tag and VM index: VM 0
+// and VM 1 of the run are the two ends.
 type vmExchange struct {
-	c   *guestctl.Conn
+	c   rendezvous
 	vm  int
 	tag string
 }
