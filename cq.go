@@ -70,6 +70,7 @@ type CQ struct {
 	sinceSync  int // CQEs since Poll last looked at the notification ring
 
 	flushPending atomic.Bool
+	failErr      atomic.Pointer[error] // set by a CQ_ERR or DEVICE_FATAL event: every Poll returns it
 	fmu          sync.Mutex
 	flushing     []flushSource // queues whose rest this CQ completes with WR_FLUSH_ERR
 
@@ -315,6 +316,9 @@ const syncEvery = 64
 // poll is Poll inside the gate.
 func (cq *CQ) poll(wcs []WC) (int, error) {
 	cq.stats.Polls++
+	if e := cq.failErr.Load(); e != nil {
+		return 0, cq.d.opErr("poll CQ", fmt.Errorf("CQ %d: %w", cq.handle, *e))
+	}
 	ready, err := cq.cons.Ready()
 	if err != nil {
 		return 0, cq.d.opErr("poll CQ", err)
@@ -653,7 +657,7 @@ func (cq *CQ) readyOrPoll() (bool, error) {
 // calls it beside Poll. An index out of range reads as ready: Poll reports
 // the fault.
 func (cq *CQ) ready() (bool, error) {
-	return cq.st.ProdTail() != cq.st.ConsHead() || cq.flushPending.Load(), nil
+	return cq.st.ProdTail() != cq.st.ConsHead() || cq.flushPending.Load() || cq.failErr.Load() != nil, nil
 }
 
 // Ready reports whether the CQ holds completions (event.Source). With arm

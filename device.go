@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/vfrdma/vfrdma/doorbell"
@@ -104,6 +105,11 @@ type Options struct {
 	// port's state only while the vmxnet3 function is active, DOWN
 	// otherwise, and it shares the IOMMU group anyway.
 	Ethernet *vmxnet3.Options
+	// OnAsyncEvent, if set, receives each async event the device raises,
+	// after the driver acted on it (see AsyncEvent), on the goroutine that
+	// takes them: it must not block. Device.AsyncEvents is the channel
+	// alternative.
+	OnAsyncEvent func(AsyncEvent)
 	// NoEthernet leaves the vmxnet3 function alone (its VFIO device is not
 	// opened): the RDMA port then reads DOWN on QEMU.
 	NoEthernet bool
@@ -157,7 +163,9 @@ type Device struct {
 	cqIRQ     irqWaiter // vector 2, what the notifier waits on
 	ch        commands  // a *firmware.Channel once open
 	cqNotify  *firmware.CQNotifyRing
-	async     *firmware.AsyncRing
+	asyncRing *firmware.AsyncRing
+	async     asyncEvents
+	portState atomic.Uint32 // port 1's state: QUERY_PORT at Open, then the port events
 	journal   journal
 
 	version   uint32
@@ -307,6 +315,8 @@ func (d *Device) bringUp() error {
 		return err
 	}
 	d.udMax = 128 << min(max(port.ActiveMTU, 1), 5)
+	d.portState.Store(port.State)
+	d.startAsync()
 	return nil
 }
 
@@ -388,7 +398,7 @@ func (d *Device) mapDevice() error {
 	if err != nil {
 		return err
 	}
-	if d.async, err = firmware.NewAsyncRing(asyncState, [][]byte{d.ctlPage(pgAsyncData).Mem}); err != nil {
+	if d.asyncRing, err = firmware.NewAsyncRing(asyncState, [][]byte{d.ctlPage(pgAsyncData).Mem}); err != nil {
 		return err
 	}
 	cqnState, err := mmio.New(d.ctlPage(pgCQNState).Mem)
@@ -460,6 +470,12 @@ func (d *Device) start(ctx context.Context) error {
 	}
 	d.ch = ch
 	dsrPage := d.ctlPage(pgDSR)
+	var uarPFN uint64
+	if l, ok := d.fn.(hw.UARLocator); ok {
+		if uarPFN, err = l.UARPFN(); err != nil {
+			return fmt.Errorf("the UAR page's address: %w", err)
+		}
+	}
 	// Not activated here: recover destroys a crashed holder's leftovers
 	// first, then activate unmasks and activates (once, on QEMU).
 	version, caps, err := ch.Start(ctx, &firmware.StartConfig{
@@ -469,6 +485,7 @@ func (d *Device) start(ctx context.Context) error {
 			RespSlotDMA: d.ctlPage(pgResp).DMA,
 			AsyncRing:   firmware.RingPageInfo{NumPages: 2, PDirDMA: d.ctlPage(pgAsyncDir).DMA},
 			CQRing:      firmware.RingPageInfo{NumPages: 1 + cqnDataPages, PDirDMA: d.ctlPage(pgCQNDir).DMA},
+			UARPFN:      uarPFN,
 		},
 		DSRMem:     dsrPage.Mem,
 		DSRDMA:     dsrPage.DMA,
@@ -769,6 +786,7 @@ func (d *Device) Close() error {
 		cq.shut()
 	}
 	errs = append(errs, d.quiesce(ctx))
+	d.stopAsync()
 	d.notify.stop()
 	errs = append(errs, d.release())
 	return d.opErr("close", errors.Join(errs...))
