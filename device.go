@@ -619,7 +619,7 @@ func (d *Device) BindGID(ctx context.Context, index int, gid GID) error {
 		return d.opErr("bind GID", invalidf("GID index %d: the table has %d entries", index, d.caps.GIDTblLen))
 	}
 	err := d.ch.CreateBind(ctx, firmware.CreateBindRequest{
-		MTU: 1024, VLAN: 0xFFF, Index: uint32(index), GID: gid, GIDType: firmware.GIDTypeRoCEv1,
+		MTU: 1024, VLAN: 0xFFF, Index: uint32(index), GID: gid, GIDType: d.gidType(),
 	})
 	if err != nil {
 		return d.opErr("bind GID", err)
@@ -634,6 +634,20 @@ func (d *Device) BindGID(ctx context.Context, index int, gid GID) error {
 	}
 	return nil
 }
+
+// gidType is the GID type CREATE_BIND carries: the one the device speaks.
+// A device reports RoCE v1 or RoCE v2 in caps.gid_types, never both
+// (LoadDSR refuses both); QEMU reports v1.
+func (d *Device) gidType() uint8 {
+	if d.caps.GIDTypes == firmware.GIDTypeRoCEv2 {
+		return firmware.GIDTypeRoCEv2
+	}
+	return firmware.GIDTypeRoCEv1
+}
+
+// RoCEv2 reports a device configured for RoCE v2 (UDP encapsulation); else
+// it speaks RoCE v1.
+func (d *Device) RoCEv2() bool { return d.gidType() == firmware.GIDTypeRoCEv2 }
 
 // UnbindGID removes the GID at index (DESTROY_BIND).
 func (d *Device) UnbindGID(ctx context.Context, index int) error {
