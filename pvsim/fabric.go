@@ -1,0 +1,66 @@
+package pvsim
+
+import "sync"
+
+// Fabric connects model devices: a packet goes to the device that has its
+// destination GID bound (CREATE_BIND), as a RoCE network routes by GID. It
+// is lossless and keeps each sender's order. A Fabric is safe for
+// concurrent use; it has no goroutines and needs no closing.
+type Fabric struct {
+	mu   sync.RWMutex
+	gids map[[16]byte]*Device
+	devs map[*Device]struct{}
+}
+
+// NewFabric returns an empty fabric.
+func NewFabric() *Fabric {
+	return &Fabric{gids: map[[16]byte]*Device{}, devs: map[*Device]struct{}{}}
+}
+
+func (f *Fabric) attach(d *Device) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.devs[d] = struct{}{}
+}
+
+func (f *Fabric) detach(d *Device) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	delete(f.devs, d)
+	for g, o := range f.gids {
+		if o == d {
+			delete(f.gids, g)
+		}
+	}
+}
+
+// bind makes g reach d (the last device to bind a GID gets its traffic).
+func (f *Fabric) bind(g [16]byte, d *Device) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if _, ok := f.devs[d]; ok {
+		f.gids[g] = d
+	}
+}
+
+func (f *Fabric) unbind(g [16]byte, d *Device) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.gids[g] == d {
+		delete(f.gids, g)
+	}
+}
+
+// Lookup returns the device that has GID g bound, or nil.
+func (f *Fabric) Lookup(g [16]byte) *Device {
+	f.mu.RLock()
+	defer f.mu.RUnlock()
+	return f.gids[g]
+}
+
+// deliver queues p on the device that has its destination GID; false if
+// none does.
+func (f *Fabric) deliver(p *packet) bool {
+	t := f.Lookup(p.dstGID)
+	return t != nil && t.push(event{kind: evPacket, pkt: p})
+}
