@@ -30,6 +30,7 @@ import (
 type env struct {
 	json   bool
 	sysfs  string
+	model  string // --model: the device model's spec, "" for a real device
 	out    io.Writer
 	bus    *pci.Bus
 	runDir string // where bind keeps what unbind restores
@@ -62,6 +63,7 @@ func main() {
 	fs := flag.NewFlagSet("pvctl", flag.ContinueOnError)
 	fs.BoolVar(&e.json, "json", false, "print JSON")
 	fs.StringVar(&e.sysfs, "sysfs", "/sys", "sysfs root")
+	fs.StringVar(&e.model, "model", "", modelHelp)
 	fs.Usage = func() { usage(os.Stderr) }
 	if err := fs.Parse(os.Args[1:]); err != nil {
 		os.Exit(2)

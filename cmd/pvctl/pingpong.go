@@ -62,11 +62,10 @@ func (t *trafficFlags) openDevice(e *env) (*vfrdma.Device, error) {
 	if t.bdf != "" {
 		args = []string{t.bdf}
 	}
-	f, err := e.target(args)
-	if err != nil {
-		return nil, err
+	if e.model != "" && !t.loopback() {
+		return nil, fmt.Errorf("--model runs both ends in this process: no --listen, --connect or --vm")
 	}
-	return vfrdma.Open(f.Addr.String(), &vfrdma.Options{SysfsRoot: e.sysfs, PollDoorbell: t.pollDoorbell})
+	return e.open(args, &vfrdma.Options{PollDoorbell: t.pollDoorbell})
 }
 
 // setup creates the local end(s) and connects them: two ends in loopback,
