@@ -257,3 +257,24 @@ func TestSelectiveQueueAllocatesNothing(t *testing.T) {
 	})
 	assert.Zero(t, allocs)
 }
+
+// CheckWrite asks local write of every MR the request names, on a send
+// queue's checker too, and a region it resolved for reading only is
+// looked at again.
+func TestCheckWriteNeedsLocalWrite(t *testing.T) {
+	var keys wq.Keys
+	ro := &wq.Region{PD: 1, Addr: 0x1000, Len: 4096}
+	rw := &wq.Region{PD: 1, Addr: 0x9000, Len: 4096, Access: wq.AccessLocalWrite}
+	keys.Set(1, ro)
+	keys.Set(2, rw)
+	c := wq.NewSGEChecker(&keys, 1, 4, false)
+	_, err := c.Check([]wq.SGE{{Addr: 0x1000, Length: 8, LKey: 1}})
+	require.NoError(t, err, "a send reads a read-only MR")
+	_, err = c.CheckWrite([]wq.SGE{{Addr: 0x1000, Length: 8, LKey: 1}})
+	assert.ErrorIs(t, err, wq.ErrPrivileges, "a READ into a read-only MR")
+	n, err := c.CheckWrite([]wq.SGE{{Addr: 0x9000, Length: 8, LKey: 2}})
+	require.NoError(t, err)
+	assert.Equal(t, 8, n)
+	_, err = c.Check([]wq.SGE{{Addr: 0x1000, Length: 8, LKey: 1}})
+	assert.NoError(t, err, "the checker reads again after a CheckWrite")
+}
