@@ -3,8 +3,11 @@ package vfrdma
 import (
 	"context"
 	"encoding/binary"
+	"errors"
+	"runtime"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -31,6 +34,8 @@ type memFunction struct {
 	mu          sync.Mutex
 	next        uint64
 }
+
+func (f *memFunction) Close() error { return nil }
 
 func (f *memFunction) AllocDMA(size int, _ bool) (*vfio.DMABuffer, error) {
 	size = (size + firmware.PageSize - 1) &^ (firmware.PageSize - 1)
@@ -59,7 +64,8 @@ type rdCmds struct {
 	nextMR   uint32
 }
 
-func (c *rdCmds) Quirks() firmware.Quirks { return c.quirks }
+func (c *rdCmds) Quirks() firmware.Quirks     { return c.quirks }
+func (c *rdCmds) Reset(context.Context) error { return nil }
 
 func (c *rdCmds) CreateQP(_ context.Context, req firmware.CreateQPRequest) (firmware.CreateQPResponse, error) {
 	c.mu.Lock()
@@ -774,4 +780,181 @@ func TestOneSidedAndUnsignaledPathsAllocateNothing(t *testing.T) {
 		}
 	})
 	assert.Zero(t, allocs)
+}
+
+// signalingDevice is rdDevice's data path on a goroutine, for concurrency
+// tests: it takes what qp's poster publishes and completes the signaled
+// sends only, on the send CQ. It lets go of the QP when its DESTROY
+// reaches it, as a device does, and never touches its ring after.
+type signalingDevice struct {
+	mu    sync.Mutex
+	r     *rdDevice
+	qp    *QP
+	sq    *rings.Consumer
+	prod  *rings.Producer
+	alive bool
+}
+
+func (s *signalingDevice) forget(kind string, h uint32) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if kind == kindQP && s.qp != nil && h == s.qp.handle {
+		s.alive = false
+	}
+}
+
+func (s *signalingDevice) step() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !s.alive {
+		return
+	}
+	ready, err := s.sq.Ready()
+	if err != nil || ready == 0 {
+		return
+	}
+	free, err := s.prod.Free()
+	if err != nil {
+		return
+	}
+	k := 0
+	for ; k < ready; k++ {
+		slot := s.qp.sq.Slot(s.sq.Slot(k))
+		if binary.LittleEndian.Uint32(slot[20:])&rings.SendSignaled == 0 {
+			continue
+		}
+		if free == 0 {
+			break
+		}
+		free--
+		e := rings.CQE{WRID: binary.LittleEndian.Uint64(slot), QP: uint64(s.qp.handle)}
+		rings.PutCQE(s.qp.sendCQ.data[s.prod.Next(0)*CQESize:], &e)
+		s.prod.Advance(1)
+	}
+	s.sq.Consume(k)
+	s.prod.Publish()
+}
+
+// A poster of signaled and unsignaled sends beside a poller and a device,
+// then QP.Close: no race (-race; the freed ring is poisoned), every
+// signaled send completes exactly once (by the device or flushed), an
+// unsignaled send at most once (only flushed), nothing never posted
+// completes, and the poster is never stuck on a full queue: the poller's
+// reaps give the unsignaled slots back.
+func TestUnsignaledSendsBesidePollerAndClose(t *testing.T) {
+	rounds := 30
+	if testing.Short() {
+		rounds = 5
+	}
+	for round := range rounds {
+		r := newRDDevice(t, realV20)
+		cq := r.cq(t, 256)
+		qp := r.rcQP(t, cq, 16, false, qpAnswer{qpn: 0x10, handle: 1})
+		prod, err := rings.NewProducer(cq.st, cq.entries)
+		require.NoError(t, err)
+		dev := &signalingDevice{r: r, qp: qp, sq: sqOf(t, qp), prod: prod, alive: true}
+		r.cmds.forget = dev.forget
+
+		var mu sync.Mutex
+		signaled := map[uint64]bool{} // every wr_id posted: signaled or not
+		done := map[uint64]int{}
+		var wg sync.WaitGroup
+		stop := make(chan struct{})
+		wg.Go(func() { // the device
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				dev.step()
+				time.Sleep(5 * time.Microsecond)
+			}
+		})
+		pollerDone := make(chan struct{})
+		wg.Go(func() { // the poller, until the flushes are in
+			wcs := make([]WC, 16)
+			for {
+				n, err := cq.Poll(wcs)
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				mu.Lock()
+				for _, wc := range wcs[:n] {
+					done[wc.WRID]++
+				}
+				mu.Unlock()
+				select {
+				case <-pollerDone:
+					if n == 0 {
+						return
+					}
+				default:
+				}
+				runtime.Gosched()
+			}
+		})
+		posted := make(chan int, 1)
+		wg.Go(func() { // the poster
+			id, full := uint64(0), 0
+			for {
+				wrs := sends(4, id, 0, r.mr.SGE(0, 8))
+				if id%3 == 0 {
+					wrs[3].Flags = SendSignaled
+				}
+				n, err := qp.PostSend(wrs, FlagDefer*PostFlags(id%2))
+				if err == nil {
+					err = qp.Flush()
+				}
+				mu.Lock()
+				for _, wr := range wrs[:n] {
+					signaled[wr.WRID] = wr.Flags&SendSignaled != 0
+				}
+				mu.Unlock()
+				id += uint64(n)
+				switch {
+				case err == nil:
+					full = 0
+				case errors.Is(err, ErrQueueFull):
+					if full++; full > 200000 {
+						t.Error("the queue stayed full")
+						posted <- int(id)
+						return
+					}
+					runtime.Gosched()
+				case errors.Is(err, ErrClosed):
+					posted <- int(id)
+					return
+				default:
+					t.Error(err)
+					posted <- int(id)
+					return
+				}
+			}
+		})
+		time.Sleep(time.Duration(3+round%5) * time.Millisecond)
+		require.NoError(t, qp.Close())
+		n := <-posted
+		close(pollerDone)
+		close(stop)
+		wg.Wait()
+		// What the poller left: the flushes it had not reached.
+		for _, wc := range poll(t, cq) {
+			done[wc.WRID]++
+		}
+		require.Equal(t, n, len(signaled), "round %d", round)
+		for id, sig := range signaled {
+			if sig {
+				require.Equal(t, 1, done[id], "round %d: signaled wr %d", round, id)
+			} else {
+				require.LessOrEqual(t, done[id], 1, "round %d: unsignaled wr %d", round, id)
+			}
+		}
+		for id := range done {
+			_, ok := signaled[id]
+			require.True(t, ok, "round %d: wr %d completed, never posted", round, id)
+		}
+		require.NoError(t, r.d.Close())
+	}
 }
