@@ -392,8 +392,9 @@ func (qp *QP) SendDepth() int { return qp.sq.Slots() }
 func (qp *QP) RecvDepth() int { return qp.rq.Slots() }
 
 // Outstanding returns how many sends and receives were posted and have not
-// completed yet (polled from their CQ). With an SRQ, recv is 0: see
-// RecvQuery.
+// completed yet (polled from their CQ). An unsignaled send counts until a
+// later send's completion or the device's progress gives its slot back
+// (PostSend). With an SRQ, recv is 0: see RecvQuery.
 func (qp *QP) Outstanding() (send, recv int) { return qp.sq.Outstanding(), qp.rq.Outstanding() }
 
 // DoorbellStats returns the send and receive queues' post and doorbell
