@@ -43,7 +43,7 @@ func newPair(t testing.TB, d *Device, typ QPType, depth, slot int) *pair {
 		t.Fatal(err)
 	}
 	mk := func(cq *CQ) *QP {
-		qp, err := p.pd.CreateQP(ctx, &QPConfig{Type: typ, SendCQ: cq, RecvCQ: cq, SendDepth: depth, RecvDepth: depth, QKey: p.qkey})
+		qp, err := p.pd.CreateQP(ctx, &QPConfig{Type: typ, SendCQ: cq, RecvCQ: cq, SendDepth: depth, RecvDepth: depth, QKey: p.qkey, SignalAll: true})
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -229,7 +229,7 @@ func newEndpoint(ctx context.Context, d *vfrdma.Device, pd *vfrdma.PD, typ vfrdm
 	if e.cq, err = d.CreateCQ(ctx, 2*depth); err != nil {
 		return nil, err
 	}
-	if e.qp, err = pd.CreateQP(ctx, &vfrdma.QPConfig{Type: typ, SendCQ: e.cq, RecvCQ: e.cq, SendDepth: depth, RecvDepth: depth, QKey: e.qkey}); err != nil {
+	if e.qp, err = pd.CreateQP(ctx, &vfrdma.QPConfig{Type: typ, SendCQ: e.cq, RecvCQ: e.cq, SendDepth: depth, RecvDepth: depth, QKey: e.qkey, SignalAll: true}); err != nil {
 		return nil, err
 	}
 	if e.send, err = pd.AllocMR(ctx, depth*e.slot, vfrdma.AccessLocalWrite); err != nil {
