@@ -250,19 +250,8 @@ func (d *Device) failAll() {
 	}
 }
 
-// qpByHandle, cqByHandle and srqByHandle find a live object by its device
-// handle (events are rare: a scan is enough).
-func (d *Device) qpByHandle(h uint32) *QP {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	for qp := range d.qps {
-		if qp.handle == h {
-			return qp
-		}
-	}
-	return nil
-}
-
+// cqByHandle and srqByHandle find a live object by its device handle
+// (events are rare: a scan is enough; QPs have their table, qpByHandle).
 func (d *Device) cqByHandle(h uint32) *CQ {
 	d.mu.Lock()
 	defer d.mu.Unlock()
