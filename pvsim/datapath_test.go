@@ -290,3 +290,38 @@ func TestSRQ(t *testing.T) {
 		})
 	}
 }
+
+// Unsignaled sends on a VMware device complete nothing, and the send
+// queue's slots come back as the device consumes them: a driver can keep
+// posting them. PVSIM_UNSIGNALED_DRIVER=1 runs it before the driver
+// frees slots by the device's progress.
+func TestDriverUnsignaledSends(t *testing.T) {
+	if os.Getenv("PVSIM_UNSIGNALED_DRIVER") == "" {
+		t.Skip("driver bug (issue 19): the driver frees send slots per CQE (wq.Queue.Complete from cq.go account); a device sends none for unsignaled sends, so the queue fills for good; set PVSIM_UNSIGNALED_DRIVER=1 once it follows the device's cons_head")
+	}
+	cfg := pvsim.Config{Version: 19}
+	fab := pvsim.NewFabric()
+	a, b := newNode(t, cfg, fab, 1), newNode(t, cfg, fab, 2)
+	qa, qb := a.qp(t, vfrdma.RC, nil), b.qp(t, vfrdma.RC, nil)
+	connect(t, a, qa, b, qb)
+	depth := qa.SendDepth()
+	for round := range 4 {
+		for i := range depth {
+			_, err := qb.PostRecv([]vfrdma.RecvWR{{WRID: uint64(i), SGEs: []vfrdma.SGE{b.mr.SGE(0, 64)}}}, 0)
+			require.NoError(t, err)
+		}
+		for i := range depth {
+			flags := vfrdma.SendFlags(0)
+			if i == depth-1 {
+				flags = signaled
+			}
+			var err error
+			require.Eventually(t, func() bool {
+				_, err = qa.PostSend([]vfrdma.SendWR{{WRID: uint64(i), Flags: flags, SGEs: []vfrdma.SGE{a.mr.SGE(0, 8)}}}, 0)
+				return err == nil
+			}, 5*time.Second, 100*time.Microsecond, "round %d send %d: %v", round, i, err)
+		}
+		assert.Equal(t, uint64(depth-1), poll(t, a.cq, 1)[0].WRID)
+		poll(t, b.cq, depth)
+	}
+}
