@@ -43,7 +43,7 @@ func (d *Device) pumpSQ(q *qp) {
 	var wqe sendWQE
 	for q.state == stRTS && !q.rnrWait && d.alive(q) {
 		if !d.s.SQConsumeOnCompletion || len(q.inflight) == 0 {
-			if cons, _, err := d.pending(&q.sq, 0); err == nil {
+			if cons, _, err := d.pending(&q.sq, fromCons); err == nil {
 				q.sqNext = cons
 			}
 		}
@@ -253,7 +253,7 @@ func (d *Device) qpError(q *qp) {
 // flushSQ completes every WQE left in q's send queue with WR_FLUSH_ERR.
 func (d *Device) flushSQ(q *qp) {
 	// Nothing is in flight any more: the fetch position is cons_head.
-	if cons, _, err := d.pending(&q.sq, 0); err == nil {
+	if cons, _, err := d.pending(&q.sq, fromCons); err == nil {
 		q.sqNext = cons
 	}
 	var wqe sendWQE
@@ -286,7 +286,7 @@ func (d *Device) flushRQ(q *qp) {
 		return
 	}
 	for {
-		cons, avail, err := d.pending(&q.rq, 0)
+		cons, avail, err := d.pending(&q.rq, fromCons)
 		if err != nil || avail == 0 {
 			return
 		}
@@ -372,7 +372,7 @@ func (d *Device) postedRecv(q *qp) {
 		return
 	}
 	for {
-		cons, avail, err := d.pending(&q.rq, 0)
+		cons, avail, err := d.pending(&q.rq, fromCons)
 		if err != nil || avail == 0 {
 			return
 		}
@@ -410,7 +410,7 @@ func (d *Device) postedSRQ(s *srq) {
 		return
 	}
 	for {
-		cons, avail, err := d.pending(&s.ring, 0)
+		cons, avail, err := d.pending(&s.ring, fromCons)
 		if err != nil || avail == 0 {
 			return
 		}
@@ -459,7 +459,7 @@ func (d *Device) takeRecv(q *qp) (r recvWQE, good bool, err error) {
 	if q.srq != nil {
 		ring, maxSGE = &q.srq.ring, q.srq.maxSGE
 	}
-	cons, avail, err := d.pending(ring, 0)
+	cons, avail, err := d.pending(ring, fromCons)
 	if err != nil {
 		return r, false, err
 	}
@@ -492,7 +492,7 @@ func (d *Device) hasRecv(q *qp) bool {
 	if q.srq != nil {
 		ring = &q.srq.ring
 	}
-	_, avail, err := d.pending(ring, 0)
+	_, avail, err := d.pending(ring, fromCons)
 	return err == nil && avail > 0
 }
 

@@ -102,14 +102,21 @@ type wqRing struct {
 	stride uint32
 }
 
+// fromCons makes pending count from cons_head.
+const fromCons = ^uint32(0)
+
 // pending returns cons_head and how many elements follow from's position:
 // elements at counters from, from+1, ... up to prod_tail. from is the
-// device's own fetch position, at or after cons_head. An invalid counter,
-// or one that makes no sense against the others, is errRingIndex.
+// device's own fetch position, at or after cons_head (fromCons: cons_head
+// itself). An invalid counter, or one that makes no sense against the
+// others, is errRingIndex.
 func (d *Device) pending(r *wqRing, from uint32) (cons, avail uint32, err error) {
 	prod, cons, err := d.counters(r.state)
 	if err != nil {
 		return 0, 0, err
+	}
+	if from == fromCons {
+		from = cons
 	}
 	mask := ringMask(r.n)
 	if !idxValid(prod, r.n) || !idxValid(cons, r.n) {

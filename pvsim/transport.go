@@ -202,7 +202,7 @@ func (d *Device) sendUD(q *qp, op *sendOp, w *sendWQE) {
 func (d *Device) qemuSQ(q *qp) {
 	var w sendWQE
 	for !q.stuck && d.alive(q) {
-		cons, avail, err := d.pending(&q.sq, 0)
+		cons, avail, err := d.pending(&q.sq, fromCons)
 		if err != nil || avail == 0 {
 			return
 		}
