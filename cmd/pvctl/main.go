@@ -25,12 +25,17 @@ import (
 	"os"
 
 	"github.com/vfrdma/vfrdma/pci"
+	"github.com/vfrdma/vfrdma/pvsim"
 )
 
 type env struct {
 	json   bool
 	sysfs  string
 	model  string // --model: the device model's spec, "" for a real device
+	// fabric, if set (tests), connects the model to the models of the
+	// other envs that share it: two ends can then be two envs of one
+	// process, over --listen/--connect.
+	fabric *pvsim.Fabric
 	out    io.Writer
 	bus    *pci.Bus
 	runDir string // where bind keeps what unbind restores

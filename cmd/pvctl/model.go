@@ -59,6 +59,7 @@ func (e *env) open(args []string, opts *vfrdma.Options) (*vfrdma.Device, error) 
 		if err != nil {
 			return nil, err
 		}
+		cfg.Fabric = e.fabric
 		m, err := pvsim.New(cfg)
 		if err != nil {
 			return nil, err
