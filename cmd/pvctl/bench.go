@@ -224,10 +224,11 @@ func cmdBench(e *env, args []string) error {
 	if so.window > 0 {
 		inFlight = fmt.Sprintf("%d messages", so.window)
 	}
+	inFlight += " in flight"
 	if so.spin {
-		inFlight += ", sender spinning"
+		inFlight += ", the sender spinning"
 	}
-	fmt.Fprintf(e.out, "%s send bench, %d-byte messages, %s, at most %s in flight; latency: %s\n", res.Transport, res.Size, res.Mode, inFlight, res.Latency)
+	fmt.Fprintf(e.out, "%s send bench, %d-byte messages, %s, at most %s; latency: %s\n", res.Transport, res.Size, res.Mode, inFlight, res.Latency)
 	fmt.Fprintln(w, "batch\tmessages\tmsg/s\tp50 µs\tp99 µs\tdoorbells/msg\tpost µs/msg\tpoll µs/msg\twait µs/msg\t")
 	for _, r := range res.Rows {
 		fmt.Fprintf(w, "%d\t%d\t%.0f\t%.1f\t%.1f\t%.3f\t%.2f\t%.2f\t%.2f\t\n", r.Batch, r.Messages, r.MessagesPerSec, r.P50US, r.P99US, r.DoorbellsPerMsg, r.PostUSPerMsg, r.PollUSPerMsg, r.WaitUSPerMsg)

@@ -245,10 +245,11 @@ func newEndpoint(ctx context.Context, d *vfrdma.Device, pd *vfrdma.PD, typ vfrdm
 	if e.qp, err = pd.CreateQP(ctx, &vfrdma.QPConfig{Type: typ, SendCQ: e.cq, RecvCQ: e.cq, SendDepth: depth, RecvDepth: depth, QKey: e.qkey, SignalAll: true}); err != nil {
 		return nil, err
 	}
-	if e.send, err = pd.AllocMR(ctx, depth*e.slot, vfrdma.AccessLocalWrite); err != nil {
+	// An MR has a byte at least (--size 0: zero-length messages).
+	if e.send, err = pd.AllocMR(ctx, max(depth*e.slot, 1), vfrdma.AccessLocalWrite); err != nil {
 		return nil, err
 	}
-	if e.recv, err = pd.AllocMR(ctx, depth*e.slot, vfrdma.AccessLocalWrite|remoteAccess(sided)); err != nil {
+	if e.recv, err = pd.AllocMR(ctx, max(depth*e.slot, 1), vfrdma.AccessLocalWrite|remoteAccess(sided)); err != nil {
 		return nil, err
 	}
 	if sided != "" {
