@@ -83,7 +83,7 @@ func cmdBench(e *env, args []string) error {
 	fs.BoolVar(&so.spin, "send-spin", false, "the sender never sleeps on the interrupt while completions are due: it polls, yielding the processor, as perftest does")
 	fs.IntVar(&so.window, "window", 0, "messages in flight at most, whatever the batch, but at least one batch (default: four batches); perftest's ib_send_bw keeps 128 (its -t)")
 	t.registerOneSided(fs, "one-sided: RDMA WRITE into the other end's buffer (its slots checked after each batch); the other end posts nothing (RC only, not on QEMU)",
-		"one-sided: fetch-and-add of 1 on one 8-byte word of the other end, each value fetched checked, and the word's final value (RC only, not on QEMU)")
+		"one-sided: fetch-and-add of 1 on one 8-byte word of the other end (--size is 8), each value fetched checked, and the word's final value (RC only, not on QEMU)")
 	if err := t.parse(e, fs, args); err != nil {
 		return err
 	}

@@ -207,9 +207,6 @@ func twoEnds(t *testing.T, cmd func(*env, []string) error, srvArgs, cliArgs []st
 // the ends exchange their target regions' address and rkey: the client
 // initiates, the server is the target and checks its own memory.
 func TestOneSidedBetweenTwoEnds(t *testing.T) {
-	if testing.Short() {
-		t.Skip("two models and a TCP exchange: seconds")
-	}
 	t.Run("bench --write", func(t *testing.T) {
 		var srv, cli benchResult
 		args := []string{"--write", "--messages", "600", "--batches", "1,32"}
