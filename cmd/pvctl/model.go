@@ -45,8 +45,20 @@ func parseModel(spec string) (pvsim.Config, error) {
 	return cfg, nil
 }
 
-// errModel refuses a command that needs a machine's PCI functions.
-var errModel = errors.New("this command works on a machine's PCI functions, not on --model")
+// errModel refuses a command that needs a machine's PCI functions (list,
+// bind, unbind) or the slot's vmxnet3 function (eth), which the model
+// does not have.
+var errModel = errors.New("this command works on a machine's PCI functions, not on --model (the model is a pvrdma function alone: info, regs, pingpong, bench and am run on it)")
+
+// newModel makes the device model --model names (on e.fabric, if set).
+func (e *env) newModel() (*pvsim.Device, error) {
+	cfg, err := parseModel(e.model)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Fabric = e.fabric
+	return pvsim.New(cfg)
+}
 
 // open opens the device the command targets: the model's with --model,
 // else the function args name (or the only one present) through VFIO.
@@ -55,11 +67,7 @@ func (e *env) open(args []string, opts *vfrdma.Options) (*vfrdma.Device, error) 
 		if len(args) > 0 {
 			return nil, fmt.Errorf("--model runs on the model: no BDF (%s)", args[0])
 		}
-		cfg, err := parseModel(e.model)
-		if err != nil {
-			return nil, err
-		}
-		m, err := pvsim.New(cfg)
+		m, err := e.newModel()
 		if err != nil {
 			return nil, err
 		}

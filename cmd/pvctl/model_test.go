@@ -48,3 +48,22 @@ func TestInfoOnTheModel(t *testing.T) {
 	e := &env{out: &bytes.Buffer{}, model: "v20"}
 	assert.ErrorContains(t, cmdInfo(e, []string{"0000:00:10.1"}), "no BDF")
 }
+
+// pvctl --model VERSION regs reads the model's registers before any
+// driver: its version, its MAC. The commands that work on a machine's PCI
+// functions, or on the slot's vmxnet3 the model lacks, say so.
+func TestRegsOnTheModel(t *testing.T) {
+	for spec, version := range map[string]string{"v20": "0x00000014", "qemu": "0x00000011"} {
+		var out bytes.Buffer
+		e := &env{out: &out, model: spec}
+		require.NoError(t, cmdRegs(e, nil), spec)
+		assert.Contains(t, out.String(), "the device model, --model "+spec)
+		assert.Contains(t, out.String(), "VERSION  "+version, spec)
+	}
+	for name, cmd := range map[string]func(*env, []string) error{"list": cmdList, "bind": cmdBind, "unbind": cmdUnbind, "eth": cmdEth} {
+		e, out, _ := testEnv(t)
+		e.model = "v20"
+		assert.ErrorIs(t, cmd(e, nil), errModel, name)
+		assert.Empty(t, out.String(), name)
+	}
+}

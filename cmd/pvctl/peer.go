@@ -22,6 +22,14 @@ type peerInfo struct {
 	PSN  uint32     `json:"psn,omitempty"`  // its first send PSN (rdma-core's exchange carries it)
 	QPNs []uint32   `json:"qpns,omitempty"` // pingpong --srq: one per connection
 	Blob []byte     `json:"blob,omitempty"` // am: the task's address
+	// The one-sided modes (onesided.go): the mode this end runs ("" for
+	// SEND), and its target region, the MR the peer's RDMA WRITEs, READs
+	// and atomics name: address, rkey, length and bytes per slot.
+	OneSided string `json:"one_sided,omitempty"`
+	Addr     uint64 `json:"addr,omitempty"`
+	RKey     uint32 `json:"rkey,omitempty"`
+	Len      int    `json:"len,omitempty"`
+	Slot     int    `json:"slot,omitempty"`
 }
 
 // exchanger swaps peerInfo with the other end: over TCP (like
@@ -216,12 +224,17 @@ type endpoint struct {
 	// rwrs and rsges hold the chain repost builds (one SGE per WR).
 	rwrs  []vfrdma.RecvWR
 	rsges []vfrdma.SGE
+	// sided is the one-sided mode ("" for SEND): recv is then also the
+	// target region, with the remote rights the mode needs.
+	sided string
 }
 
 const testQKey = 0x1ee7
 
-func newEndpoint(ctx context.Context, d *vfrdma.Device, pd *vfrdma.PD, typ vfrdma.QPType, depth, size int, qkey uint32) (*endpoint, error) {
-	e := &endpoint{pd: pd, depth: depth, slot: size, qkey: qkey}
+// newEndpoint makes an endpoint: with a one-sided mode (sided), its
+// receive MR is the target region and grants the mode's remote rights.
+func newEndpoint(ctx context.Context, d *vfrdma.Device, pd *vfrdma.PD, typ vfrdma.QPType, depth, size int, qkey uint32, sided string) (*endpoint, error) {
+	e := &endpoint{pd: pd, depth: depth, slot: size, qkey: qkey, sided: sided}
 	if typ == vfrdma.UD {
 		e.slot += vfrdma.UDHeaderRoom
 	}
@@ -232,20 +245,31 @@ func newEndpoint(ctx context.Context, d *vfrdma.Device, pd *vfrdma.PD, typ vfrdm
 	if e.qp, err = pd.CreateQP(ctx, &vfrdma.QPConfig{Type: typ, SendCQ: e.cq, RecvCQ: e.cq, SendDepth: depth, RecvDepth: depth, QKey: e.qkey, SignalAll: true}); err != nil {
 		return nil, err
 	}
-	if e.send, err = pd.AllocMR(ctx, depth*e.slot, vfrdma.AccessLocalWrite); err != nil {
+	// An MR has a byte at least (--size 0: zero-length messages).
+	if e.send, err = pd.AllocMR(ctx, max(depth*e.slot, 1), vfrdma.AccessLocalWrite); err != nil {
 		return nil, err
 	}
-	if e.recv, err = pd.AllocMR(ctx, depth*e.slot, vfrdma.AccessLocalWrite); err != nil {
+	if e.recv, err = pd.AllocMR(ctx, max(depth*e.slot, 1), vfrdma.AccessLocalWrite|remoteAccess(sided)); err != nil {
 		return nil, err
+	}
+	if sided != "" {
+		prepareTarget(e, sided)
 	}
 	return e, nil
 }
 
 func (e *endpoint) info(d *vfrdma.Device) peerInfo {
-	return peerInfo{QPN: e.qp.QPN(), GID: d.GID(), QKey: e.qkey}
+	p := peerInfo{QPN: e.qp.QPN(), GID: d.GID(), QKey: e.qkey, OneSided: e.sided}
+	if e.sided != "" {
+		p.Addr, p.RKey, p.Len, p.Slot = e.recv.Addr(), e.recv.RKey(), e.recv.Len(), e.slot
+	}
+	return p
 }
 
 func (e *endpoint) connect(ctx context.Context, peer peerInfo) error {
+	if err := e.checkPeer(peer); err != nil {
+		return err
+	}
 	e.peer = peer
 	if e.qp.Type() == vfrdma.UD {
 		ah, err := e.pd.CreateAH(vfrdma.AHAttr{DGID: peer.GID})
