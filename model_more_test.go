@@ -163,3 +163,39 @@ func TestModelOpenRecoversACrashedHoldersObjects(t *testing.T) {
 	assert.Zero(t, now.MRs)
 	assert.Zero(t, now.PDs)
 }
+
+// uarModel is the model with its UAR page at a bus address of our choice.
+type uarModel struct {
+	*pvsim.Device
+	pfn uint64
+}
+
+func (u uarModel) UARPFN() (uint64, error) { return u.pfn, nil }
+
+// The DSR tells the device where the driver's UAR page is: the function's
+// page frame, in the 64-bit field from version 19 on; below 19 a frame
+// beyond 32 bits cannot be told, and Open says so.
+func TestModelDSRCarriesTheUARPageFrame(t *testing.T) {
+	for _, tc := range []struct {
+		version uint32
+		pfn     uint64
+		bad     bool
+	}{
+		{17, 0xfe800, false},
+		{18, 1 << 40, true},
+		{19, 1 << 40, false},
+		{20, 1<<52 + 3, false},
+	} {
+		m, err := pvsim.New(vmware(tc.version))
+		require.NoError(t, err)
+		d, err := vfrdma.OpenFunction(uarModel{m, tc.pfn}, nil)
+		if tc.bad {
+			assert.ErrorContains(t, err, "uar_pfn", "v%d", tc.version)
+			m.Close()
+			continue
+		}
+		require.NoError(t, err, "v%d", tc.version)
+		assert.Equal(t, tc.pfn, m.State().UARPFN, "v%d", tc.version)
+		require.NoError(t, d.Close())
+	}
+}
