@@ -1,10 +1,10 @@
-package firmware
+package firmware_test
 
 import (
 	"context"
 	"errors"
 	"runtime"
-	"strings"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -13,576 +13,587 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/vfrdma/vfrdma/firmware"
+	"github.com/vfrdma/vfrdma/pvsim"
 )
 
-var bg = context.Background()
-
 func TestStartQEMU(t *testing.T) {
-	b := newBench(t, benchOpts{})
-	if b.caps.MaxQP != 1024 || b.caps.GIDTypes != GIDTypeRoCEv1 || b.caps.FWVersion() != "0.0.14" || b.caps.NodeGUID != 0x525400fffe123456 {
-		t.Errorf("caps %+v", b.caps)
-	}
-	q := b.ch.Quirks()
-	want := Quirks{Version: 17, Emulated: true, NoAsyncEvents: true, CQArmBoth: true, UnquiesceKeepsErr: true}
-	if q != want {
-		t.Errorf("quirks %+v, want %+v", q, want)
-	}
-	if b.dev.regs[RegIMR/4] != IMRMaskAll || b.dev.regs[RegErr/4] != 0 {
-		t.Errorf("IMR %#x ERR %#x", b.dev.regs[RegIMR/4], b.dev.regs[RegErr/4])
-	}
-	if len(b.dev.log) != 0 {
-		t.Errorf("bring-up sent commands %v", b.dev.log)
-	}
+	mac := [6]byte{0x52, 0x54, 0x00, 0x12, 0x34, 0x56}
+	b := newBench(t, benchOpts{dev: pvsim.Config{QEMU: true, MAC: mac}})
+	assert.Equal(t, uint32(1024), b.caps.MaxQP, "caps %+v", b.caps)
+	assert.Equal(t, uint8(firmware.GIDTypeRoCEv1), b.caps.GIDTypes)
+	assert.Equal(t, "0.0.14", b.caps.FWVersion())
+	assert.Equal(t, uint64(0x505400fffe123456), b.caps.NodeGUID, "the MAC's EUI-64")
+	want := firmware.Quirks{Version: 17, Emulated: true, NoAsyncEvents: true, CQArmBoth: true, UnquiesceKeepsErr: true}
+	assert.Equal(t, want, b.ch.Quirks())
+	assert.Equal(t, firmware.IMRMaskAll, b.reg(firmware.RegIMR), "IMR")
+	assert.Zero(t, b.reg(firmware.RegErr), "ERR")
+	assert.Empty(t, b.tap.sent(), "bring-up sent commands")
+	assert.Zero(t, b.dev.Stats().Commands, "bring-up sent commands")
 	// DSR contents as the device sees them: 32-bit PFN at version 17.
-	if le.Uint32(b.dev.dsr[0:]) != DriverVersion || le.Uint32(b.dev.dsr[8:]) != 2|1<<2|1<<6 {
-		t.Errorf("driver_version/gos_info %#x %#x", le.Uint32(b.dev.dsr[0:]), le.Uint32(b.dev.dsr[8:]))
-	}
+	dsr := b.cfg.DSRMem
+	assert.Equal(t, uint32(firmware.DriverVersion), le.Uint32(dsr[0:]), "driver_version")
+	assert.Equal(t, uint32(2|1<<2|1<<6), le.Uint32(dsr[8:]), "gos_info")
+	st := b.dev.State()
+	assert.True(t, st.DSRLoaded)
+	assert.True(t, st.Activated)
 }
 
 func TestStartInterrupts(t *testing.T) {
-	b := newBench(t, benchOpts{configure: func(b *bench) { b.cfg.Interrupts = true }})
-	if b.dev.regs[RegIMR/4] != IMRUnmaskAll {
-		t.Errorf("IMR %#x", b.dev.regs[RegIMR/4])
+	for _, dev := range []pvsim.Config{qemu, vmware(20)} {
+		b := newBench(t, benchOpts{dev: dev, configure: func(b *bench) { b.cfg.Interrupts = true }})
+		assert.Equal(t, firmware.IMRUnmaskAll, b.reg(firmware.RegIMR), "IMR")
+		assert.Equal(t, firmware.IMRUnmaskAll, b.dev.State().IMR, "IMR")
 	}
 }
 
 // With NoActivate, Start loads the DSR and stops: IMR and CTL untouched,
 // commands already accepted; the caller activates later.
 func TestStartNoActivate(t *testing.T) {
-	b := newBench(t, benchOpts{noStart: true, configure: func(b *bench) {
+	b := newBench(t, benchOpts{dev: qemu, noStart: true, configure: func(b *bench) {
 		b.cfg.NoActivate, b.cfg.Interrupts = true, true
-		b.dev.regs[RegIMR/4] = 0x5a // neither mask value
+		require.NoError(t, b.regs.Store32(firmware.RegIMR, 0x5a)) // neither mask value
 	}})
 	version, caps, err := b.ch.Start(bg, &b.cfg)
 	require.NoError(t, err)
-	assert.Equal(t, uint32(VersionRoCEv1), version)
+	assert.Equal(t, uint32(firmware.VersionRoCEv1), version)
 	assert.Equal(t, uint32(1024), caps.MaxQP, "caps")
-	assert.Equal(t, uint32(0x5a), b.dev.regs[RegIMR/4], "IMR written")
-	assert.Equal(t, uint32(0), b.dev.regs[RegCtl/4], "CTL written")
-	assert.Equal(t, uint32(0xFFFF), b.dev.regs[RegErr/4], "ERR: the device was activated")
+	assert.Equal(t, uint32(0x5a), b.reg(firmware.RegIMR), "IMR written")
+	assert.Equal(t, uint32(0), b.reg(firmware.RegCtl), "CTL written")
+	assert.Equal(t, uint32(0xFFFF), b.reg(firmware.RegErr), "ERR: the device was activated")
+	assert.False(t, b.dev.State().Activated, "the device was activated")
 	_, err = b.ch.QueryPort(bg, 1)
 	require.NoError(t, err, "a command before activation")
 
-	require.NoError(t, b.ch.SetInterruptMask(bg, IMRUnmaskAll))
+	require.NoError(t, b.ch.SetInterruptMask(bg, firmware.IMRUnmaskAll))
 	require.NoError(t, b.ch.Activate(bg))
-	assert.Equal(t, uint32(IMRUnmaskAll), b.dev.regs[RegIMR/4])
-	assert.Equal(t, uint32(0), b.dev.regs[RegErr/4])
+	assert.Equal(t, firmware.IMRUnmaskAll, b.reg(firmware.RegIMR))
+	assert.Equal(t, uint32(0), b.reg(firmware.RegErr))
+	assert.True(t, b.dev.State().Activated)
 }
 
 func TestStartUnsupportedVersion(t *testing.T) {
-	b := newBench(t, benchOpts{version: 16, noStart: true})
+	b := newBench(t, benchOpts{dev: vmware(16), noStart: true})
 	_, _, err := b.ch.Start(bg, &b.cfg)
-	var fe *FieldError
-	if !errors.Is(err, ErrNotSupported) || !errors.As(err, &fe) || fe.Field != "VERSION" {
-		t.Fatalf("version 16: %v", err)
-	}
-	if b.dev.dsrDMA != 0 {
-		t.Error("DSR address written to an unsupported device")
-	}
+	var fe *firmware.FieldError
+	require.ErrorIs(t, err, firmware.ErrNotSupported, "version 16")
+	require.ErrorAs(t, err, &fe)
+	require.Equal(t, "VERSION", fe.Field)
+	assert.Zero(t, b.reg(firmware.RegDSRLow), "DSR address written to an unsupported device")
+	assert.Zero(t, b.reg(firmware.RegDSRHigh), "DSR address written to an unsupported device")
+	assert.False(t, b.dev.State().DSRLoaded)
 }
 
 func TestDSRNotLoaded(t *testing.T) {
-	b := newBench(t, benchOpts{noStart: true, configure: func(b *bench) {
+	b := newBench(t, benchOpts{dev: qemu, noStart: true, configure: func(b *bench) {
 		b.cfg.DSR.RespSlotDMA = 0x7000 // not DMA memory: the device cannot map it
 	}})
 	_, _, err := b.ch.Start(bg, &b.cfg)
-	var oe *OpError
-	if !errors.Is(err, ErrDSRNotLoaded) || !errors.As(err, &oe) || oe.Op != "load DSR" {
-		t.Fatalf("Start: %v", err)
-	}
-	if _, err := b.ch.CreatePD(bg, 0); !errors.Is(err, ErrDSRNotLoaded) {
-		t.Errorf("command after a failed load: %v", err)
-	}
-	if len(b.dev.log) != 0 || b.dev.irqs != 0 {
-		t.Error("REQUEST written without a loaded DSR")
-	}
+	var oe *firmware.OpError
+	require.ErrorIs(t, err, firmware.ErrDSRNotLoaded, "Start")
+	require.ErrorAs(t, err, &oe)
+	require.Equal(t, "load DSR", oe.Op)
+	assert.False(t, b.dev.State().DSRLoaded)
+	_, err = b.ch.CreatePD(bg, 0)
+	assert.ErrorIs(t, err, firmware.ErrDSRNotLoaded, "command after a failed load")
+	assert.Empty(t, b.tap.sent(), "REQUEST written without a loaded DSR")
+	assert.Zero(t, b.dev.Stats().Commands, "REQUEST written without a loaded DSR")
 }
 
 func TestExecBeforeLoad(t *testing.T) {
-	b := newBench(t, benchOpts{noStart: true})
-	err := b.ch.Exec(bg, QueryPortRequest{Port: 1}, &QueryPortResponse{})
-	if !errors.Is(err, ErrDSRNotLoaded) {
-		t.Fatalf("%v", err)
-	}
-	if b.dev.irqs != 0 {
-		t.Error("REQUEST written before LoadDSR")
-	}
+	b := newBench(t, benchOpts{dev: qemu, noStart: true})
+	err := b.ch.Exec(bg, firmware.QueryPortRequest{Port: 1}, &firmware.QueryPortResponse{})
+	require.ErrorIs(t, err, firmware.ErrDSRNotLoaded)
+	assert.Zero(t, b.dev.Stats().Commands, "REQUEST written before LoadDSR")
 }
 
 func TestLoadDSRBadAddress(t *testing.T) {
-	b := newBench(t, benchOpts{noStart: true})
-	for _, a := range []uint64{0, 0x1000 + PageSize - 8} {
-		if _, err := b.ch.LoadDSR(bg, a, b.cfg.DSRMem, 17); !errors.Is(err, ErrInvalid) {
-			t.Errorf("%#x: %v", a, err)
-		}
+	b := newBench(t, benchOpts{dev: qemu, noStart: true})
+	for _, a := range []uint64{0, 0x1000 + firmware.PageSize - 8} {
+		_, err := b.ch.LoadDSR(bg, a, b.cfg.DSRMem, 17)
+		assert.ErrorIs(t, err, firmware.ErrInvalid, "%#x", a)
 	}
-	if _, err := b.ch.LoadDSR(bg, 0x1000, make([]byte, 10), 17); !errors.Is(err, ErrInvalid) {
-		t.Errorf("short DSR: %v", err)
-	}
+	_, err := b.ch.LoadDSR(bg, 0x1000, make([]byte, 10), 17)
+	assert.ErrorIs(t, err, firmware.ErrInvalid, "short DSR")
+	assert.Zero(t, b.reg(firmware.RegDSRHigh), "DSRHIGH written")
 }
 
 // lifecycle creates and destroys one of everything through the typed
-// helpers, checking what the device saw.
+// helpers, checking what the device saw. It adapts to the device only
+// where QEMU 7.2 and a VMware device differ.
 func lifecycle(t *testing.T, b *bench) {
 	t.Helper()
 	ctx := bg
+	m := b.dev
 	attr, err := b.ch.QueryPort(ctx, 1)
-	if err != nil || attr.State != PortActive || attr.MaxMsgSz != 1024 || attr.PhysState != 5 {
-		t.Fatalf("QueryPort: %+v, %v", attr, err)
+	require.NoError(t, err, "QueryPort")
+	assert.Equal(t, uint32(firmware.PortActive), attr.State)
+	wantMsg := uint32(1 << 31)
+	if m.QEMU() {
+		wantMsg = 1024 // hard-coded by QEMU 7.2
 	}
-	if pk, err := b.ch.QueryPKey(ctx, 1, 0); err != nil || pk != 0xFFFF {
-		t.Fatalf("QueryPKey: %#x, %v", pk, err)
-	}
+	assert.Equal(t, wantMsg, attr.MaxMsgSz)
+	assert.Equal(t, uint8(5), attr.PhysState, "LinkUp")
+	pk, err := b.ch.QueryPKey(ctx, 1, 0)
+	require.NoError(t, err, "QueryPKey")
+	assert.Equal(t, uint16(0xFFFF), pk)
 	uc, err := b.ch.CreateUC(ctx, 0x12345)
-	if err != nil {
-		t.Fatalf("CreateUC: %v", err)
-	}
+	require.NoError(t, err, "CreateUC")
 	pd, err := b.ch.CreatePD(ctx, 0)
-	if err != nil {
-		t.Fatalf("CreatePD: %v", err)
-	}
+	require.NoError(t, err, "CreatePD")
 	// A 3-page MR through a multi-table-capable directory.
-	dir := b.mem.alloc()
-	tbl := b.mem.alloc()
-	data, _ := pages(b.mem, 3)
-	if err := WritePageDir(dir, []Page{tbl}, data); err != nil {
-		t.Fatal(err)
-	}
-	mr, err := b.ch.CreateMR(ctx, CreateMRRequest{Start: 0x7f0000000000, Length: 3 * PageSize, PDirDMA: dir.DMA,
-		PDHandle: pd, AccessFlags: AccessLocalWrite, NChunks: 3})
-	if err != nil || mr.RKey != 0xFFFFFFFF {
-		t.Fatalf("CreateMR: %+v, %v", mr, err)
+	dir, tbl := b.page(), b.page()
+	data, _ := b.pages(3)
+	require.NoError(t, firmware.WritePageDir(dir, []firmware.Page{tbl}, data))
+	mr, err := b.ch.CreateMR(ctx, firmware.CreateMRRequest{Start: 0x7f0000000000, Length: 3 * firmware.PageSize, PDirDMA: dir.DMA,
+		PDHandle: pd, AccessFlags: firmware.AccessLocalWrite, NChunks: 3})
+	require.NoError(t, err, "CreateMR")
+	mrs := m.MRs()
+	require.Len(t, mrs, 1)
+	assert.Equal(t, pvsim.MRInfo{Handle: mr.MRHandle, PD: pd, LKey: mr.LKey, RKey: mr.RKey, Start: 0x7f0000000000,
+		Length: 3 * firmware.PageSize, Access: firmware.AccessLocalWrite}, mrs[0], "the MR as the device holds it")
+	if m.QEMU() {
+		assert.Equal(t, uint32(0xFFFFFFFF), mr.RKey, "QEMU emulates no remote access")
 	}
 	cqDir, _ := b.ringObject(1)
-	cq, err := b.ch.CreateCQ(ctx, CreateCQRequest{PDirDMA: cqDir, CQE: 64, NChunks: 2})
-	if err != nil || cq.CQE != 64 {
-		t.Fatalf("CreateCQ: %+v, %v", cq, err)
-	}
+	cq, err := b.ch.CreateCQ(ctx, firmware.CreateCQRequest{PDirDMA: cqDir, CQE: 64, NChunks: 2})
+	require.NoError(t, err, "CreateCQ")
+	assert.Equal(t, uint32(64), cq.CQE)
 	srqDir, _ := b.ringObject(1)
-	srq, err := b.ch.CreateSRQ(ctx, CreateSRQRequest{PDirDMA: srqDir, PDHandle: pd, NChunks: 2, Attr: SRQAttr{MaxWR: 32, MaxSGE: 4, SRQLimit: 4}})
-	if err != nil {
-		t.Fatalf("CreateSRQ: %v", err)
-	}
+	srq, err := b.ch.CreateSRQ(ctx, firmware.CreateSRQRequest{PDirDMA: srqDir, PDHandle: pd, NChunks: 2,
+		Attr: firmware.SRQAttr{MaxWR: 32, MaxSGE: 4, SRQLimit: 4}})
+	require.NoError(t, err, "CreateSRQ")
 	qpDir, _ := b.ringObject(3)
-	qp, err := b.ch.CreateQP(ctx, CreateQPRequest{PDirDMA: qpDir, PDHandle: pd, SendCQHandle: cq.CQHandle, RecvCQHandle: cq.CQHandle,
-		MaxSendWR: 32, MaxRecvWR: 32, MaxSendSGE: 4, MaxRecvSGE: 4, TotalChunks: 4, SendChunks: 2, QPType: QPTypeRC})
-	if err != nil || qp.MaxSendWR != 32 || qp.MaxRecvSGE != 4 {
-		t.Fatalf("CreateQP: %+v, %v", qp, err)
-	}
+	qp, err := b.ch.CreateQP(ctx, firmware.CreateQPRequest{PDirDMA: qpDir, PDHandle: pd, SendCQHandle: cq.CQHandle, RecvCQHandle: cq.CQHandle,
+		MaxSendWR: 32, MaxRecvWR: 32, MaxSendSGE: 4, MaxRecvSGE: 4, TotalChunks: 4, SendChunks: 2, QPType: firmware.QPTypeRC})
+	require.NoError(t, err, "CreateQP")
+	assert.Equal(t, uint32(32), qp.MaxSendWR)
+	assert.Equal(t, uint32(4), qp.MaxRecvSGE)
+	info, ok := m.QP(qp.QPHandle)
+	require.True(t, ok, "no QP with handle %#x on the device", qp.QPHandle)
+	assert.Equal(t, qp.QPN, info.QPN)
 	g := gid(0x20)
-	if err := b.ch.CreateBind(ctx, CreateBindRequest{MTU: 1024, VLAN: 0xFFF, Index: 1, GID: g, GIDType: GIDTypeRoCEv1}); err != nil {
-		t.Fatalf("CreateBind: %v", err)
+	require.NoError(t, b.ch.CreateBind(ctx, firmware.CreateBindRequest{MTU: 1024, VLAN: 0xFFF, Index: 1, GID: g, GIDType: firmware.GIDTypeRoCEv1}), "CreateBind")
+	// The masks the verbs require for RC (a VMware device checks them;
+	// QEMU reads the values it needs whatever the mask says).
+	steps := []firmware.ModifyQPRequest{
+		{AttrMask: firmware.QPAttrState | firmware.QPAttrPKeyIndex | firmware.QPAttrPort | firmware.QPAttrAccessFlags,
+			Attr: firmware.QPAttr{QPState: firmware.QPStateInit, PortNum: 1, QPAccessFlags: firmware.AccessLocalWrite}},
+		{AttrMask: firmware.QPAttrState | firmware.QPAttrAV | firmware.QPAttrPathMTU | firmware.QPAttrDestQPN | firmware.QPAttrRQPSN |
+			firmware.QPAttrMaxDestRDAtomic | firmware.QPAttrMinRNRTimer,
+			Attr: firmware.QPAttr{QPState: firmware.QPStateRTR, PathMTU: firmware.MTU1024, DestQPNum: qp.QPN, RQPSN: 7,
+				AH: firmware.AHAttr{GRH: firmware.GlobalRoute{DGID: g, SGIDIndex: 1, HopLimit: 1}, AHFlags: firmware.AHFlagGRH, PortNum: 1}}},
+		{AttrMask: firmware.QPAttrState | firmware.QPAttrSQPSN | firmware.QPAttrTimeout | firmware.QPAttrRetryCnt | firmware.QPAttrRNRRetry |
+			firmware.QPAttrMaxQPRDAtomic,
+			Attr: firmware.QPAttr{QPState: firmware.QPStateRTS, SQPSN: 7, Timeout: 14, RetryCnt: 7, RNRRetry: 7}},
 	}
-	steps := []QPAttr{
-		{QPState: QPStateInit, PortNum: 1, QPAccessFlags: AccessLocalWrite},
-		{QPState: QPStateRTR, PathMTU: MTU1024, DestQPNum: qp.QPN, RQPSN: 7, AH: AHAttr{GRH: GlobalRoute{DGID: g, SGIDIndex: 1, HopLimit: 1}, AHFlags: AHFlagGRH, PortNum: 1}},
-		{QPState: QPStateRTS, SQPSN: 7, Timeout: 14, RetryCnt: 7, RNRRetry: 7},
+	for _, s := range steps {
+		s.QPHandle = qp.QPHandle
+		require.NoError(t, b.ch.ModifyQP(ctx, s), "ModifyQP to %v", s.Attr.QPState)
 	}
-	for _, a := range steps {
-		if err := b.ch.ModifyQP(ctx, ModifyQPRequest{QPHandle: qp.QPHandle, AttrMask: QPAttrState, Attr: a}); err != nil {
-			t.Fatalf("ModifyQP to %v: %v", a.QPState, err)
-		}
-	}
-	qa, err := b.ch.QueryQP(ctx, qp.QPHandle, QPAttrState)
-	if err != nil || qa.QPState != QPStateRTS || qa.DestQPNum != qp.QPN {
-		t.Fatalf("QueryQP: %+v, %v", qa, err)
-	}
+	qa, err := b.ch.QueryQP(ctx, qp.QPHandle, firmware.QPAttrState)
+	require.NoError(t, err, "QueryQP")
+	assert.Equal(t, firmware.QPStateRTS, qa.QPState)
+	assert.Equal(t, qp.QPN, qa.DestQPNum)
 	sa, err := b.ch.QuerySRQ(ctx, srq)
-	if err != nil || sa != (SRQAttr{MaxWR: 32, MaxSGE: 4, SRQLimit: 4}) {
-		t.Fatalf("QuerySRQ: %+v, %v", sa, err)
+	require.NoError(t, err, "QuerySRQ")
+	// A VMware device ignores the limit at creation, as the verbs do;
+	// QEMU 7.2 keeps it.
+	wantLimit := uint32(0)
+	if m.QEMU() {
+		wantLimit = 4
 	}
-	if err := b.ch.ModifySRQ(ctx, ModifySRQRequest{SRQHandle: srq, AttrMask: SRQAttrLimit, Attr: SRQAttr{SRQLimit: 9}}); err != nil {
-		t.Fatalf("ModifySRQ: %v", err)
-	}
-	if sa, err := b.ch.QuerySRQ(ctx, srq); err != nil || sa.SRQLimit != 9 {
-		t.Fatalf("QuerySRQ after modify: %+v, %v", sa, err)
-	}
-	for name, err := range map[string]error{
-		"DestroyQP": b.ch.DestroyQP(ctx, qp.QPHandle), "DestroySRQ": b.ch.DestroySRQ(ctx, srq),
-		"DestroyCQ": b.ch.DestroyCQ(ctx, cq.CQHandle), "DestroyMR": b.ch.DestroyMR(ctx, mr.MRHandle),
-		"DestroyPD": b.ch.DestroyPD(ctx, pd), "DestroyBind": b.ch.DestroyBind(ctx, DestroyBindRequest{Index: 1, GID: g}),
-		"DestroyUC": b.ch.DestroyUC(ctx, uc),
+	assert.Equal(t, firmware.SRQAttr{MaxWR: 32, MaxSGE: 4, SRQLimit: wantLimit}, sa)
+	require.NoError(t, b.ch.ModifySRQ(ctx, firmware.ModifySRQRequest{SRQHandle: srq, AttrMask: firmware.SRQAttrLimit, Attr: firmware.SRQAttr{SRQLimit: 9}}), "ModifySRQ")
+	sa, err = b.ch.QuerySRQ(ctx, srq)
+	require.NoError(t, err, "QuerySRQ after modify")
+	assert.Equal(t, uint32(9), sa.SRQLimit)
+	b.sync()
+	assert.Equal(t, pvsim.Objects{PDs: 1, MRs: 1, CQs: 1, QPs: 1, SRQs: 1, UCs: 1, GIDs: 1}, m.Objects())
+	assert.Equal(t, g, m.GIDs()[1].GID, "the bound GID")
+	for _, step := range []struct {
+		name string
+		err  error
+	}{
+		{"DestroyQP", b.ch.DestroyQP(ctx, qp.QPHandle)},
+		{"DestroySRQ", b.ch.DestroySRQ(ctx, srq)},
+		{"DestroyCQ", b.ch.DestroyCQ(ctx, cq.CQHandle)},
+		{"DestroyMR", b.ch.DestroyMR(ctx, mr.MRHandle)},
+		{"DestroyPD", b.ch.DestroyPD(ctx, pd)},
+		{"DestroyBind", b.ch.DestroyBind(ctx, firmware.DestroyBindRequest{Index: 1, GID: g})},
+		{"DestroyUC", b.ch.DestroyUC(ctx, uc)},
 	} {
-		if err != nil {
-			t.Errorf("%s: %v", name, err)
+		assert.NoError(t, step.err, step.name)
+	}
+	b.sync()
+	assert.Equal(t, pvsim.Objects{}, m.Objects(), "objects left on the device")
+}
+
+// srqCodes returns the MODIFY_SRQ and QUERY_SRQ codes sent, in order.
+func srqCodes(b *bench) []firmware.Cmd {
+	var out []firmware.Cmd
+	for _, c := range b.tap.sent() {
+		if c == firmware.CmdModifySRQ || c == firmware.CmdQuerySRQ {
+			out = append(out, c)
 		}
 	}
-	if len(b.dev.qps)+len(b.dev.cqs)+len(b.dev.srqs)+len(b.dev.mrs)+len(b.dev.pds)+len(b.dev.ucs) != 0 {
-		t.Error("objects left on the device")
-	}
+	return out
 }
 
 func TestLifecycleQEMU(t *testing.T) {
-	b := newBench(t, benchOpts{})
+	b := newBench(t, benchOpts{dev: qemu})
 	lifecycle(t, b)
 	// The SRQ commands as sent: the first query is the probe (code 18, a
 	// query on QEMU), the modify goes as 19, the second query as 18.
-	var srqCodes []Cmd
-	for _, c := range b.dev.log {
-		if c == CmdModifySRQ || c == CmdQuerySRQ {
-			srqCodes = append(srqCodes, c)
-		}
-	}
-	if want := []Cmd{18, 19, 18}; !equalCmds(srqCodes, want) {
-		t.Errorf("SRQ codes sent %v, want %v", srqCodes, want)
-	}
-	if q := b.ch.Quirks(); q.SRQSwap != SRQSwapYes {
-		t.Errorf("swap %v", q.SRQSwap)
-	}
+	assert.Equal(t, []firmware.Cmd{18, 19, 18}, srqCodes(b), "SRQ codes sent")
+	assert.Equal(t, firmware.SRQSwapYes, b.ch.Quirks().SRQSwap)
 }
 
-func TestLifecycleSpecDevice(t *testing.T) {
-	b := newBench(t, benchOpts{spec: true, version: 18})
-	lifecycle(t, b)
-	var srqCodes []Cmd
-	for _, c := range b.dev.log {
-		if c == CmdModifySRQ || c == CmdQuerySRQ {
-			srqCodes = append(srqCodes, c)
-		}
-	}
-	// The probe (18, a no-op modify), then the query as 19, the modify as
-	// 18, the query as 19.
-	if want := []Cmd{18, 19, 18, 19}; !equalCmds(srqCodes, want) {
-		t.Errorf("SRQ codes sent %v, want %v", srqCodes, want)
-	}
-	if q := b.ch.Quirks(); q.Emulated || q.SRQSwap != SRQSwapNo || q.CQArmBoth {
-		t.Errorf("quirks %+v", q)
+func TestLifecycleVMware(t *testing.T) {
+	for _, v := range []uint32{17, 18, 19} {
+		b := newBench(t, benchOpts{dev: vmware(v)})
+		lifecycle(t, b)
+		// The probe (18, a no-op modify), then the query as 19, the modify
+		// as 18, the query as 19.
+		assert.Equal(t, []firmware.Cmd{18, 19, 18, 19}, srqCodes(b), "version %d: SRQ codes sent", v)
+		q := b.ch.Quirks()
+		assert.False(t, q.Emulated, "version %d taken for QEMU", v)
+		assert.Equal(t, firmware.SRQSwapNo, q.SRQSwap)
+		assert.False(t, q.CQArmBoth)
 	}
 }
 
 func TestLifecycleV20(t *testing.T) {
-	b := newBench(t, benchOpts{version: 20, configure: func(b *bench) { b.cfg.DSR.UARPFN = 1 << 40 }})
-	if got := le.Uint64(b.dev.dsr[64:]); got != 1<<40 {
-		t.Errorf("64-bit uar_pfn %#x", got)
-	}
+	b := newBench(t, benchOpts{dev: vmware(20), configure: func(b *bench) { b.cfg.DSR.UARPFN = 1 << 40 }})
+	assert.Equal(t, uint64(1<<40), le.Uint64(b.cfg.DSRMem[64:]), "64-bit uar_pfn")
+	assert.Equal(t, uint64(1<<40), b.dev.State().UARPFN, "the uar_pfn the device read")
 	lifecycle(t, b)
-	// The fake gives v2 QP handles = QPN + 0x1000; the lifecycle used them.
-	if !b.ch.Quirks().CreateQPV2() {
-		t.Error("v20 quirks")
-	}
+	// Version 20 QP handles are not QP numbers; the lifecycle used them.
+	assert.True(t, b.ch.Quirks().CreateQPV2(), "v20 quirks")
 }
 
 func TestCreateQPV1V2(t *testing.T) {
-	for _, v := range []uint32{17, 20} {
-		b := newBench(t, benchOpts{version: v})
-		pd, _ := b.ch.CreatePD(bg, 0)
-		cqDir, _ := b.ringObject(1)
-		cq, _ := b.ch.CreateCQ(bg, CreateCQRequest{PDirDMA: cqDir, CQE: 32, NChunks: 2})
-		qpDir, _ := b.ringObject(2)
-		qp, err := b.ch.CreateQP(bg, CreateQPRequest{PDirDMA: qpDir, PDHandle: pd, SendCQHandle: cq.CQHandle, RecvCQHandle: cq.CQHandle,
-			MaxSendWR: 16, MaxRecvWR: 16, MaxSendSGE: 1, MaxRecvSGE: 1, TotalChunks: 3, SendChunks: 1, QPType: QPTypeUD})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if want := qp.QPN + map[uint32]uint32{17: 0, 20: 0x1000}[v]; qp.QPHandle != want || qp.MaxSendWR != 16 {
-			t.Errorf("version %d: %+v", v, qp)
-		}
+	for _, tc := range []struct {
+		name string
+		dev  pvsim.Config
+	}{{"qemu", qemu}, {"v17", vmware(17)}, {"v20", vmware(20)}} {
+		t.Run(tc.name, func(t *testing.T) {
+			b := newBench(t, benchOpts{dev: tc.dev})
+			pd, err := b.ch.CreatePD(bg, 0)
+			require.NoError(t, err)
+			cqDir, _ := b.ringObject(1)
+			cq, err := b.ch.CreateCQ(bg, firmware.CreateCQRequest{PDirDMA: cqDir, CQE: 32, NChunks: 2})
+			require.NoError(t, err)
+			qpDir, _ := b.ringObject(2)
+			qp, err := b.ch.CreateQP(bg, firmware.CreateQPRequest{PDirDMA: qpDir, PDHandle: pd, SendCQHandle: cq.CQHandle, RecvCQHandle: cq.CQHandle,
+				MaxSendWR: 16, MaxRecvWR: 16, MaxSendSGE: 1, MaxRecvSGE: 1, TotalChunks: 3, SendChunks: 1, QPType: firmware.QPTypeUD})
+			require.NoError(t, err)
+			assert.Equal(t, uint32(16), qp.MaxSendWR)
+			info, ok := b.dev.QP(qp.QPHandle)
+			require.True(t, ok, "no QP with handle %#x on the device", qp.QPHandle)
+			assert.Equal(t, qp.QPN, info.QPN, "QP number")
+			if b.dev.Version() >= firmware.VersionQPHandle {
+				assert.NotEqual(t, qp.QPN, qp.QPHandle, "a version 20 handle is not the QP number")
+			} else {
+				assert.Equal(t, qp.QPN, qp.QPHandle, "before version 20 the handle is the QP number")
+			}
+		})
 	}
 }
 
 func TestCommandErrors(t *testing.T) {
-	b := newBench(t, benchOpts{opts: Options{Device: "0000:00:10.1"}})
+	b := newBench(t, benchOpts{dev: qemu, opts: firmware.Options{Device: "0000:00:10.1"}})
 	err := b.ch.DestroyCQ(bg, 77)
-	var oe *OpError
-	if !errors.Is(err, syscall.EINVAL) || !errors.As(err, &oe) || oe.Op != "DESTROY_CQ" || oe.Status != 0xFFFFFFEA || oe.Device != "0000:00:10.1" {
-		t.Fatalf("DestroyCQ(77): %v (%+v)", err, oe)
+	var oe *firmware.OpError
+	require.ErrorIs(t, err, syscall.EINVAL, "DestroyCQ(77)")
+	require.ErrorAs(t, err, &oe)
+	assert.Equal(t, "DESTROY_CQ", oe.Op)
+	assert.Equal(t, firmware.Status(0xFFFFFFEA), oe.Status)
+	assert.Equal(t, "0000:00:10.1", oe.Device)
+	assert.ErrorContains(t, err, "0000:00:10.1")
+	assert.ErrorContains(t, err, "DESTROY_CQ")
+	_, err = b.ch.ResizeCQ(bg, 0, 64)
+	assert.ErrorIs(t, err, firmware.ErrNotSupported, "ResizeCQ")
+	if assert.ErrorAs(t, err, &oe) {
+		assert.Equal(t, firmware.Status(firmware.StatusUnsupported), oe.Status)
 	}
-	if !strings.Contains(err.Error(), "0000:00:10.1") || !strings.Contains(err.Error(), "DESTROY_CQ") {
-		t.Errorf("message %q", err)
-	}
-	if _, err := b.ch.ResizeCQ(bg, 0, 64); !errors.Is(err, ErrNotSupported) || !errors.As(err, &oe) || oe.Status != StatusUnsupported {
-		t.Errorf("ResizeCQ: %v", err)
-	}
-	if _, err := b.ch.QueryPort(bg, 2); !errors.Is(err, syscall.EINVAL) {
-		t.Errorf("QueryPort(2): %v", err)
-	}
-	if err := b.ch.Exec(bg, rawRequest{code: 21}, &HeaderOnly{}); !errors.Is(err, ErrNotSupported) {
-		t.Errorf("code 21: %v", err)
-	}
+	_, err = b.ch.QueryPort(bg, 2)
+	assert.ErrorIs(t, err, syscall.EINVAL, "QueryPort(2)")
+	assert.ErrorIs(t, b.ch.Exec(bg, rawRequest{code: 21}, &firmware.HeaderOnly{}), firmware.ErrNotSupported, "code 21")
 	// RTR without a bound source GID fails in the device (EIO); the
 	// driver's own validation catches a bad state before sending.
-	pd, _ := b.ch.CreatePD(bg, 0)
+	pd, err := b.ch.CreatePD(bg, 0)
+	require.NoError(t, err)
 	cqDir, _ := b.ringObject(1)
-	cq, _ := b.ch.CreateCQ(bg, CreateCQRequest{PDirDMA: cqDir, CQE: 32, NChunks: 2})
+	cq, err := b.ch.CreateCQ(bg, firmware.CreateCQRequest{PDirDMA: cqDir, CQE: 32, NChunks: 2})
+	require.NoError(t, err)
 	qpDir, _ := b.ringObject(2)
-	qp, err := b.ch.CreateQP(bg, CreateQPRequest{PDirDMA: qpDir, PDHandle: pd, SendCQHandle: cq.CQHandle, RecvCQHandle: cq.CQHandle,
-		MaxSendWR: 16, MaxRecvWR: 16, MaxSendSGE: 1, MaxRecvSGE: 1, TotalChunks: 3, SendChunks: 1, QPType: QPTypeRC})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := b.ch.ModifyQP(bg, ModifyQPRequest{QPHandle: qp.QPHandle, AttrMask: QPAttrState, Attr: QPAttr{QPState: QPStateRTR}}); !errors.Is(err, syscall.EIO) {
-		t.Errorf("RTR without GID: %v", err)
-	}
-	n := len(b.dev.log)
-	if _, err := b.ch.CreateCQ(bg, CreateCQRequest{PDirDMA: cqDir, CQE: 128, NChunks: 2}); !errors.Is(err, ErrInvalid) {
-		t.Errorf("undersized CQ: %v", err)
-	}
-	if len(b.dev.log) != n {
-		t.Error("an invalid request reached the device")
-	}
-	if _, err := b.ch.CreateQP(bg, CreateQPRequest{PDirDMA: qpDir, PDHandle: pd, SendCQHandle: cq.CQHandle, RecvCQHandle: cq.CQHandle,
-		MaxSendWR: 16, MaxRecvWR: 16, TotalChunks: 3, SendChunks: 1, QPType: QPTypeUC}); !errors.Is(err, syscall.EIO) {
-		t.Errorf("UC QP: %v", err)
-	}
+	qp, err := b.ch.CreateQP(bg, firmware.CreateQPRequest{PDirDMA: qpDir, PDHandle: pd, SendCQHandle: cq.CQHandle, RecvCQHandle: cq.CQHandle,
+		MaxSendWR: 16, MaxRecvWR: 16, MaxSendSGE: 1, MaxRecvSGE: 1, TotalChunks: 3, SendChunks: 1, QPType: firmware.QPTypeRC})
+	require.NoError(t, err)
+	err = b.ch.ModifyQP(bg, firmware.ModifyQPRequest{QPHandle: qp.QPHandle, AttrMask: firmware.QPAttrState, Attr: firmware.QPAttr{QPState: firmware.QPStateRTR}})
+	assert.ErrorIs(t, err, syscall.EIO, "RTR without GID")
+	n := len(b.tap.sent())
+	_, err = b.ch.CreateCQ(bg, firmware.CreateCQRequest{PDirDMA: cqDir, CQE: 128, NChunks: 2})
+	assert.ErrorIs(t, err, firmware.ErrInvalid, "undersized CQ")
+	assert.Len(t, b.tap.sent(), n, "an invalid request reached the device")
+	_, err = b.ch.CreateQP(bg, firmware.CreateQPRequest{PDirDMA: qpDir, PDHandle: pd, SendCQHandle: cq.CQHandle, RecvCQHandle: cq.CQHandle,
+		MaxSendWR: 16, MaxRecvWR: 16, TotalChunks: 3, SendChunks: 1, QPType: firmware.QPTypeUC})
+	assert.ErrorIs(t, err, syscall.EIO, "UC QP")
 }
 
 // rawRequest sends any code with an empty body.
-type rawRequest struct{ code Cmd }
+type rawRequest struct{ code firmware.Cmd }
 
-func (r rawRequest) Cmd() Cmd { return r.code }
+func (r rawRequest) Cmd() firmware.Cmd { return r.code }
 func (r rawRequest) Encode(b []byte) error {
-	if err := beginRequest(b, CmdQueryPort); err != nil {
-		return err
-	}
+	clear(b[:firmware.CmdSlotSize])
 	le.PutUint32(b[8:], uint32(r.code))
 	return nil
 }
 
+// A device that answers wrongly: every fault is reported as the command's
+// error, and the channel works again afterwards. The model produces all
+// but a wrong cookie or acknowledgement, which tap writes over its answer.
 func TestResponseFaults(t *testing.T) {
-	b := newBench(t, benchOpts{})
-	for _, tc := range []struct {
+	for _, dev := range []struct {
 		name string
-		hook func(cmd, resp []byte) uint32
-		is   error
-	}{
-		{"no response written", func(cmd, resp []byte) uint32 { return 0 }, ErrDeviceFault},
-		{"wrong cookie", func(cmd, resp []byte) uint32 {
-			p64(resp, 0, le.Uint64(cmd)+1)
-			p32(resp, 8, CmdCreatePD.Ack())
-			return 0
-		}, ErrDeviceFault},
-		{"wrong ack", func(cmd, resp []byte) uint32 {
-			p64(resp, 0, le.Uint64(cmd))
-			p32(resp, 8, CmdCreateCQ.Ack())
-			return 0
-		}, ErrDeviceFault},
-		{"error byte with ERR 0", func(cmd, resp []byte) uint32 {
-			p64(resp, 0, le.Uint64(cmd))
-			p32(resp, 8, CmdCreatePD.Ack())
-			resp[12] = byte(syscall.ENOMEM)
-			return 0
-		}, syscall.ENOMEM},
-		{"positive errno in ERR", func(cmd, resp []byte) uint32 { return uint32(syscall.ENOMEM) }, syscall.ENOMEM},
-		{"status that is no errno", func(cmd, resp []byte) uint32 { return 0x80000000 }, ErrDeviceFault},
-	} {
-		b.dev.hook = tc.hook
-		_, err := b.ch.CreatePD(bg, 0)
-		var oe *OpError
-		if !errors.Is(err, tc.is) || !errors.As(err, &oe) || oe.Op != "CREATE_PD" {
-			t.Errorf("%s: %v, want %v", tc.name, err, tc.is)
-		}
-	}
-	b.dev.hook = nil
-	if _, err := b.ch.CreatePD(bg, 0); err != nil {
-		t.Errorf("after the faults: %v", err)
+		cfg  pvsim.Config
+	}{{"qemu", qemu}, {"vmware", vmware(17)}} {
+		t.Run(dev.name, func(t *testing.T) {
+			b := newBench(t, benchOpts{dev: dev.cfg})
+			for _, tc := range []struct {
+				name   string
+				fault  pvsim.CommandFault
+				tamper func(cmd, resp []byte)
+				is     error
+			}{
+				{name: "no response written", fault: pvsim.CommandFault{Hang: true}, is: firmware.ErrDeviceFault},
+				{name: "wrong cookie", tamper: func(cmd, resp []byte) { le.PutUint64(resp, le.Uint64(cmd)+1) }, is: firmware.ErrDeviceFault},
+				{name: "wrong ack", tamper: func(cmd, resp []byte) { le.PutUint32(resp[8:], firmware.CmdCreateCQ.Ack()) }, is: firmware.ErrDeviceFault},
+				// VMware: the error byte with ERR 0; QEMU: ERR as well.
+				{name: "error answer", fault: pvsim.CommandFault{Errno: syscall.ENOMEM}, is: syscall.ENOMEM},
+				{name: "positive errno in ERR", fault: pvsim.CommandFault{Status: uint32(syscall.ENOMEM)}, is: syscall.ENOMEM},
+				{name: "status that is no errno", fault: pvsim.CommandFault{Status: 0x80000000}, is: firmware.ErrDeviceFault},
+			} {
+				if tc.tamper != nil {
+					b.tap.tamper(tc.tamper, nil)
+				} else {
+					tc.fault.Cmd = firmware.CmdCreatePD
+					require.NoError(t, b.dev.InjectFault(tc.fault))
+				}
+				_, err := b.ch.CreatePD(bg, 0)
+				b.tap.tamper(nil, nil)
+				var oe *firmware.OpError
+				assert.ErrorIs(t, err, tc.is, tc.name)
+				if assert.ErrorAs(t, err, &oe, tc.name) {
+					assert.Equal(t, "CREATE_PD", oe.Op, tc.name)
+				}
+			}
+			_, err := b.ch.CreatePD(bg, 0)
+			assert.NoError(t, err, "after the faults")
+		})
 	}
 }
 
 func TestClosed(t *testing.T) {
-	b := newBench(t, benchOpts{})
-	b.ch.Close()
-	b.ch.Close()
-	if _, err := b.ch.CreatePD(bg, 0); !errors.Is(err, ErrClosed) {
-		t.Errorf("%v", err)
-	}
-	if err := b.ch.Reset(bg); !errors.Is(err, ErrClosed) {
-		t.Errorf("Reset: %v", err)
-	}
+	b := newBench(t, benchOpts{dev: qemu})
+	require.NoError(t, b.ch.Close())
+	require.NoError(t, b.ch.Close())
+	_, err := b.ch.CreatePD(bg, 0)
+	assert.ErrorIs(t, err, firmware.ErrClosed)
+	assert.ErrorIs(t, b.ch.Reset(bg), firmware.ErrClosed, "Reset")
 }
 
 func TestContextDone(t *testing.T) {
-	b := newBench(t, benchOpts{})
+	entered, release := make(chan struct{}), make(chan struct{})
+	b := newBench(t, benchOpts{dev: vmware(17), wait: func(b *bench, ctx context.Context) error {
+		close(entered)
+		<-release
+		return errors.New("released")
+	}})
 	ctx, cancel := context.WithCancel(bg)
 	cancel()
-	n := b.dev.irqs
-	if _, err := b.ch.CreatePD(ctx, 0); !errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "command channel") {
-		t.Errorf("%v", err)
-	}
-	// A busy channel: the wait for it is bounded too.
-	b.ch.sem <- struct{}{}
-	ctx, cancel = context.WithTimeout(bg, 10*time.Millisecond)
-	defer cancel()
-	if _, err := b.ch.CreatePD(ctx, 0); !errors.Is(err, context.DeadlineExceeded) {
-		t.Errorf("busy channel: %v", err)
-	}
-	<-b.ch.sem
-	if b.dev.irqs != n {
-		t.Error("a command was sent")
-	}
+	n := b.dev.Stats().Commands
+	_, err := b.ch.CreatePD(ctx, 0)
+	assert.ErrorIs(t, err, context.Canceled)
+	assert.ErrorContains(t, err, "command channel")
+	assert.Equal(t, n, b.dev.Stats().Commands, "a command was sent")
+
+	// A busy channel: a command the device never answers holds it, and
+	// the wait for it is bounded too.
+	require.NoError(t, b.dev.InjectFault(pvsim.CommandFault{Cmd: firmware.CmdCreatePD, Hang: true}))
+	hung := make(chan error, 1)
+	go func() {
+		_, err := b.ch.CreatePD(bg, 0)
+		hung <- err
+	}()
+	<-entered
+	n = b.dev.Stats().Commands
+	_, err = b.ch.CreatePD(withTimeout(t, 10*time.Millisecond), 0)
+	assert.ErrorIs(t, err, context.DeadlineExceeded, "busy channel")
+	assert.Equal(t, n, b.dev.Stats().Commands, "a command was sent")
+	close(release)
+	assert.ErrorContains(t, <-hung, "released", "the command the device never answered")
 }
 
+// A device that answers late: the channel waits for vector 0 and for its
+// own cookie, through wake-ups that bring nothing, and not for ever.
 func TestDeferredCompletion(t *testing.T) {
-	b := newBench(t, benchOpts{spec: true, deferred: true})
+	b := newBench(t, benchOpts{dev: pvsim.Config{Version: 18, CommandDelay: time.Millisecond}})
 	lifecycle(t, b)
 
-	// Spurious and stale wake-ups: the channel waits for its own cookie.
-	wakes := 0
-	b.ch.wait = func(ctx context.Context) error {
-		wakes++
-		if wakes%3 == 0 {
-			b.dev.deliver()
-		}
-		return nil
-	}
-	if _, err := b.ch.CreatePD(bg, 0); err != nil || wakes != 3 {
-		t.Errorf("CreatePD: %v after %d wakes", err, wakes)
-	}
+	// Spurious wake-ups: the channel waits for its own cookie. The
+	// response comes 200 ms after the request, long after the two
+	// spurious wake-ups return.
+	var wakes atomic.Int32
+	s := newBench(t, benchOpts{dev: pvsim.Config{Version: 18, CommandDelay: 200 * time.Millisecond},
+		wait: func(b *bench, ctx context.Context) error {
+			if wakes.Add(1) < 3 {
+				return nil
+			}
+			_, err := b.vec0.Wait(ctx)
+			return err
+		}})
+	_, err := s.ch.CreatePD(bg, 0)
+	assert.NoError(t, err, "CreatePD")
+	assert.Equal(t, int32(3), wakes.Load(), "wake-ups")
 
 	// A response that never comes: bounded, and the error says what for.
-	b.ch.timeout = 20 * time.Millisecond
-	b.ch.wait = func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() }
-	_, err := b.ch.CreatePD(bg, 0)
-	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "vector 0") || !strings.Contains(err.Error(), "cookie") {
-		t.Errorf("lost response: %v", err)
-	}
-	b.dev.pending = nil
+	l := newBench(t, benchOpts{dev: pvsim.Config{Version: 18, CommandDelay: time.Millisecond},
+		opts: firmware.Options{Timeout: 20 * time.Millisecond}})
+	require.NoError(t, l.dev.InjectFault(pvsim.CommandFault{Cmd: firmware.CmdCreatePD, Hang: true}))
+	_, err = l.ch.CreatePD(bg, 0)
+	assert.ErrorIs(t, err, context.DeadlineExceeded, "lost response")
+	assert.ErrorContains(t, err, "vector 0")
+	assert.ErrorContains(t, err, "cookie")
+	_, err = l.ch.CreatePD(bg, 0)
+	assert.NoError(t, err, "the command after")
 }
 
 func TestConcurrentExec(t *testing.T) {
-	b := newBench(t, benchOpts{})
-	var wg sync.WaitGroup
-	errs := make(chan error, 8)
-	for range 8 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for range 50 {
-				pd, err := b.ch.CreatePD(bg, 0)
-				if err == nil {
-					err = b.ch.DestroyPD(bg, pd)
-				}
-				if err != nil {
-					errs <- err
-					return
-				}
+	for _, dev := range []struct {
+		name string
+		cfg  pvsim.Config
+	}{{"qemu", qemu}, {"vmware async", pvsim.Config{Version: 20, CommandDelay: 10 * time.Microsecond}}} {
+		t.Run(dev.name, func(t *testing.T) {
+			b := newBench(t, benchOpts{dev: dev.cfg})
+			var wg sync.WaitGroup
+			for range 8 {
+				wg.Go(func() {
+					for range 50 {
+						pd, err := b.ch.CreatePD(bg, 0)
+						if err == nil {
+							err = b.ch.DestroyPD(bg, pd)
+						}
+						if !assert.NoError(t, err) {
+							return
+						}
+					}
+				})
 			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Error(err)
-	}
-	if len(b.dev.pds) != 0 {
-		t.Errorf("%d PDs left", len(b.dev.pds))
+			wg.Wait()
+			b.sync()
+			assert.Zero(t, b.dev.Objects().PDs, "PDs left")
+		})
 	}
 }
 
 func TestCtl(t *testing.T) {
-	b := newBench(t, benchOpts{})
+	b := newBench(t, benchOpts{dev: qemu})
 	_ = b.ch.DestroyCQ(bg, 99) // leaves ERR = -EINVAL
-	if err := b.ch.Unquiesce(bg); err != nil {
-		t.Errorf("QEMU Unquiesce after a failed command: %v", err)
-	}
-	if err := b.ch.Reset(bg); err != nil || b.dev.regs[RegCtl/4] != CtlReset {
-		t.Errorf("Reset: %v", err)
-	}
-	if err := b.ch.Activate(bg); err != nil {
-		t.Errorf("Activate: %v", err)
-	}
-	if _, err := b.ch.CreatePD(bg, 0); err != nil {
-		t.Errorf("the DSR stays loaded across a reset: %v", err)
-	}
+	require.Equal(t, uint32(0xFFFFFFEA), b.reg(firmware.RegErr))
+	assert.NoError(t, b.ch.Unquiesce(bg), "QEMU Unquiesce after a failed command")
+	assert.NoError(t, b.ch.Reset(bg), "Reset")
+	assert.Equal(t, uint32(firmware.CtlReset), b.reg(firmware.RegCtl))
+	assert.False(t, b.dev.State().Activated)
+	assert.NoError(t, b.ch.Activate(bg), "Activate")
+	_, err := b.ch.CreatePD(bg, 0)
+	assert.NoError(t, err, "the DSR stays loaded across a reset")
 
-	s := newBench(t, benchOpts{spec: true})
-	_ = s.ch.DestroyCQ(bg, 99)
-	var oe *OpError
-	if err := s.ch.Unquiesce(bg); !errors.Is(err, ErrDeviceFault) || !errors.As(err, &oe) || oe.Status != 0xFFFFFFEA {
-		t.Errorf("spec Unquiesce with ERR set: %v", err)
+	// A device that follows the interface reports the status of CTL in
+	// ERR. The model's never refuses UNQUIESCE: tap makes ERR read
+	// -EINVAL after it, as a device that did would.
+	s := newBench(t, benchOpts{dev: vmware(18)})
+	require.NoError(t, s.ch.Unquiesce(bg), "Unquiesce")
+	s.tap.tamper(nil, func(uint32) uint32 { return 0xFFFFFFEA })
+	var oe *firmware.OpError
+	err = s.ch.Unquiesce(bg)
+	assert.ErrorIs(t, err, firmware.ErrDeviceFault, "spec Unquiesce with ERR set")
+	if assert.ErrorAs(t, err, &oe) {
+		assert.Equal(t, firmware.Status(0xFFFFFFEA), oe.Status)
 	}
-	if err := s.ch.SetInterruptMask(bg, IMRUnmaskAll); err != nil || s.dev.regs[RegIMR/4] != 0 {
-		t.Errorf("IMR: %v", err)
-	}
+	s.tap.tamper(nil, nil)
+	assert.NoError(t, s.ch.SetInterruptMask(bg, firmware.IMRUnmaskAll), "IMR")
+	assert.Equal(t, firmware.IMRUnmaskAll, s.dev.State().IMR)
 }
 
+// The device finds its two rings through the DSR: CQ notifications and
+// async events arrive where the driver polls them.
 func TestDeviceRingsThroughDSR(t *testing.T) {
-	b := newBench(t, benchOpts{ringPages: 2})
-	for h := range uint32(5) {
-		if !b.dev.notifyCQ(h) {
-			t.Fatal("CQ ring full")
-		}
-	}
+	b := newBench(t, benchOpts{dev: pvsim.Config{Version: 20, CQNotifyAll: true}, ringPages: 2})
+	assert.Equal(t, 2048, b.cqn.Slots())
+	assert.Equal(t, 1024, b.async.Slots())
+
+	// Five send WQEs flushed by the QP going to ERR: five CQEs, five
+	// notifications (CQNotifyAll: one per CQE).
+	pd, err := b.ch.CreatePD(bg, 0)
+	require.NoError(t, err)
+	cqDir, _ := b.ringObject(1)
+	cq, err := b.ch.CreateCQ(bg, firmware.CreateCQRequest{PDirDMA: cqDir, CQE: 64, NChunks: 2})
+	require.NoError(t, err)
+	qpDir, qpState := b.ringObject(2)
+	qp, err := b.ch.CreateQP(bg, firmware.CreateQPRequest{PDirDMA: qpDir, PDHandle: pd, SendCQHandle: cq.CQHandle, RecvCQHandle: cq.CQHandle,
+		MaxSendWR: 16, MaxRecvWR: 16, MaxSendSGE: 1, MaxRecvSGE: 1, TotalChunks: 3, SendChunks: 1, QPType: firmware.QPTypeRC})
+	require.NoError(t, err)
+	le.PutUint32(qpState.Mem[0:], 5) // the send queue's prod_tail: five WQEs posted
+	require.NoError(t, b.ch.ModifyQP(bg, firmware.ModifyQPRequest{QPHandle: qp.QPHandle, AttrMask: firmware.QPAttrState,
+		Attr: firmware.QPAttr{QPState: firmware.QPStateErr}}))
 	buf := make([]uint32, 8)
-	if n, err := b.cqn.Poll(buf); n != 5 || err != nil || buf[4] != 4 {
-		t.Errorf("CQ notifications: %d %v %v", n, buf[:n], err)
-	}
-	if !b.dev.postEvent(EventPortActive, 1) {
-		t.Fatal("async ring full")
-	}
-	evs := make([]AsyncEvent, 2)
-	if n, err := b.async.Poll(evs); n != 1 || err != nil || evs[0] != (AsyncEvent{EventPortActive, 1}) {
-		t.Errorf("events: %d %+v %v", n, evs, err)
-	}
-	if b.cqn.Slots() != 2048 || b.async.Slots() != 1024 {
-		t.Errorf("slots %d %d", b.cqn.Slots(), b.async.Slots())
-	}
+	n, err := b.cqn.Poll(buf)
+	require.NoError(t, err, "CQ notifications")
+	assert.Equal(t, slices.Repeat([]uint32{cq.CQHandle}, 5), buf[:n], "CQ notifications")
+
+	require.NoError(t, b.dev.Raise(firmware.EventPortActive, 1))
+	evs := make([]firmware.AsyncEvent, 2)
+	ne, err := b.async.Poll(evs)
+	require.NoError(t, err, "events")
+	assert.Equal(t, []firmware.AsyncEvent{{Type: firmware.EventPortActive, Info: 1}}, evs[:ne])
 }
 
 func TestNewChannelInvalid(t *testing.T) {
-	d := newFakeDev(newFakeMem(), 17)
-	big := make([]byte, PageSize)
-	for name, f := range map[string]func() (*Channel, error){
-		"nil regs":   func() (*Channel, error) { return NewChannel(nil, big, big, nil) },
-		"short cmd":  func() (*Channel, error) { return NewChannel(d, big[:183], big, nil) },
-		"short resp": func() (*Channel, error) { return NewChannel(d, big, big[:175], nil) },
+	b := newBench(t, benchOpts{dev: qemu, noStart: true})
+	big := make([]byte, firmware.PageSize)
+	for name, f := range map[string]func() (*firmware.Channel, error){
+		"nil regs":   func() (*firmware.Channel, error) { return firmware.NewChannel(nil, big, big, nil) },
+		"short cmd":  func() (*firmware.Channel, error) { return firmware.NewChannel(b.regs, big[:183], big, nil) },
+		"short resp": func() (*firmware.Channel, error) { return firmware.NewChannel(b.regs, big, big[:175], nil) },
 	} {
-		if _, err := f(); !errors.Is(err, ErrInvalid) {
-			t.Errorf("%s: %v", name, err)
-		}
+		_, err := f()
+		assert.ErrorIs(t, err, firmware.ErrInvalid, name)
 	}
-}
-
-func TestStatus(t *testing.T) {
-	for _, tc := range []struct {
-		s     Status
-		errno syscall.Errno
-		is    error
-	}{
-		{0xFFFFFFEA, syscall.EINVAL, syscall.EINVAL},
-		{0xFFFFFFF4, syscall.ENOMEM, syscall.ENOMEM},
-		{0xFFFFFFFB, syscall.EIO, syscall.EIO},
-		{0xFFFFFFFF, syscall.EPERM, syscall.EPERM},
-		{12, syscall.ENOMEM, syscall.ENOMEM},
-		{0xFFFF, 0, ErrNotSupported},
-		{0x80000000, 0, ErrDeviceFault},
-		{4096, 0, ErrDeviceFault},
-	} {
-		if tc.s.Errno() != tc.errno || !errors.Is(tc.s.err(), tc.is) {
-			t.Errorf("%s: errno %v err %v", tc.s, tc.s.Errno(), tc.s.err())
-		}
-	}
-}
-
-func equalCmds(a, b []Cmd) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for i := range a {
-		if a[i] != b[i] {
-			return false
-		}
-	}
-	return true
 }
 
 // Close waits for the command in progress: once it returns, nothing
 // touches the slots or registers (the caller unmaps them next). Before,
 // Close returned at once and the command read the response slot after.
 func TestCloseWaitsForTheCommandInProgress(t *testing.T) {
-	b := newBench(t, benchOpts{spec: true, deferred: true})
 	entered, release := make(chan struct{}), make(chan struct{})
+	var once sync.Once
 	// waited is set inside the command, before it reads the response slot
 	// and lets the channel go: a Close that waits returns after it. (The
 	// command's return to its caller comes after the channel is free, so
 	// it cannot be the mark.)
 	var waited atomic.Bool
-	b.ch.wait = func(ctx context.Context) error {
-		close(entered)
-		<-release
-		b.dev.deliver()
-		waited.Store(true)
-		return nil
-	}
+	b := newBench(t, benchOpts{dev: pvsim.Config{Version: 18, CommandDelay: time.Millisecond},
+		wait: func(b *bench, ctx context.Context) error {
+			once.Do(func() { close(entered) })
+			<-release
+			_, err := b.vec0.Wait(ctx) // the response
+			waited.Store(true)
+			return err
+		}})
 	cmdErr := make(chan error, 1)
 	go func() {
 		_, err := b.ch.CreatePD(bg, 0)
@@ -594,7 +605,7 @@ func TestCloseWaitsForTheCommandInProgress(t *testing.T) {
 		assert.NoError(t, b.ch.Close())
 		doneAtClose <- waited.Load()
 	}()
-	for !b.ch.closed.Load() {
+	for !b.ch.Closing() {
 		runtime.Gosched()
 	}
 	for range 100 { // time for a Close that does not wait to return
@@ -604,6 +615,6 @@ func TestCloseWaitsForTheCommandInProgress(t *testing.T) {
 	assert.True(t, <-doneAtClose, "Close returned while a command was in progress")
 	assert.NoError(t, <-cmdErr, "the command in progress completes")
 	_, err := b.ch.CreatePD(bg, 0)
-	assert.ErrorIs(t, err, ErrClosed)
+	assert.ErrorIs(t, err, firmware.ErrClosed)
 	assert.NoError(t, b.ch.Close(), "a second Close")
 }

@@ -55,6 +55,17 @@
 // are [*OpError] values naming the operation and the device and wrapping a
 // sentinel, a [syscall.Errno] decoded from the device status, or both.
 //
+// # Testing
+//
+// The codecs, page directories and rings are tested on byte slices. The
+// channel is tested on the device model (package pvsim, which imports this
+// one: those tests are in package firmware_test) through the seams the
+// real device uses, its registers, DMA memory and vector 0, on QEMU 7.2
+// and VMware devices of each interface version, with the model's command
+// faults. Only a response with a wrong cookie or acknowledgement, and an
+// ERR a device never writes after a CTL, are made by a thin layer over the
+// model's registers: no device is meant to produce them.
+//
 // The layouts come from the device's interface header (pvrdma_dev_api.h and
 // pvrdma_verbs.h in Linux) and the behaviour of QEMU 7.2's hw/rdma/vmw; see
 // the project's facts sheet (pvrdma-device.md) for the section each part

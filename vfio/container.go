@@ -53,8 +53,24 @@ type Options struct {
 	// IOVABase and IOVALimit bound the IOVA allocator's window
 	// [IOVABase, IOVALimit); 0 means 1 MiB and 4 GiB.
 	IOVABase, IOVALimit uint64
+	// Kernel answers the package's opens, closes and ioctls of the VFIO
+	// nodes; nil means the running kernel. A *vfiotest.Kernel (package
+	// vfio/vfiotest) runs this package, and code above it, with no VFIO
+	// on the machine.
+	Kernel Kernel
 
-	kernel uapi.Kernel // nil means the real kernel; tests set a fake
+	kernel uapi.Kernel // Kernel's implementation, or the real kernel (withDefaults)
+}
+
+// Kernel is the kernel side of VFIO as this package reaches it: every
+// operation comes down to an open, a close or an ioctl on a VFIO node, and
+// a Kernel answers them. The running kernel is the implementation Options
+// uses when Kernel is nil; package vfiotest has the other, a fake. Only
+// packages under vfio/ can implement Kernel: its method returns a type
+// internal to them.
+type Kernel interface {
+	// VFIO returns the implementation of the system-call boundary.
+	VFIO() uapi.Kernel
 }
 
 func (o *Options) withDefaults() Options {
@@ -73,6 +89,9 @@ func (o *Options) withDefaults() Options {
 	}
 	if r.IOVALimit == 0 {
 		r.IOVALimit = defaultIOVALimit
+	}
+	if r.Kernel != nil {
+		r.kernel = r.Kernel.VFIO()
 	}
 	if r.kernel == nil {
 		r.kernel = uapi.Linux{}

@@ -73,7 +73,11 @@
 //
 // # Testing
 //
-// Every ioctl goes through the internal uapi package. The package's own
-// tests drive it through a fake kernel at that boundary; the in-guest test
-// (build tag guest) runs it against the real kernel and QEMU's pvrdma.
+// Every open, close and ioctl of a VFIO node goes through the internal
+// uapi package, and through Options.Kernel to the kernel that answers it:
+// the running kernel by default, or package vfiotest's fake, which answers
+// as vfio, vfio_iommu_type1 and vfio-pci do and lets this package (and code
+// above it) run on a machine without VFIO, an IOMMU or root. The package's
+// own tests run on that fake; the in-guest test (build tag guest) runs it
+// against the real kernel and QEMU's pvrdma.
 package vfio

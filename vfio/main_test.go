@@ -1,4 +1,4 @@
-package vfio
+package vfio_test
 
 import (
 	"fmt"
@@ -8,8 +8,12 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/stretchr/testify/require"
+
 	"github.com/vfrdma/vfrdma/pci"
 	"github.com/vfrdma/vfrdma/pci/pcitest"
+	"github.com/vfrdma/vfrdma/vfio"
+	"github.com/vfrdma/vfrdma/vfio/vfiotest"
 )
 
 // TestMain checks that the tests leave no file descriptor and no device
@@ -31,7 +35,7 @@ func TestMain(m *testing.M) {
 			fmt.Fprintf(os.Stderr, "leaked file descriptors: %v\n", leaked)
 			code = 1
 		}
-		if n := fakeMappings(); n > 0 {
+		if n := vfiotest.RegionMaps(); n > 0 {
 			fmt.Fprintf(os.Stderr, "%d device region mappings left in /proc/self/maps\n", n)
 			code = 1
 		}
@@ -63,19 +67,11 @@ func diff(now, before []string) []string {
 	return out
 }
 
-// fakeMappings counts mappings of fake device memfds.
-func fakeMappings() int {
-	b, _ := os.ReadFile("/proc/self/maps")
-	return strings.Count(string(b), "memfd:vfio-fake-device")
-}
-
 // isMapped reports whether addr lies in a mapping of this process.
 func isMapped(t *testing.T, addr uint64) bool {
 	t.Helper()
 	b, err := os.ReadFile("/proc/self/maps")
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	for line := range strings.Lines(string(b)) {
 		var lo, hi uint64
 		if _, err := fmt.Sscanf(line, "%x-%x", &lo, &hi); err == nil && addr >= lo && addr < hi {
@@ -91,37 +87,51 @@ var (
 	rdmaName = "0000:00:10.1"
 )
 
+// The IOVA window package vfio documents: from 1 MiB to 4 GiB, without the
+// x86 MSI window when the kernel reports no valid ranges.
+const (
+	iovaBase       = 1 << 20
+	msiWindowStart = 0xfee00000
+	msiWindowEnd   = 0xfeefffff
+)
+
 // env is a fake VFIO world shaped like the bench's guest: group 5 holding
 // the vmxnet3 and pvrdma functions, bound to vfio-pci in sysfs.
 type env struct {
-	k     *fakeKernel
+	k     *vfiotest.Kernel
 	sys   *pcitest.Sysfs
-	opts  *Options
-	rdma  *fakeDevice
-	group *fakeGroup
+	opts  *vfio.Options
+	rdma  *vfiotest.Device
+	group *vfiotest.Group
 }
 
 func newEnv(t *testing.T) *env {
 	t.Helper()
-	k := newFakeKernel(t)
+	k := vfiotest.New(t)
 	sys := pcitest.VMwareSlot(t)
-	if _, err := sys.Bus().BindGroup(rdmaAddr, "vfio-pci"); err != nil {
-		t.Fatal(err)
-	}
-	e := &env{k: k, sys: sys, rdma: pvrdmaDevice(rdmaName)}
-	nic := pvrdmaDevice("0000:00:10.0")
-	e.group = k.addGroup(5, true, nic, e.rdma)
-	e.opts = &Options{DevDir: k.devDir, SysfsRoot: sys.Root, kernel: k}
+	_, err := sys.Bus().BindGroup(rdmaAddr, "vfio-pci")
+	require.NoError(t, err)
+	e := &env{k: k, sys: sys, rdma: vfiotest.PVRDMA(rdmaName)}
+	nic := vfiotest.PVRDMA("0000:00:10.0")
+	e.group = k.AddGroup(5, true, nic, e.rdma)
+	e.opts = &vfio.Options{SysfsRoot: sys.Root, Kernel: k}
 	return e
 }
 
 // open opens the pvrdma function through Open.
-func (e *env) open(t *testing.T) *Device {
+func (e *env) open(t *testing.T) *vfio.Device {
 	t.Helper()
-	d, err := Open(rdmaAddr, e.opts)
-	if err != nil {
-		t.Fatal(err)
-	}
+	d, err := vfio.Open(rdmaAddr, e.opts)
+	require.NoError(t, err)
 	t.Cleanup(func() { _ = d.Close() })
 	return d
+}
+
+// pciNoGroup returns a sysfs root where the pvrdma function, bound to
+// vfio-pci, has no IOMMU group (a kernel without an IOMMU).
+func pciNoGroup(t *testing.T) string {
+	s := pcitest.New(t)
+	s.AddDriver(t, "vfio-pci")
+	s.AddFunction(t, pci.Function{Addr: rdmaAddr, Vendor: 0x15ad, Device: 0x0820, Driver: "vfio-pci", IOMMUGroup: -1})
+	return s.Root
 }

@@ -1,6 +1,6 @@
 //go:build race
 
-package vfio
+package vfio_test
 
 // raceEnabled: the race detector instruments code and adds allocations.
 const raceEnabled = true

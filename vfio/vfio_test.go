@@ -1,277 +1,233 @@
-package vfio
+package vfio_test
 
 import (
-	"errors"
 	"io/fs"
+	"maps"
 	"slices"
 	"strings"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 	"golang.org/x/sys/unix"
 
 	"github.com/vfrdma/vfrdma/mmio"
 	"github.com/vfrdma/vfrdma/pci"
+	"github.com/vfrdma/vfrdma/vfio"
 	"github.com/vfrdma/vfrdma/vfio/internal/uapi"
+	"github.com/vfrdma/vfrdma/vfio/vfiotest"
 )
 
 func TestOpenPVRDMA(t *testing.T) {
 	e := newEnv(t)
 	d := e.open(t)
-	if d.Name() != rdmaName || d.Group().Number() != 5 {
-		t.Fatalf("device %s in group %d", d.Name(), d.Group().Number())
-	}
+	assert.Equal(t, rdmaName, d.Name())
+	assert.Equal(t, 5, d.Group().Number())
 	info := d.Info()
-	if !info.PCI || info.Resettable || info.NumRegions != 9 || info.NumIRQs != 5 {
-		t.Fatalf("info = %+v", info)
-	}
+	assert.Equal(t, vfio.DeviceInfo{Flags: uapi.DeviceFlagsPCI, PCI: true, NumRegions: 9, NumIRQs: 5}, info)
 	regs := d.Regions()
-	if got := slices.Sorted(mapsKeys(regs)); !slices.Equal(got, []int{0, 1, 2, 7}) {
-		t.Fatalf("regions %v, want 0 1 2 7", got)
-	}
-	if r := regs[RegionBAR0]; r.Size != 16<<10 || !r.Mappable || !r.MSIXMappable || len(r.Caps) != 1 {
+	require.Equal(t, []int{0, 1, 2, 7}, slices.Sorted(maps.Keys(regs)))
+	if r := regs[vfio.RegionBAR0]; r.Size != 16<<10 || !r.Mappable || !r.MSIXMappable || len(r.Caps) != 1 {
 		t.Errorf("BAR0 = %+v", r)
 	}
-	if r := regs[RegionBAR1]; r.Size != 256 || !r.Mappable || !r.Readable || !r.Writable || r.SparseMmap != nil {
+	if r := regs[vfio.RegionBAR1]; r.Size != 256 || !r.Mappable || !r.Readable || !r.Writable || r.SparseMmap != nil {
 		t.Errorf("BAR1 = %+v", r)
 	}
-	if r := regs[RegionBAR2]; r.Size != 8<<20 || !r.Mappable {
+	if r := regs[vfio.RegionBAR2]; r.Size != 8<<20 || !r.Mappable {
 		t.Errorf("BAR2 = %+v", r)
 	}
-	if r := regs[RegionConfig]; r.Size != 256 || r.Mappable {
+	if r := regs[vfio.RegionConfig]; r.Size != 256 || r.Mappable {
 		t.Errorf("config = %+v", r)
 	}
 	irqs := d.IRQs()
-	if got := slices.Sorted(mapsKeys(irqs)); !slices.Equal(got, []int{IRQINTx, IRQMSIX, IRQReq}) {
-		t.Fatalf("IRQ indexes %v", got)
-	}
-	if m := irqs[IRQMSIX]; m.Count != 3 || !m.Eventfd || !m.NoResize {
+	require.Equal(t, []int{vfio.IRQINTx, vfio.IRQMSIX, vfio.IRQReq}, slices.Sorted(maps.Keys(irqs)))
+	if m := irqs[vfio.IRQMSIX]; m.Count != 3 || !m.Eventfd || !m.NoResize {
 		t.Errorf("MSI-X = %+v", m)
 	}
-	if x, ok := d.IRQ(IRQINTx); !ok || !x.Automasked || !x.Maskable {
+	if x, ok := d.IRQ(vfio.IRQINTx); !ok || !x.Automasked || !x.Maskable {
 		t.Errorf("INTx = %+v", x)
 	}
 	ii, err := d.Container().IOMMUInfo()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if ii.Type != Type1v2 || ii.PageSizes != 0x40201000 || ii.MinPageSize() != 4096 || ii.DMAAvail != 65535 ||
-		!slices.Equal(ii.Ranges, []IOVARange{{0, 0xfedfffff}, {0xfef00000, 0x7fffffffff}}) {
-		t.Fatalf("IOMMU info = %+v", ii)
-	}
+	require.NoError(t, err)
+	assert.Equal(t, vfio.IOMMUInfo{
+		Type:      vfio.Type1v2,
+		PageSizes: 0x40201000,
+		Ranges:    []vfio.IOVARange{{Start: 0, End: 0xfedfffff}, {Start: 0xfef00000, End: 0x7fffffffff}},
+		DMAAvail:  65535,
+	}, ii)
+	assert.Equal(t, uint64(4096), ii.MinPageSize())
 
-	if err := d.Close(); err != nil {
-		t.Fatal(err)
-	}
-	want := []string{"close device 0000:00:10.1", "close group 5", "close container"}
-	if got := e.k.events(); !slices.Equal(got, want) {
-		t.Fatalf("teardown %q, want %q", got, want)
-	}
-	if err := d.Close(); err != nil {
-		t.Fatalf("second Close: %v", err)
-	}
-	if _, err := d.Map(RegionBAR1, 0, 0); !errors.Is(err, ErrClosed) {
-		t.Fatalf("Map after Close: %v", err)
-	}
-	if err := d.Container().MapDMA(make([]byte, 4096), 1<<20); !errors.Is(err, ErrClosed) {
-		t.Fatalf("MapDMA after Close: %v", err)
-	}
-}
-
-func mapsKeys[V any](m map[int]V) func(func(int) bool) {
-	return func(yield func(int) bool) {
-		for k := range m {
-			if !yield(k) {
-				return
-			}
-		}
-	}
+	require.NoError(t, d.Close())
+	require.Equal(t, []string{"close device 0000:00:10.1", "close group 5", "close container"}, e.k.Events(), "teardown")
+	require.NoError(t, d.Close(), "second Close")
+	_, err = d.Map(vfio.RegionBAR1, 0, 0)
+	require.ErrorIs(t, err, vfio.ErrClosed, "Map after Close")
+	require.ErrorIs(t, d.Container().MapDMA(make([]byte, 4096), 1<<20), vfio.ErrClosed, "MapDMA after Close")
 }
 
 func TestOpenStepByStep(t *testing.T) {
 	e := newEnv(t)
-	c, err := OpenContainer(e.opts)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, err := vfio.OpenContainer(e.opts)
+	require.NoError(t, err)
 	defer c.Close()
-	if _, err := c.IOMMUInfo(); !errors.Is(err, ErrNotSupported) {
-		t.Fatalf("IOMMUInfo before a group: %v", err)
-	}
-	if _, err := c.AllocIOVA(4096, 0); !errors.Is(err, ErrNotSupported) {
-		t.Fatalf("AllocIOVA before a group: %v", err)
-	}
+	_, err = c.IOMMUInfo()
+	require.ErrorIs(t, err, vfio.ErrNotSupported, "IOMMUInfo before a group")
+	_, err = c.AllocIOVA(4096, 0)
+	require.ErrorIs(t, err, vfio.ErrNotSupported, "AllocIOVA before a group")
 	g, err := c.OpenGroup(5)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if g.Container() != c {
-		t.Fatal("group's container")
-	}
+	require.NoError(t, err)
+	require.Same(t, c, g.Container(), "group's container")
 	viable, set, err := g.Status()
-	if err != nil || !viable || !set {
-		t.Fatalf("Status = %v %v %v", viable, set, err)
-	}
-	if _, err := c.OpenGroup(5); !errors.Is(err, ErrBusy) {
-		t.Fatalf("OpenGroup twice: %v", err)
-	}
+	require.NoError(t, err)
+	require.True(t, viable, "viable")
+	require.True(t, set, "container set")
+	_, err = c.OpenGroup(5)
+	require.ErrorIs(t, err, vfio.ErrBusy, "OpenGroup twice")
 	d, err := g.OpenDevice(rdmaName)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := g.OpenDevice(rdmaName); !errors.Is(err, ErrBusy) {
-		t.Fatalf("OpenDevice twice: %v", err)
-	}
-	if _, err := g.OpenDevice("0000:00:11.0"); !errors.Is(err, unix.ENODEV) || !strings.Contains(err.Error(), "member of IOMMU group 5") {
-		t.Fatalf("OpenDevice(absent): %v", err)
-	}
+	require.NoError(t, err)
+	_, err = g.OpenDevice(rdmaName)
+	require.ErrorIs(t, err, vfio.ErrBusy, "OpenDevice twice")
+	_, err = g.OpenDevice("0000:00:11.0")
+	require.ErrorIs(t, err, unix.ENODEV, "OpenDevice(absent)")
+	require.ErrorContains(t, err, "member of IOMMU group 5")
 	nic, err := g.OpenDevice("0000:00:10.0")
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	// Closing the group closes its devices first.
-	if err := g.Close(); err != nil {
-		t.Fatal(err)
-	}
-	ev := e.k.events()
+	require.NoError(t, g.Close())
+	ev := e.k.Events()
 	if len(ev) != 3 || ev[2] != "close group 5" || !strings.HasPrefix(ev[0], "close device") || !strings.HasPrefix(ev[1], "close device") {
 		t.Fatalf("events %q", ev)
 	}
-	if err := d.Close(); err != nil || nic.Close() != nil {
-		t.Fatal("closing devices of a closed group")
-	}
-	if _, _, err := g.Status(); !errors.Is(err, ErrClosed) {
-		t.Fatalf("Status after Close: %v", err)
-	}
-	if _, err := g.OpenDevice(rdmaName); !errors.Is(err, ErrClosed) {
-		t.Fatalf("OpenDevice after Close: %v", err)
-	}
+	require.NoError(t, d.Close(), "closing a device of a closed group")
+	require.NoError(t, nic.Close(), "closing a device of a closed group")
+	_, _, err = g.Status()
+	require.ErrorIs(t, err, vfio.ErrClosed, "Status after Close")
+	_, err = g.OpenDevice(rdmaName)
+	require.ErrorIs(t, err, vfio.ErrClosed, "OpenDevice after Close")
 	// The group can be opened again in the same container.
 	g2, err := c.OpenGroup(5)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if _, err := g2.OpenDevice(rdmaName); err != nil {
-		t.Fatal(err)
-	}
-	if err := c.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if _, err := c.OpenGroup(5); !errors.Is(err, ErrClosed) {
-		t.Fatalf("OpenGroup after Close: %v", err)
-	}
+	require.NoError(t, err)
+	_, err = g2.OpenDevice(rdmaName)
+	require.NoError(t, err)
+	require.NoError(t, c.Close())
+	_, err = c.OpenGroup(5)
+	require.ErrorIs(t, err, vfio.ErrClosed, "OpenGroup after Close")
 }
 
 func TestOpenErrors(t *testing.T) {
 	t.Run("no VFIO", func(t *testing.T) {
 		e := newEnv(t)
-		e.k.noVFIO = true
-		_, err := Open(rdmaAddr, e.opts)
-		if !errors.Is(err, ErrNoVFIO) || !errors.Is(err, fs.ErrNotExist) || !strings.Contains(err.Error(), "modprobe vfio-pci") {
-			t.Fatalf("err = %v", err)
-		}
+		e.k.SetVFIOLoaded(false)
+		_, err := vfio.Open(rdmaAddr, e.opts)
+		require.ErrorIs(t, err, vfio.ErrNoVFIO)
+		require.ErrorIs(t, err, fs.ErrNotExist)
+		require.ErrorContains(t, err, "modprobe vfio-pci")
 	})
 	t.Run("API version", func(t *testing.T) {
 		e := newEnv(t)
-		e.k.apiVersion = 1
-		if _, err := Open(rdmaAddr, e.opts); !errors.Is(err, ErrNotSupported) || !strings.Contains(err.Error(), "version 1") {
-			t.Fatalf("err = %v", err)
-		}
+		e.k.SetAPIVersion(1)
+		_, err := vfio.Open(rdmaAddr, e.opts)
+		require.ErrorIs(t, err, vfio.ErrNotSupported)
+		require.ErrorContains(t, err, "version 1")
 	})
 	t.Run("no type1", func(t *testing.T) {
 		e := newEnv(t)
-		e.k.extensions = map[uint32]bool{}
-		if _, err := Open(rdmaAddr, e.opts); !errors.Is(err, ErrNotSupported) || !strings.Contains(err.Error(), "vfio_iommu_type1") {
-			t.Fatalf("err = %v", err)
-		}
+		iommu := vfiotest.QEMUGuestIOMMU()
+		iommu.Types = nil
+		e.k.SetIOMMU(iommu)
+		_, err := vfio.Open(rdmaAddr, e.opts)
+		require.ErrorIs(t, err, vfio.ErrNotSupported)
+		require.ErrorContains(t, err, "vfio_iommu_type1")
 	})
 	t.Run("type1 only", func(t *testing.T) {
 		e := newEnv(t)
-		e.k.extensions = map[uint32]bool{uapi.Type1IOMMU: true}
+		iommu := vfiotest.QEMUGuestIOMMU()
+		iommu.Types = []vfio.IOMMUType{vfio.Type1}
+		e.k.SetIOMMU(iommu)
 		d := e.open(t)
-		if ii, _ := d.Container().IOMMUInfo(); ii.Type != Type1 {
-			t.Fatalf("IOMMU type %v", ii.Type)
-		}
+		ii, err := d.Container().IOMMUInfo()
+		require.NoError(t, err)
+		require.Equal(t, vfio.Type1, ii.Type)
 	})
 	t.Run("type1v2 required", func(t *testing.T) {
 		e := newEnv(t)
-		e.k.extensions = map[uint32]bool{uapi.Type1IOMMU: true}
-		e.opts.IOMMU = Type1v2
-		if _, err := Open(rdmaAddr, e.opts); !errors.Is(err, ErrNotSupported) || !strings.Contains(err.Error(), "type1v2") {
-			t.Fatalf("err = %v", err)
-		}
+		iommu := vfiotest.QEMUGuestIOMMU()
+		iommu.Types = []vfio.IOMMUType{vfio.Type1}
+		e.k.SetIOMMU(iommu)
+		e.opts.IOMMU = vfio.Type1v2
+		_, err := vfio.Open(rdmaAddr, e.opts)
+		require.ErrorIs(t, err, vfio.ErrNotSupported)
+		require.ErrorContains(t, err, "type1v2")
 	})
 	t.Run("not viable", func(t *testing.T) {
 		e := newEnv(t)
-		e.group.viable = false
+		e.group.SetViable(false)
 		// sysfs shows who is in the way.
-		if err := e.sys.Bus().RestoreGroup(map[pci.Addr]string{nicAddr: "vmxnet3"}); err != nil {
-			t.Fatal(err)
-		}
-		_, err := Open(rdmaAddr, e.opts)
-		if !errors.Is(err, ErrGroupNotViable) || !strings.Contains(err.Error(), "0000:00:10.0 (15ad:07b0) is bound to vmxnet3") {
-			t.Fatalf("err = %v", err)
-		}
+		require.NoError(t, e.sys.Bus().RestoreGroup(map[pci.Addr]string{nicAddr: "vmxnet3"}))
+		_, err := vfio.Open(rdmaAddr, e.opts)
+		require.ErrorIs(t, err, vfio.ErrGroupNotViable)
+		require.ErrorContains(t, err, "0000:00:10.0 (15ad:07b0) is bound to vmxnet3")
 	})
 	t.Run("group node missing", func(t *testing.T) {
 		e := newEnv(t)
-		delete(e.k.groups, 5)
-		if _, err := Open(rdmaAddr, e.opts); !errors.Is(err, ErrNotBound) || !strings.Contains(err.Error(), "BindGroup") {
-			t.Fatalf("err = %v", err)
-		}
+		e.k.RemoveGroup(5)
+		_, err := vfio.Open(rdmaAddr, e.opts)
+		require.ErrorIs(t, err, vfio.ErrNotBound)
+		require.ErrorContains(t, err, "BindGroup")
 	})
 	t.Run("group busy", func(t *testing.T) {
 		e := newEnv(t)
-		e.group.open = true
-		if _, err := Open(rdmaAddr, e.opts); !errors.Is(err, ErrBusy) || !errors.Is(err, unix.EBUSY) {
-			t.Fatalf("err = %v", err)
-		}
-		e.group.open = false
+		e.group.SetBusy(true)
+		_, err := vfio.Open(rdmaAddr, e.opts)
+		require.ErrorIs(t, err, vfio.ErrBusy)
+		require.ErrorIs(t, err, unix.EBUSY)
+		e.group.SetBusy(false)
 	})
 	t.Run("no interrupt remapping", func(t *testing.T) {
 		e := newEnv(t)
-		e.k.setErr = unix.EPERM
-		_, err := Open(rdmaAddr, e.opts)
-		if !errors.Is(err, unix.EPERM) || !strings.Contains(err.Error(), "intremap=on") {
-			t.Fatalf("err = %v", err)
-		}
+		e.k.Fail(vfiotest.IoctlSetIOMMU, unix.EPERM)
+		_, err := vfio.Open(rdmaAddr, e.opts)
+		require.ErrorIs(t, err, unix.EPERM)
+		require.ErrorContains(t, err, "intremap=on")
 	})
 	t.Run("not bound", func(t *testing.T) {
 		e := newEnv(t)
-		if err := e.sys.Bus().RestoreGroup(map[pci.Addr]string{rdmaAddr: ""}); err != nil {
-			t.Fatal(err)
-		}
-		_, err := Open(rdmaAddr, e.opts)
-		if !errors.Is(err, ErrNotBound) || !strings.Contains(err.Error(), "no driver") {
-			t.Fatalf("err = %v", err)
-		}
+		require.NoError(t, e.sys.Bus().RestoreGroup(map[pci.Addr]string{rdmaAddr: ""}))
+		_, err := vfio.Open(rdmaAddr, e.opts)
+		require.ErrorIs(t, err, vfio.ErrNotBound)
+		require.ErrorContains(t, err, "no driver")
 	})
 	t.Run("no such function", func(t *testing.T) {
 		e := newEnv(t)
-		if _, err := Open(pci.Addr{Slot: 0x11}, e.opts); !errors.Is(err, pci.ErrNotFound) {
-			t.Fatalf("err = %v", err)
-		}
+		_, err := vfio.Open(pci.Addr{Slot: 0x11}, e.opts)
+		require.ErrorIs(t, err, pci.ErrNotFound)
 	})
 	t.Run("not PCI", func(t *testing.T) {
 		e := newEnv(t)
-		e.rdma.flags = 0
-		if _, err := Open(rdmaAddr, e.opts); !errors.Is(err, ErrNotSupported) {
-			t.Fatalf("err = %v", err)
-		}
+		e.rdma.PCI = false
+		_, err := vfio.Open(rdmaAddr, e.opts)
+		require.ErrorIs(t, err, vfio.ErrNotSupported)
 	})
 	t.Run("no IOMMU group", func(t *testing.T) {
 		e := newEnv(t)
-		sys := pciNoGroup(t)
-		e.opts.SysfsRoot = sys
-		if _, err := Open(rdmaAddr, e.opts); !errors.Is(err, pci.ErrNoIOMMUGroup) || !strings.Contains(err.Error(), "intel_iommu=on") {
-			t.Fatalf("err = %v", err)
-		}
+		e.opts.SysfsRoot = pciNoGroup(t)
+		_, err := vfio.Open(rdmaAddr, e.opts)
+		require.ErrorIs(t, err, pci.ErrNoIOMMUGroup)
+		require.ErrorContains(t, err, "intel_iommu=on")
 	})
 	t.Run("corrupt region caps", func(t *testing.T) {
 		e := newEnv(t)
-		e.rdma.regions[0].caps = [][]byte{{3, 0, 1, 0}} // a header cut short
-		if _, err := Open(rdmaAddr, e.opts); !errors.Is(err, uapi.ErrBadCaps) {
-			t.Fatalf("err = %v", err)
-		}
+		e.rdma.Regions[0].Caps = [][]byte{{3, 0, 1, 0}} // a header cut short
+		_, err := vfio.Open(rdmaAddr, e.opts)
+		require.ErrorIs(t, err, uapi.ErrBadCaps)
+	})
+	t.Run("device fd refused", func(t *testing.T) {
+		e := newEnv(t)
+		e.k.Fail(vfiotest.IoctlGetDeviceFD, unix.EIO)
+		_, err := vfio.Open(rdmaAddr, e.opts)
+		require.ErrorIs(t, err, unix.EIO)
+		// Open undid its work: the group and the container are closed.
+		require.Equal(t, []string{"close group 5", "close container"}, e.k.Events())
 	})
 }
 
@@ -289,169 +245,117 @@ func TestRegionSparseMmap(t *testing.T) {
 	}
 	typ := uapi.Encode(&uapi.RegionInfoCapType{Header: uapi.InfoCapHeader{ID: uapi.RegionInfoCapTypeID, Version: 1}, Type: 1 << 31, Subtype: 7})
 	unknown := []byte{99, 0, 1, 0, 0, 0, 0, 0, 1, 2, 3, 4, 5, 6, 7, 8}
-	e.rdma.regions[0].caps = [][]byte{sparse, typ, unknown}
+	e.rdma.Regions[0].Caps = [][]byte{sparse, typ, unknown}
 	d := e.open(t)
-	r, _ := d.Region(RegionBAR0)
-	if !slices.Equal(r.SparseMmap, []Area{{0x1000, 0x1000}, {0x3000, 0x1000}}) {
-		t.Fatalf("sparse = %v", r.SparseMmap)
-	}
+	r, _ := d.Region(vfio.RegionBAR0)
+	require.Equal(t, []vfio.Area{{Offset: 0x1000, Size: 0x1000}, {Offset: 0x3000, Size: 0x1000}}, r.SparseMmap)
 	if r.Type != 1<<31 || r.Subtype != 7 || len(r.Caps) != 3 || r.Caps[2].ID != 99 || r.MSIXMappable {
 		t.Fatalf("region = %+v", r)
 	}
-	if _, err := d.Map(RegionBAR0, 0, 0x1000); !errors.Is(err, ErrRange) {
-		t.Fatalf("Map outside areas: %v", err)
-	}
-	if _, err := d.Map(RegionBAR0, 0x1000, 0x2000); !errors.Is(err, ErrRange) {
-		t.Fatalf("Map across areas: %v", err)
-	}
-	b, err := d.Map(RegionBAR0, 0x3000, 0x1000)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := d.Unmap(b); err != nil {
-		t.Fatal(err)
-	}
+	_, err := d.Map(vfio.RegionBAR0, 0, 0x1000)
+	require.ErrorIs(t, err, vfio.ErrRange, "Map outside areas")
+	_, err = d.Map(vfio.RegionBAR0, 0x1000, 0x2000)
+	require.ErrorIs(t, err, vfio.ErrRange, "Map across areas")
+	b, err := d.Map(vfio.RegionBAR0, 0x3000, 0x1000)
+	require.NoError(t, err)
+	require.NoError(t, d.Unmap(b))
 	// A sparse area outside the region is corrupt.
 	e2 := newEnv(t)
 	bad := slices.Clone(sparse)
 	copy(bad[16:], uapi.Encode(&uapi.RegionSparseMmapArea{Offset: 0x3000, Size: 0x2000}))
-	e2.rdma.regions[0].caps = [][]byte{bad}
-	if _, err := Open(rdmaAddr, e2.opts); !errors.Is(err, uapi.ErrBadCaps) {
-		t.Fatalf("area outside region: %v", err)
-	}
+	e2.rdma.Regions[0].Caps = [][]byte{bad}
+	_, err = vfio.Open(rdmaAddr, e2.opts)
+	require.ErrorIs(t, err, uapi.ErrBadCaps, "area outside region")
 }
 
 func TestMapRegion(t *testing.T) {
 	e := newEnv(t)
 	d := e.open(t)
-	bar1, err := d.Map(RegionBAR1, 0, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(bar1) != 256 || cap(bar1) != 256 {
-		t.Fatalf("BAR1 mapping len %d cap %d", len(bar1), cap(bar1))
-	}
+	bar1, err := d.Map(vfio.RegionBAR1, 0, 0)
+	require.NoError(t, err)
+	require.Len(t, bar1, 256)
+	require.Equal(t, 256, cap(bar1), "BAR1 mapping cap")
 	regs, err := mmio.New(bar1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if v, err := regs.Load32(0); err != nil || v != 17 {
-		t.Fatalf("VERSION = %d, %v", v, err)
-	}
-	if v, _ := regs.Load32(0x14); v != 0xffff {
-		t.Fatalf("ERR = %#x", v)
-	}
-	if err := regs.Store32(0x1c, 0); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
+	v, err := regs.Load32(0)
+	require.NoError(t, err)
+	require.Equal(t, uint32(17), v, "VERSION")
+	v, _ = regs.Load32(0x14)
+	require.Equal(t, uint32(0xffff), v, "ERR")
+	require.NoError(t, regs.Store32(0x1c, 0))
 	// The store reached the device fd (shared mapping).
 	var b4 [4]byte
-	if err := d.ReadRegion(RegionBAR1, 0x20, b4[:]); err != nil {
-		t.Fatal(err)
-	}
-	if err := regs.Store32(0x20, 0xabcd); err != nil {
-		t.Fatal(err)
-	}
-	if err := d.ReadRegion(RegionBAR1, 0x20, b4[:]); err != nil || b4 != [4]byte{0xcd, 0xab, 0, 0} {
-		t.Fatalf("ReadRegion after Store32 = % x, %v", b4, err)
-	}
-	uar, err := d.Map(RegionBAR2, 4096, 4096)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if d.Mappings() != 2 {
-		t.Fatalf("Mappings = %d", d.Mappings())
-	}
+	require.NoError(t, d.ReadRegion(vfio.RegionBAR1, 0x20, b4[:]))
+	require.NoError(t, regs.Store32(0x20, 0xabcd))
+	require.NoError(t, d.ReadRegion(vfio.RegionBAR1, 0x20, b4[:]))
+	require.Equal(t, [4]byte{0xcd, 0xab, 0, 0}, b4, "ReadRegion after Store32")
+	uar, err := d.Map(vfio.RegionBAR2, 4096, 4096)
+	require.NoError(t, err)
+	require.Equal(t, 2, d.Mappings())
 	for name, f := range map[string]func() error{
-		"misaligned":  func() error { _, err := d.Map(RegionBAR2, 100, 4096); return err },
-		"too long":    func() error { _, err := d.Map(RegionBAR2, 8<<20-4096, 8192); return err },
-		"past end":    func() error { _, err := d.Map(RegionBAR2, 9<<20, 0); return err },
-		"no region":   func() error { _, err := d.Map(RegionBAR4, 0, 0); return err },
-		"not mmap":    func() error { _, err := d.Map(RegionConfig, 0, 0); return err },
+		"misaligned":  func() error { _, err := d.Map(vfio.RegionBAR2, 100, 4096); return err },
+		"too long":    func() error { _, err := d.Map(vfio.RegionBAR2, 8<<20-4096, 8192); return err },
+		"past end":    func() error { _, err := d.Map(vfio.RegionBAR2, 9<<20, 0); return err },
+		"no region":   func() error { _, err := d.Map(vfio.RegionBAR4, 0, 0); return err },
+		"not mmap":    func() error { _, err := d.Map(vfio.RegionConfig, 0, 0); return err },
 		"unmap other": func() error { return d.Unmap(make([]byte, 4096)) },
-		"read past":   func() error { return d.ReadRegion(RegionBAR1, 254, b4[:]) },
-		"read none":   func() error { return d.ReadRegion(RegionBAR5, 0, b4[:]) },
+		"read past":   func() error { return d.ReadRegion(vfio.RegionBAR1, 254, b4[:]) },
+		"read none":   func() error { return d.ReadRegion(vfio.RegionBAR5, 0, b4[:]) },
 	} {
-		err := f()
-		var want error = ErrRange
+		want := vfio.ErrRange
 		switch name {
 		case "misaligned":
-			want = ErrAlignment
+			want = vfio.ErrAlignment
 		case "not mmap":
-			want = ErrNotSupported
+			want = vfio.ErrNotSupported
 		}
-		if !errors.Is(err, want) {
-			t.Errorf("%s: %v, want %v", name, err, want)
-		}
+		assert.ErrorIs(t, f(), want, name)
 	}
-	if err := d.Unmap(uar); err != nil {
-		t.Fatal(err)
-	}
-	if err := d.Unmap(uar); !errors.Is(err, ErrRange) {
-		t.Fatalf("double Unmap: %v", err)
-	}
+	require.NoError(t, d.Unmap(uar))
+	require.ErrorIs(t, d.Unmap(uar), vfio.ErrRange, "double Unmap")
 	// BAR1 is left mapped: Close unmaps it (TestMain checks nothing is
 	// left in /proc/self/maps).
-	if err := d.Close(); err != nil {
-		t.Fatal(err)
-	}
-	if n := fakeMappings(); n != 0 {
-		t.Fatalf("%d device mappings after Close", n)
-	}
+	require.NoError(t, d.Close())
+	require.Zero(t, vfiotest.RegionMaps(), "device mappings after Close")
 }
 
 func TestConfigAndBusMaster(t *testing.T) {
 	e := newEnv(t)
 	d := e.open(t)
 	vid, err := d.ReadConfig16(0)
-	if err != nil || vid != 0x15ad {
-		t.Fatalf("vendor = %#x, %v", vid, err)
-	}
+	require.NoError(t, err)
+	require.Equal(t, uint16(0x15ad), vid, "vendor")
 	id, _ := d.ReadConfig32(0)
-	if id != 0x082015ad {
-		t.Fatalf("id = %#x", id)
-	}
+	require.Equal(t, uint32(0x082015ad), id)
 	cmd, err := d.EnableBusMaster()
-	if err != nil || cmd != 0x0107 {
-		t.Fatalf("EnableBusMaster = %#x, %v", cmd, err)
-	}
-	if c, _ := d.ReadConfig16(ConfigCommand); c != 0x0107 {
-		t.Fatalf("command after = %#x", c)
-	}
+	require.NoError(t, err)
+	require.Equal(t, uint16(0x0107), cmd, "EnableBusMaster")
+	c, _ := d.ReadConfig16(vfio.ConfigCommand)
+	require.Equal(t, uint16(0x0107), c, "command after")
 	// Idempotent.
-	if cmd, err := d.EnableBusMaster(); err != nil || cmd != 0x0107 {
-		t.Fatalf("EnableBusMaster again = %#x, %v", cmd, err)
-	}
-	if err := d.WriteConfig8(0x3c, 0x0b); err != nil {
-		t.Fatal(err)
-	}
-	if v, _ := d.ReadConfig8(0x3c); v != 0x0b {
-		t.Fatalf("interrupt line = %#x", v)
-	}
-	if err := d.WriteConfig32(0x40, 0xdeadbeef); err != nil {
-		t.Fatal(err)
-	}
-	if v, _ := d.ReadConfig32(0x40); v != 0xdeadbeef {
-		t.Fatalf("config 0x40 = %#x", v)
-	}
-	if _, err := d.ReadConfig32(0xfe); !errors.Is(err, ErrRange) {
-		t.Fatalf("ReadConfig32 past end: %v", err)
-	}
+	cmd, err = d.EnableBusMaster()
+	require.NoError(t, err)
+	require.Equal(t, uint16(0x0107), cmd, "EnableBusMaster again")
+	require.NoError(t, d.WriteConfig8(0x3c, 0x0b))
+	v8, _ := d.ReadConfig8(0x3c)
+	require.Equal(t, uint8(0x0b), v8, "interrupt line")
+	require.NoError(t, d.WriteConfig32(0x40, 0xdeadbeef))
+	v32, _ := d.ReadConfig32(0x40)
+	require.Equal(t, uint32(0xdeadbeef), v32, "config 0x40")
+	_, err = d.ReadConfig32(0xfe)
+	require.ErrorIs(t, err, vfio.ErrRange, "ReadConfig32 past end")
 }
 
 func TestReset(t *testing.T) {
 	e := newEnv(t)
 	d := e.open(t)
-	if err := d.Reset(); !errors.Is(err, ErrNotSupported) {
-		t.Fatalf("Reset without support: %v", err)
-	}
+	require.ErrorIs(t, d.Reset(), vfio.ErrNotSupported, "Reset without support")
 	_ = d.Close()
-	e.rdma.flags |= uapi.DeviceFlagsReset
+	e.rdma.Resettable = true
 	d = e.open(t)
-	if err := d.Reset(); err != nil {
-		t.Fatal(err)
-	}
-	if e.rdma.resets != 1 {
-		t.Fatalf("resets = %d", e.rdma.resets)
-	}
+	require.NoError(t, d.Reset())
+	require.Equal(t, 1, e.rdma.Resets())
+	e.k.Fail(vfiotest.IoctlReset, unix.EIO)
+	require.ErrorIs(t, d.Reset(), unix.EIO, "a reset the kernel refuses")
+	require.Equal(t, 1, e.rdma.Resets())
 }
