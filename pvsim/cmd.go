@@ -430,17 +430,18 @@ func (d *Device) cmdDestroyCQ(req []byte) syscall.Errno {
 }
 
 // WQE strides (facts sheet §6): the smallest power of two that holds the
-// header and the SGEs.
-func pow2ceil(n uint32) uint32 {
-	s := uint32(1)
-	for s < n {
+// header and the SGEs. A stride that would pass 2^31 (an SGE count no
+// device takes) comes out as 2^31: callers refuse it by size.
+func pow2ceil(n uint64) uint32 {
+	s := uint64(1)
+	for s < n && s < 1<<31 {
 		s <<= 1
 	}
-	return s
+	return uint32(s)
 }
 
-func sqStride(sges uint32) uint32 { return pow2ceil(sqHeaderSize + sgeSize*sges) }
-func rqStride(sges uint32) uint32 { return pow2ceil(rqHeaderSize + sgeSize*sges) }
+func sqStride(sges uint32) uint32 { return pow2ceil(sqHeaderSize + sgeSize*uint64(sges)) }
+func rqStride(sges uint32) uint32 { return pow2ceil(rqHeaderSize + sgeSize*uint64(sges)) }
 
 func (d *Device) cmdCreateQP(req, resp []byte) syscall.Errno {
 	w := &d.w
@@ -577,12 +578,20 @@ func (d *Device) allocQP(q *qp) bool {
 	default:
 		h, _ := allocHandle(w.qps, 1, limit)
 		q.handle = h
-		for {
-			n := 0x10000 + uint32(w.rng.IntN(0x10000))
-			if w.qpns[n] == nil {
+		q.qpn = 0
+		for range 64 {
+			if n := 0x10000 + uint32(w.rng.IntN(0x10000)); w.qpns[n] == nil {
 				q.qpn = n
 				break
 			}
+		}
+		for n := uint32(0x10000); q.qpn == 0 && n <= dbHandleMask; n++ {
+			if w.qpns[n] == nil && w.qps[n] == nil {
+				q.qpn = n
+			}
+		}
+		if q.qpn == 0 {
+			return false
 		}
 	}
 	w.qps[q.handle] = q

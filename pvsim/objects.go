@@ -151,6 +151,7 @@ type qp struct {
 	retries    int
 	rnrRetries int
 	rnrWait    bool
+	failing    bool // a WQE failed at fetch behind requests in flight
 	ackTimer   *timer
 	rnrTimer   *timer
 	stuck      bool // QEMU mode: spinning on a bad WQE (the hang of facts §11 item 6)
@@ -204,6 +205,9 @@ type sendOp struct {
 	readLike  bool   // READ or atomic: a later fenced WQE waits for it
 	next      uint32 // the send queue counter after this WQE
 	vendorErr uint32
+	// err is a local error found at fetch while earlier requests were in
+	// flight: the WQE completes with it in its turn.
+	err uint32
 }
 
 // timer is a deadline the model's goroutine acts on.

@@ -408,3 +408,17 @@ func TestUDRaw(t *testing.T) {
 		})
 	}
 }
+
+// Send completions come in order: a WQE that fails at fetch behind an RC
+// request in flight completes after it.
+func TestErrorCompletionOrder(t *testing.T) {
+	p := newRCPair(t, pvsim.Config{}, defaultRC(), defaultRC())
+	copy(p.bmr.buf.Mem[100:], "first")
+	p.a.send(rdma(1, rings.WRRDMARead, p.amr.sge(0, 5), p.bmr.addr(100), p.bmr.rkey),
+		sendWR(2, rings.WRSend, sig, rings.SGE{Addr: 0, Length: 4, LKey: 0xbad}),
+		sendWR(3, rings.WRSend, sig, p.amr.sge(0, 4)))
+	cs := p.acq.wait(3)
+	assert.Equal(t, []uint64{1, 2, 3}, []uint64{cs[0].WRID, cs[1].WRID, cs[2].WRID})
+	assert.Equal(t, []uint32{rings.WCSuccess, rings.WCLocProtErr, rings.WCWRFlushErr}, []uint32{cs[0].Status, cs[1].Status, cs[2].Status})
+	assert.Equal(t, "first", string(p.amr.buf.Mem[:5]))
+}

@@ -95,12 +95,12 @@ func (d *Device) execSend(q *qp, op *sendOp, w *sendWQE) {
 	default:
 		// GSI: MADs are not modelled (QEMU sends them to its MAD mux).
 		op.vendorErr = vendorMADSend
-		d.failSend(q, op, d.pick(wcGeneralErr, wcLocQPOpErr))
+		d.failFetched(q, op, d.pick(wcGeneralErr, wcLocQPOpErr))
 		return
 	}
 	sg := q.attr.sgidIndex()
 	if int(sg) >= len(d.w.gids) || !d.w.gids[sg].valid {
-		d.failSend(q, op, wcLocQPOpErr)
+		d.failFetched(q, op, wcLocQPOpErr)
 		return
 	}
 	p := &packet{from: d, srcGID: d.w.gids[sg].gid, gidType: d.w.gids[sg].typ, dstGID: q.attr.dgid(),
@@ -145,7 +145,7 @@ func (d *Device) execSend(q *qp, op *sendOp, w *sendWQE) {
 		st = wcLocQPOpErr // LSO, invalidate, fast-register, masked atomics, MW: not run
 	}
 	if st != wcSuccess {
-		d.failSend(q, op, st)
+		d.failFetched(q, op, st)
 		return
 	}
 	op.psn = q.nextPSN
@@ -627,6 +627,12 @@ func (d *Device) requesterIn(p *packet) {
 		return
 	}
 	d.completeSend(q, op, wcSuccess)
+	if len(q.inflight) > 0 && q.inflight[0].err != 0 {
+		op := q.inflight[0]
+		q.inflight = q.inflight[1:]
+		d.failSend(q, op, op.err)
+		return
+	}
 	if len(q.inflight) == 0 {
 		q.ackTimer.stop()
 		q.ackTimer = nil
@@ -663,6 +669,9 @@ func (d *Device) rnr(q *qp, p *packet) {
 // retransmit sends every request in flight again, from the first.
 func (d *Device) retransmit(q *qp) {
 	for _, op := range q.inflight {
+		if op.pkt == nil {
+			break // a local error waiting for its turn
+		}
 		d.ctr.retransmits.Add(1)
 		d.transmit(op.pkt)
 	}
