@@ -310,6 +310,19 @@ func (d *Device) cmdCreateMR(req, resp []byte) syscall.Errno {
 	return ok
 }
 
+// qemuZero zeroes a new ring's data pages, as QEMU does at CREATE (its
+// ring init); a VMware device is not known to.
+func (d *Device) qemuZero(pages []uint64) {
+	if !d.s.qemu {
+		return
+	}
+	for _, p := range pages {
+		if b := d.dmaBytes(p, pageSize); b != nil {
+			clear(b)
+		}
+	}
+}
+
 // freshKey returns a random memory key used by no MR (not 0, not all ones).
 func (d *Device) freshKey() uint32 {
 	for {
@@ -381,6 +394,7 @@ func (d *Device) cmdCreateCQ(req, resp []byte) syscall.Errno {
 	if !okh {
 		return eNOMEM
 	}
+	d.qemuZero(pages[1:])
 	d.w.cqs[h] = &cq{handle: h, ring: devRing{state: pages[0] + 8, pages: pages[1:], n: cqe, elem: cqeSize}}
 	le.PutUint32(resp[16:], h)
 	le.PutUint32(resp[20:], cqe)
@@ -515,6 +529,7 @@ func (d *Device) cmdCreateQP(req, resp []byte) syscall.Errno {
 	if !d.allocQP(q) {
 		return eNOMEM
 	}
+	d.qemuZero(pages[1:])
 	p.users++
 	w.cqs[scq].users++
 	w.cqs[rcq].users++
@@ -1092,6 +1107,7 @@ func (d *Device) cmdCreateSRQ(req, resp []byte) syscall.Errno {
 	if !okh {
 		return eNOMEM
 	}
+	d.qemuZero(pages[1:])
 	w.srqs[h] = &srq{handle: h, pd: p, maxWR: maxWR, maxSGE: maxSGE, limit: limit,
 		ring: wqRing{state: pages[0] + 8, pages: pages[1:], n: maxWR, stride: stride}}
 	p.users++

@@ -166,7 +166,7 @@ func TestRandomWQEs(t *testing.T) {
 				}
 			}
 			r.m.QPs() // still running
-			assert.NotZero(t, r.m.Stats().SendWQEs)
+			assert.NotZero(t, r.m.Stats().SQDoorbells)
 		})
 	}
 }
