@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"syscall"
 	"testing"
 	"time"
 
@@ -323,5 +324,31 @@ func TestDriverUnsignaledSends(t *testing.T) {
 		}
 		assert.Equal(t, uint64(depth-1), poll(t, a.cq, 1)[0].WRID)
 		poll(t, b.cq, depth)
+	}
+}
+
+// An MR over the caller's own memory (RegisterMR: MapDMA and UnmapDMA).
+func TestRegisterMR(t *testing.T) {
+	for _, tc := range devices[:2] {
+		t.Run(tc.name, func(t *testing.T) {
+			a := newNode(t, tc.cfg, nil, 1)
+			mem, err := syscall.Mmap(-1, 0, 3*4096, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANON)
+			require.NoError(t, err)
+			defer syscall.Munmap(mem)
+			mr, err := a.pd.RegisterMR(ctxT(t), mem[:10000], vfrdma.AccessLocalWrite)
+			require.NoError(t, err)
+			q1, q2 := a.qp(t, vfrdma.RC, nil), a.qp(t, vfrdma.RC, nil)
+			connect(t, a, q1, a, q2)
+			_, err = q2.PostRecv([]vfrdma.RecvWR{{WRID: 1, SGEs: []vfrdma.SGE{mr.SGE(9000, 100)}}}, 0)
+			require.NoError(t, err)
+			copy(mem, "caller's memory")
+			_, err = q1.PostSend([]vfrdma.SendWR{{WRID: 2, Flags: signaled, SGEs: []vfrdma.SGE{mr.SGE(0, 15)}}}, 0)
+			require.NoError(t, err)
+			poll(t, a.cq, 2)
+			assert.Equal(t, "caller's memory", string(mem[9000:9015]))
+			require.NoError(t, q1.Close())
+			require.NoError(t, q2.Close())
+			require.NoError(t, mr.Close())
+		})
 	}
 }

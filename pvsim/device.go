@@ -31,9 +31,9 @@ var ErrNotSupported = errors.New("pvsim: not supported by the modelled device")
 // their triggers arrive. Doorbell writes only queue work for it and never
 // block; a write of REQUEST waits for its command on a QEMU device or a
 // VMware device without CommandDelay, as QEMU's MMIO write does; the
-// inspection and fault methods wait for the device goroutine too, so they
-// must not be called while it is stopped (after Close they return
-// ErrClosed).
+// inspection and fault methods wait for the device goroutine too (after
+// Close the fault methods return ErrClosed and the inspection methods
+// empty results).
 type Device struct {
 	s   *settings
 	fab *Fabric
@@ -528,5 +528,7 @@ func (d *Device) call(fn func()) error {
 // on (QEMU mode; see Hazards).
 func (d *Device) hazard(format string, args ...any) {
 	d.ctr.hazards.Add(1)
-	d.w.hazards = append(d.w.hazards, fmt.Sprintf(format, args...))
+	if len(d.w.hazards) < maxLog {
+		d.w.hazards = append(d.w.hazards, fmt.Sprintf(format, args...))
+	}
 }

@@ -563,7 +563,8 @@ func (d *Device) localMR(q *qp, s *sge, write bool) *mr {
 
 // gather reads the bytes the SGEs name (a send's payload). Status
 // LOC_PROT_ERR for an SGE outside an MR of the QP's PD, LOC_LEN_ERR for a
-// message over the size limit.
+// message over the size limit. The SGEs are checked before anything is
+// allocated: what the driver wrote sizes nothing by itself.
 func (d *Device) gather(q *qp, sges []sge, limit uint64) ([]byte, uint32) {
 	var total uint64
 	for _, s := range sges {
@@ -572,16 +573,22 @@ func (d *Device) gather(q *qp, sges []sge, limit uint64) ([]byte, uint32) {
 	if total > limit {
 		return nil, wcLocLenErr
 	}
+	for i := range sges {
+		s := &sges[i]
+		if s.length == 0 {
+			continue
+		}
+		if m := d.localMR(q, s, false); m == nil || !d.mrAccess(m, s.addr, uint64(s.length), func([]byte) {}) {
+			return nil, wcLocProtErr
+		}
+	}
 	buf := make([]byte, 0, total)
 	for i := range sges {
 		s := &sges[i]
 		if s.length == 0 {
 			continue
 		}
-		m := d.localMR(q, s, false)
-		if m == nil || !d.mrAccess(m, s.addr, uint64(s.length), func(b []byte) { buf = append(buf, b...) }) {
-			return nil, wcLocProtErr
-		}
+		d.mrAccess(d.localMR(q, s, false), s.addr, uint64(s.length), func(b []byte) { buf = append(buf, b...) })
 	}
 	return buf, wcSuccess
 }

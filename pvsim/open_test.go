@@ -60,7 +60,11 @@ func TestOpenClose(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			m, err := pvsim.New(tc.cfg)
 			require.NoError(t, err)
-			d, err := vfrdma.OpenFunction(m, nil)
+			defer m.Close()
+			// Through a handle of its own, so that the model outlives the
+			// driver's Close and can be inspected after it.
+			fn := m.Function()
+			d, err := vfrdma.OpenFunction(fn, nil)
 			require.NoError(t, err)
 
 			want := uint32(20)
@@ -113,8 +117,9 @@ func TestOpenClose(t *testing.T) {
 			} else {
 				assert.Equal(t, pvsim.Objects{}, o, "a VMware device is reset at Close")
 			}
-			_, err = m.Registers()
+			_, err = fn.Registers()
 			assert.ErrorIs(t, err, pvsim.ErrClosed, "the driver's Close closes the function")
+			assert.Empty(t, m.Vectors(), "and disables its vectors")
 		})
 	}
 }
