@@ -44,6 +44,7 @@ type CQ struct {
 	data    []byte
 	wake    chan struct{} // the notifier's signal: a CQE arrived while armed
 	stats   CQStats
+	qpMask  uint32 // the bits of a CQE's qp field that key the QP table (Device.qpHandleMask)
 
 	// The lifecycle: every call that reads the ring, the device's
 	// registers or its control pages is inside gate; shut closes it, and
@@ -70,8 +71,17 @@ type CQ struct {
 	sinceSync  int // CQEs since Poll last looked at the notification ring
 
 	flushPending atomic.Bool
+	failErr      atomic.Pointer[error] // set by a CQ_ERR or DEVICE_FATAL event: every Poll returns it
 	fmu          sync.Mutex
 	flushing     []flushSource // queues whose rest this CQ completes with WR_FLUSH_ERR
+
+	// Reaps: the QPs whose selective send queues' posters asked the next
+	// poll to hand back the slots of unsignaled sends the device consumed
+	// (wq.Queue.Reap). A poll holds rmu while it reaps; a QP's Close takes
+	// it out (dropReap) before its ring goes.
+	reapPending atomic.Bool
+	rmu         sync.Mutex
+	reaps       []*QP
 
 	mu     sync.Mutex
 	closed bool
@@ -142,7 +152,7 @@ func (d *Device) CreateCQ(ctx context.Context, entries int) (*CQ, error) {
 // newCQ makes the CQ over its ring (buf is nil in the host tests).
 func newCQ(d *Device, handle uint32, entries int, buf *vfio.DMABuffer, st *rings.State, cons *rings.Consumer, data []byte) *CQ {
 	return &CQ{d: d, handle: handle, entries: entries, buf: buf, st: st, cons: cons, data: data,
-		wake: make(chan struct{}, 1), done: make(chan struct{})}
+		wake: make(chan struct{}, 1), done: make(chan struct{}), qpMask: d.qpHandleMask()}
 }
 
 // shut refuses the CQ's calls from now on, wakes its waiter and waits for
@@ -214,11 +224,12 @@ func (cq *CQ) destroy(ctx context.Context, force bool) error {
 	return cq.d.freeRing(cq.buf, cq.data)
 }
 
-// rekey gives the CQEs of QP number qpn that the ring holds, unpolled,
-// the key alias (a number no device QP has) instead: they are a destroyed
-// QP's, and the device may give its number to the next QP created. It
-// holds the gate while it scans: the poller waits a moment.
-func (cq *CQ) rekey(qpn, alias uint32) {
+// rekey gives the CQEs of the QP keyed key (its handle, masked) that the
+// ring holds, unpolled, the key alias (a number no device QP has, tagged
+// aliasTag) instead: they are a destroyed QP's, and the device may give
+// its handle to the next QP created. It holds the gate while it scans: the
+// poller waits a moment.
+func (cq *CQ) rekey(key, alias uint32) {
 	cq.gate.Hold()
 	defer cq.gate.Unhold()
 	if cq.gate.IsShut() {
@@ -232,12 +243,21 @@ func (cq *CQ) rekey(qpn, alias uint32) {
 	for i := 0; i < ready; i++ {
 		slot := cq.data[cq.cons.Slot(i)*CQESize:]
 		rings.DecodeCQE(slot, &e)
-		if uint32(e.QP) != qpn {
+		if cq.cqeKey(e.QP) != key || e.QP>>32 == aliasTag {
 			continue
 		}
-		e.QP = uint64(alias)
+		e.QP = aliasTag<<32 | uint64(alias)
 		rings.PutCQE(slot, &e)
 	}
+}
+
+// cqeKey returns the QP table key of a CQE's qp field: the device's QP
+// handle, masked; or an alias rekey wrote, whole.
+func (cq *CQ) cqeKey(qp uint64) uint32 {
+	if qp>>32 == aliasTag {
+		return uint32(qp)
+	}
+	return uint32(qp) & cq.qpMask
 }
 
 func (cq *CQ) hold(n int) {
@@ -248,16 +268,25 @@ func (cq *CQ) hold(n int) {
 
 // WC is a work completion.
 type WC struct {
-	WRID      uint64
-	Status    WCStatus
+	WRID   uint64
+	Status WCStatus
+	// Opcode is the completed operation, as the device reports it: WCSend,
+	// WCRDMAWrite, WCRDMARead, WCCompSwap, WCFetchAdd on the send queue;
+	// WCRecv, or WCRecvRDMAWithImm for a receive an RDMA WRITE WITH IMM
+	// consumed. QEMU 7.2 reports WCSend and WCRecv only. Flush completions
+	// (WCFlushErr) carry WCSend or WCRecv.
 	Opcode    WCOpcode
 	ByteLen   uint32 // received bytes (UD: UDHeaderRoom included)
-	QPN       uint32 // the QP the request was posted on
+	QPN       uint32 // the QP's number (QP.QPN), whatever handle the device named it by
 	SrcQP     uint32 // receives: the sender's QPN
-	Flags     uint32 // WC flags (WCFlagGRH, ...)
+	Flags     uint32 // WC flags (WCFlagGRH, WCFlagWithImm, ...)
 	VendorErr uint32 // the device's detail for an error status
-	Imm       uint32
+	Imm       uint32 // with WCFlagWithImm: the sender's SendWR.Imm
 }
+
+// HasImm reports whether the completion carries immediate data in Imm (a
+// receive of a SEND or RDMA WRITE with immediate).
+func (w *WC) HasImm() bool { return w.Flags&WCFlagWithImm != 0 }
 
 // WCStatus is a completion's status; WCOpcode its operation.
 type (
@@ -265,17 +294,29 @@ type (
 	WCOpcode = rings.WCOpcode
 )
 
-// Completion statuses and opcodes callers branch on (rings has them all).
+// Completion statuses, opcodes and flags callers branch on (rings has
+// them all).
 const (
-	WCSuccess   WCStatus = rings.WCSuccess
-	WCLocLenErr WCStatus = rings.WCLocLenErr
-	WCProtErr   WCStatus = rings.WCLocProtErr
-	WCFlushErr  WCStatus = rings.WCWRFlushErr
-	WCRemInvReq WCStatus = rings.WCRemInvReqErr
-	WCGeneral   WCStatus = rings.WCGeneralErr
+	WCSuccess      WCStatus = rings.WCSuccess
+	WCLocLenErr    WCStatus = rings.WCLocLenErr
+	WCProtErr      WCStatus = rings.WCLocProtErr
+	WCFlushErr     WCStatus = rings.WCWRFlushErr
+	WCLocAccessErr WCStatus = rings.WCLocAccessErr
+	WCRemInvReq    WCStatus = rings.WCRemInvReqErr
+	WCRemAccessErr WCStatus = rings.WCRemAccessErr // the peer's rkey, bounds or MR rights refused a one-sided operation
+	WCRemOpErr     WCStatus = rings.WCRemOpErr
+	WCGeneral      WCStatus = rings.WCGeneralErr
 
-	WCSend WCOpcode = rings.WCSend
-	WCRecv WCOpcode = rings.WCRecv
+	WCSend            WCOpcode = rings.WCSend
+	WCRDMAWrite       WCOpcode = rings.WCRDMAWrite
+	WCRDMARead        WCOpcode = rings.WCRDMARead
+	WCCompSwap        WCOpcode = rings.WCCompSwap
+	WCFetchAdd        WCOpcode = rings.WCFetchAdd
+	WCRecv            WCOpcode = rings.WCRecv
+	WCRecvRDMAWithImm WCOpcode = rings.WCRecvRDMAWithImm
+
+	WCFlagGRH     = rings.WCFlagGRH
+	WCFlagWithImm = rings.WCFlagWithImm
 )
 
 // Poll moves up to len(wcs) completions into wcs and returns how many. It
@@ -315,6 +356,9 @@ const syncEvery = 64
 // poll is Poll inside the gate.
 func (cq *CQ) poll(wcs []WC) (int, error) {
 	cq.stats.Polls++
+	if e := cq.failErr.Load(); e != nil {
+		return 0, cq.d.opErr("poll CQ", fmt.Errorf("CQ %d: %w", cq.handle, *e))
+	}
 	ready, err := cq.cons.Ready()
 	if err != nil {
 		return 0, cq.d.opErr("poll CQ", err)
@@ -332,14 +376,15 @@ func (cq *CQ) poll(wcs []WC) (int, error) {
 	n := 0
 	var e rings.CQE
 	// The QP of the last CQE and the queue it touched: a run of CQEs of
-	// one QP looks it up once per call.
+	// one QP looks it up once per call. The CQE names the QP by handle
+	// (the QPN below version 20); WC.QPN is its number.
 	var qp *QP
-	var qpn uint32
+	var key uint32
 	var last *wq.Queue
 	for i := 0; i < take; i++ {
 		rings.DecodeCQEWork(cq.data[cq.cons.Slot(i)*CQESize:], &e)
-		if qp == nil || uint32(e.QP) != qpn {
-			qp, qpn = cq.d.qpns.Lookup(uint32(e.QP)), uint32(e.QP)
+		if k := cq.cqeKey(e.QP); qp == nil || k != key {
+			qp, key = cq.d.qpns.Lookup(k), k
 		}
 		if qp == nil || !cq.account(qp, &e, &last) {
 			cq.stats.Dropped++
@@ -353,6 +398,9 @@ func (cq *CQ) poll(wcs []WC) (int, error) {
 		n++
 	}
 	cq.publishHeads()
+	if cq.reapPending.Load() {
+		cq.reap()
+	}
 	if take > 0 {
 		cq.cons.Consume(take)
 		cq.stats.CQEs += uint64(take)
@@ -389,7 +437,13 @@ func (cq *CQ) account(qp *QP, e *rings.CQE, last **wq.Queue) bool {
 		}
 		w = &qp.rq
 	}
-	if !w.Complete(e.WRID) {
+	ok := false
+	if e.Status == rings.WCSuccess {
+		ok = w.Complete(e.WRID)
+	} else {
+		ok = w.CompleteErr(e.WRID) // unsignaled sends fail with a completion too
+	}
+	if !ok {
 		return false
 	}
 	if w != *last {
@@ -400,6 +454,45 @@ func (cq *CQ) account(qp *QP, e *rings.CQE, last **wq.Queue) bool {
 		countOn(c, e.Status)
 	}
 	return true
+}
+
+// addReap asks the CQ's next poll to reap qp's send queue.
+func (cq *CQ) addReap(qp *QP) {
+	cq.rmu.Lock()
+	cq.reaps = append(cq.reaps, qp)
+	cq.reapPending.Store(true)
+	cq.rmu.Unlock()
+}
+
+// dropReap forgets qp's reap requests; a reap under way finishes first.
+func (cq *CQ) dropReap(qp *QP) {
+	cq.rmu.Lock()
+	defer cq.rmu.Unlock()
+	kept := cq.reaps[:0]
+	for _, q := range cq.reaps {
+		if q != qp {
+			kept = append(kept, q)
+		}
+	}
+	clear(cq.reaps[len(kept):])
+	cq.reaps = kept
+}
+
+// reap hands back, for the QPs that asked, the send slots of the
+// unsignaled sends the device consumed (poller side: it touches the send
+// queues' records). A QP out of RTS is left alone: a device that fails or
+// flushes it completes its sends itself, and Close flushes the rest.
+func (cq *CQ) reap() {
+	cq.rmu.Lock()
+	defer cq.rmu.Unlock()
+	cq.reapPending.Store(false)
+	for i, qp := range cq.reaps {
+		if qp.State() == StateRTS && qp.sq.Reap() > 0 {
+			qp.sq.PublishHead()
+		}
+		cq.reaps[i] = nil
+	}
+	cq.reaps = cq.reaps[:0]
 }
 
 // countOn counts a completion on a QP's counter.
@@ -653,7 +746,7 @@ func (cq *CQ) readyOrPoll() (bool, error) {
 // calls it beside Poll. An index out of range reads as ready: Poll reports
 // the fault.
 func (cq *CQ) ready() (bool, error) {
-	return cq.st.ProdTail() != cq.st.ConsHead() || cq.flushPending.Load(), nil
+	return cq.st.ProdTail() != cq.st.ConsHead() || cq.flushPending.Load() || cq.failErr.Load() != nil, nil
 }
 
 // Ready reports whether the CQ holds completions (event.Source). With arm

@@ -89,7 +89,7 @@ func (f *fixture) device(t testing.TB, st uint32) int {
 		}
 		for i := 0; i < ready; i++ {
 			slot := q.w.Slot(q.c.Slot(i))
-			e = rings.CQE{WRID: binary.LittleEndian.Uint64(slot), QP: uint64(f.qp.qpn), Status: st}
+			e = rings.CQE{WRID: binary.LittleEndian.Uint64(slot), QP: uint64(f.qp.handle), Status: st}
 			if q.recv {
 				e.Opcode = rings.WCRecv
 			}

@@ -11,6 +11,7 @@ import (
 	"net/netip"
 	"os"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/vfrdma/vfrdma/doorbell"
@@ -104,6 +105,11 @@ type Options struct {
 	// port's state only while the vmxnet3 function is active, DOWN
 	// otherwise, and it shares the IOMMU group anyway.
 	Ethernet *vmxnet3.Options
+	// OnAsyncEvent, if set, receives each async event the device raises,
+	// after the driver acted on it (see AsyncEvent), on the goroutine that
+	// takes them: it must not block. Device.AsyncEvents is the channel
+	// alternative.
+	OnAsyncEvent func(AsyncEvent)
 	// NoEthernet leaves the vmxnet3 function alone (its VFIO device is not
 	// opened): the RDMA port then reads DOWN on QEMU.
 	NoEthernet bool
@@ -157,7 +163,9 @@ type Device struct {
 	cqIRQ     irqWaiter // vector 2, what the notifier waits on
 	ch        commands  // a *firmware.Channel once open
 	cqNotify  *firmware.CQNotifyRing
-	async     *firmware.AsyncRing
+	asyncRing *firmware.AsyncRing
+	async     asyncEvents
+	portState atomic.Uint32 // port 1's state: QUERY_PORT at Open, then the port events
 	journal   journal
 
 	version   uint32
@@ -307,6 +315,8 @@ func (d *Device) bringUp() error {
 		return err
 	}
 	d.udMax = 128 << min(max(port.ActiveMTU, 1), 5)
+	d.portState.Store(port.State)
+	d.startAsync()
 	return nil
 }
 
@@ -388,7 +398,7 @@ func (d *Device) mapDevice() error {
 	if err != nil {
 		return err
 	}
-	if d.async, err = firmware.NewAsyncRing(asyncState, [][]byte{d.ctlPage(pgAsyncData).Mem}); err != nil {
+	if d.asyncRing, err = firmware.NewAsyncRing(asyncState, [][]byte{d.ctlPage(pgAsyncData).Mem}); err != nil {
 		return err
 	}
 	cqnState, err := mmio.New(d.ctlPage(pgCQNState).Mem)
@@ -442,7 +452,9 @@ func bufPage(buf *vfio.DMABuffer, i int) firmware.Page {
 	return firmware.Page{DMA: buf.IOVA + uint64(off), Mem: buf.Mem[off : off+firmware.PageSize]}
 }
 
-// start opens the command channel and loads the DSR.
+// start opens the command channel and loads the DSR (firmware.Channel.Start:
+// the version checked, the DSR written, the capabilities validated), leaving
+// the device inactive.
 func (d *Device) start(ctx context.Context) error {
 	vec0 := d.vectors[firmware.VectorResponse]
 	ch, err := firmware.NewChannel(d.regs, d.ctlPage(pgCmd).Mem, d.ctlPage(pgResp).Mem, &firmware.Options{
@@ -457,25 +469,29 @@ func (d *Device) start(ctx context.Context) error {
 		return err
 	}
 	d.ch = ch
-	if d.version, err = ch.ReadVersion(ctx); err != nil {
-		return err
-	}
-	if d.version < firmware.MinVersion || d.version > firmware.MaxVersion {
-		return fmt.Errorf("%w: device interface version %d (this driver knows %d to %d)",
-			ErrNotSupported, d.version, firmware.MinVersion, firmware.MaxVersion)
-	}
-	dsr := firmware.DSR{
-		GOS:         firmware.GOSInfo{Bits: firmware.GOSBits64, Type: firmware.GOSTypeLinux, Version: 1},
-		CmdSlotDMA:  d.ctlPage(pgCmd).DMA,
-		RespSlotDMA: d.ctlPage(pgResp).DMA,
-		AsyncRing:   firmware.RingPageInfo{NumPages: 2, PDirDMA: d.ctlPage(pgAsyncDir).DMA},
-		CQRing:      firmware.RingPageInfo{NumPages: 1 + cqnDataPages, PDirDMA: d.ctlPage(pgCQNDir).DMA},
-	}
 	dsrPage := d.ctlPage(pgDSR)
-	if err := dsr.Encode(dsrPage.Mem, d.version); err != nil {
-		return err
+	var uarPFN uint64
+	if l, ok := d.fn.(hw.UARLocator); ok {
+		if uarPFN, err = l.UARPFN(); err != nil {
+			return fmt.Errorf("the UAR page's address: %w", err)
+		}
 	}
-	caps, err := ch.LoadDSR(ctx, dsrPage.DMA, dsrPage.Mem, d.version)
+	// Not activated here: recover destroys a crashed holder's leftovers
+	// first, then activate unmasks and activates (once, on QEMU).
+	version, caps, err := ch.Start(ctx, &firmware.StartConfig{
+		DSR: firmware.DSR{
+			GOS:         firmware.GOSInfo{Bits: firmware.GOSBits64, Type: firmware.GOSTypeLinux, Version: 1},
+			CmdSlotDMA:  d.ctlPage(pgCmd).DMA,
+			RespSlotDMA: d.ctlPage(pgResp).DMA,
+			AsyncRing:   firmware.RingPageInfo{NumPages: 2, PDirDMA: d.ctlPage(pgAsyncDir).DMA},
+			CQRing:      firmware.RingPageInfo{NumPages: 1 + cqnDataPages, PDirDMA: d.ctlPage(pgCQNDir).DMA},
+			UARPFN:      uarPFN,
+		},
+		DSRMem:     dsrPage.Mem,
+		DSRDMA:     dsrPage.DMA,
+		NoActivate: true,
+	})
+	d.version = version
 	if err != nil {
 		return err
 	}
@@ -603,7 +619,7 @@ func (d *Device) BindGID(ctx context.Context, index int, gid GID) error {
 		return d.opErr("bind GID", invalidf("GID index %d: the table has %d entries", index, d.caps.GIDTblLen))
 	}
 	err := d.ch.CreateBind(ctx, firmware.CreateBindRequest{
-		MTU: 1024, VLAN: 0xFFF, Index: uint32(index), GID: gid, GIDType: firmware.GIDTypeRoCEv1,
+		MTU: 1024, VLAN: 0xFFF, Index: uint32(index), GID: gid, GIDType: d.gidType(),
 	})
 	if err != nil {
 		return d.opErr("bind GID", err)
@@ -618,6 +634,20 @@ func (d *Device) BindGID(ctx context.Context, index int, gid GID) error {
 	}
 	return nil
 }
+
+// gidType is the GID type CREATE_BIND carries: the one the device speaks.
+// A device reports RoCE v1 or RoCE v2 in caps.gid_types, never both
+// (LoadDSR refuses both); QEMU reports v1.
+func (d *Device) gidType() uint8 {
+	if d.caps.GIDTypes == firmware.GIDTypeRoCEv2 {
+		return firmware.GIDTypeRoCEv2
+	}
+	return firmware.GIDTypeRoCEv1
+}
+
+// RoCEv2 reports a device configured for RoCE v2 (UDP encapsulation); else
+// it speaks RoCE v1.
+func (d *Device) RoCEv2() bool { return d.gidType() == firmware.GIDTypeRoCEv2 }
 
 // UnbindGID removes the GID at index (DESTROY_BIND).
 func (d *Device) UnbindGID(ctx context.Context, index int) error {
@@ -770,6 +800,7 @@ func (d *Device) Close() error {
 		cq.shut()
 	}
 	errs = append(errs, d.quiesce(ctx))
+	d.stopAsync()
 	d.notify.stop()
 	errs = append(errs, d.release())
 	return d.opErr("close", errors.Join(errs...))

@@ -16,6 +16,7 @@ import (
 
 	"github.com/vfrdma/vfrdma/firmware"
 	"github.com/vfrdma/vfrdma/qemu/proto"
+	"github.com/vfrdma/vfrdma/vfio"
 )
 
 // guestBDF returns the pvrdma function the bench's init bound to vfio-pci.
@@ -137,7 +138,7 @@ func TestDeviceBringUp(t *testing.T) {
 // The device raises MSI-X vector 0 for every command it answers.
 func TestCommandInterrupt(t *testing.T) {
 	d := openGuest(t)
-	v := d.vectors[firmware.VectorResponse]
+	v := d.vectors[firmware.VectorResponse].(*vfio.Vector)
 	if _, err := v.Poll(); err != nil { // drop what Open's commands raised
 		t.Fatal(err)
 	}

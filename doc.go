@@ -42,9 +42,36 @@
 //   - Device.Close waits for the control calls under way (an object created
 //     meanwhile is destroyed with the rest), so it leaks nothing.
 //
-// A QP number the device gives again after a QP is destroyed never
+// A QP handle the device gives again after a QP is destroyed never
 // receives the destroyed QP's completions: those still in its CQs are
 // moved to a key of the driver's own when the QP is destroyed.
+//
+// # QEMU 7.2 and VMware's device
+//
+// The data path follows what the device reports at Open (Device.Version,
+// Device.Quirks, Device.Caps):
+//
+//   - QP handles: from interface version 20 the device names a QP by a
+//     handle distinct from its number in doorbells, commands and CQEs;
+//     completions are matched by handle (its low 16 bits, as Linux and
+//     rdma-core read them), and WC.QPN and QP.QPN are the number peers
+//     address. Below 20 (QEMU: 17) the two are one value.
+//   - Signaling: QEMU completes every send. A VMware device honours
+//     SendSignaled and QPConfig.SignalAll: an unsignaled send makes no
+//     completion unless it fails, and its slot comes back when a later
+//     signaled send completes or, failing that, once the device has
+//     consumed it and the send CQ is polled. Closing the QP flushes every
+//     send still outstanding, signaled or not, exactly once.
+//   - One-sided operations: RDMA WRITE (with immediate), RDMA READ,
+//     compare-and-swap and fetch-and-add on RC QPs, with SendWR.RemoteAddr,
+//     RKey and the atomic operands, into MRs registered with remote rights
+//     (MR.RKey). They are checked before they reach the ring, against the
+//     device's atomic_ops, max_qp_init_rd_atom and max_sge_rd too. QEMU
+//     runs every send WQE as a plain SEND, so there every opcode but
+//     OpSend is refused with ErrNotSupported and nothing is posted.
+//   - Completions report the operation the device ran (WC.Opcode) and
+//     immediate data (WC.Imm with WCFlagWithImm); QEMU reports WCSend and
+//     WCRecv only.
 //
 // # Concurrency
 //

@@ -21,8 +21,8 @@ func Example() {
 
 	pd, _ := d.AllocPD(ctx)
 	cq, _ := d.CreateCQ(ctx, 64)
-	a, _ := pd.CreateQP(ctx, &vfrdma.QPConfig{Type: vfrdma.RC, SendCQ: cq, RecvCQ: cq})
-	b, _ := pd.CreateQP(ctx, &vfrdma.QPConfig{Type: vfrdma.RC, SendCQ: cq, RecvCQ: cq})
+	a, _ := pd.CreateQP(ctx, &vfrdma.QPConfig{Type: vfrdma.RC, SendCQ: cq, RecvCQ: cq, SignalAll: true})
+	b, _ := pd.CreateQP(ctx, &vfrdma.QPConfig{Type: vfrdma.RC, SendCQ: cq, RecvCQ: cq, SignalAll: true})
 	mr, _ := pd.AllocMR(ctx, 8192, vfrdma.AccessLocalWrite)
 	a.Connect(ctx, vfrdma.Remote{QPN: b.QPN(), GID: d.GID()}, 0)
 	b.Connect(ctx, vfrdma.Remote{QPN: a.QPN(), GID: d.GID()}, 0)

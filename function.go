@@ -16,7 +16,10 @@ type vfioFunction struct {
 	vectors bool
 }
 
-var _ hw.Function = (*vfioFunction)(nil)
+var (
+	_ hw.Function   = (*vfioFunction)(nil)
+	_ hw.UARLocator = (*vfioFunction)(nil)
+)
 
 func (f *vfioFunction) Name() string { return f.dev.Name() }
 
@@ -73,6 +76,25 @@ func (f *vfioFunction) MapDMA(mem []byte) (uint64, error) {
 func (f *vfioFunction) UnmapDMA(iova uint64, size int) error {
 	c := f.dev.Container()
 	return errors.Join(c.UnmapDMA(iova, uint64(size)), c.FreeIOVA(iova, uint64(size)))
+}
+
+// UARPFN reads BAR2's bus address from the function's config space (a
+// 64-bit BAR takes the next register too) and returns its page frame.
+func (f *vfioFunction) UARPFN() (uint64, error) {
+	const bar2 = 0x18
+	lo, err := f.dev.ReadConfig32(bar2)
+	if err != nil {
+		return 0, err
+	}
+	addr := uint64(lo &^ 0xF)
+	if lo&0x6 == 0x4 { // a 64-bit memory BAR
+		hi, err := f.dev.ReadConfig32(bar2 + 4)
+		if err != nil {
+			return 0, err
+		}
+		addr |= uint64(hi) << 32
+	}
+	return addr / firmware.PageSize, nil
 }
 
 // Close disables the vectors and closes the device, which unmaps the BARs

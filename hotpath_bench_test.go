@@ -210,7 +210,7 @@ func BenchmarkHotPathParts(b *testing.B) {
 			}
 			for j := range wrs {
 				wr := &wrs[j]
-				wqe.WRID, wqe.Opcode, wqe.Flags, wqe.Imm, wqe.SGEs = wr.WRID, wireOpcode[wr.Opcode], uint32(wr.Flags), wr.Imm, wr.SGEs
+				wqe.WRID, wqe.Opcode, wqe.Flags, wqe.Imm, wqe.SGEs = wr.WRID, opcodes[wr.Opcode].wire, uint32(wr.Flags), wr.Imm, wr.SGEs
 				rings.PutSendWQE(f.qp.sq.Claim(wr.WRID), &wqe)
 			}
 			if err := f.qp.sq.End(false); err != nil {
@@ -227,7 +227,7 @@ func BenchmarkHotPathParts(b *testing.B) {
 		for i := 0; i < b.N; i++ {
 			for j := range wrs {
 				wr := &wrs[j]
-				wqe.WRID, wqe.Opcode, wqe.Flags, wqe.Imm, wqe.SGEs = wr.WRID, wireOpcode[wr.Opcode], uint32(wr.Flags), wr.Imm, wr.SGEs
+				wqe.WRID, wqe.Opcode, wqe.Flags, wqe.Imm, wqe.SGEs = wr.WRID, opcodes[wr.Opcode].wire, uint32(wr.Flags), wr.Imm, wr.SGEs
 				rings.PutSendWQE(f.qp.sq.Slot((i*batch+j)&(slots-1)), &wqe)
 			}
 		}

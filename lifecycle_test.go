@@ -195,7 +195,7 @@ func complete(t testing.TB, qp *QP, sq *rings.Consumer, cq *CQ, prod *rings.Prod
 	ready, err := sq.Ready()
 	require.NoError(t, err)
 	for i := 0; i < ready; i++ {
-		e := rings.CQE{WRID: binary.LittleEndian.Uint64(qp.sq.Slot(sq.Slot(i))), QP: uint64(qp.qpn)}
+		e := rings.CQE{WRID: binary.LittleEndian.Uint64(qp.sq.Slot(sq.Slot(i))), QP: uint64(qp.handle)}
 		rings.PutCQE(cq.data[prod.Next(0)*CQESize:], &e)
 		prod.Advance(1)
 	}

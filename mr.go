@@ -3,6 +3,7 @@ package vfrdma
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"sync"
 
@@ -14,13 +15,30 @@ import (
 // Access are the rights an MR grants.
 type Access uint32
 
-// Access flags (the verbs values the device takes).
+// Access flags (the verbs values the device takes in CREATE_MR). The
+// remote rights let peers' one-sided operations name the MR by its RKey;
+// remote write and remote atomic need local write too (the verbs rule).
+// QEMU 7.2 runs no one-sided operation: there they grant nothing.
 const (
 	AccessLocalWrite   Access = firmware.AccessLocalWrite
 	AccessRemoteWrite  Access = firmware.AccessRemoteWrite
 	AccessRemoteRead   Access = firmware.AccessRemoteRead
 	AccessRemoteAtomic Access = firmware.AccessRemoteAtomic
+
+	accessKnown = AccessLocalWrite | AccessRemoteWrite | AccessRemoteRead | AccessRemoteAtomic
 )
+
+// checkAccess refuses rights the driver does not register (memory windows,
+// zero-based and on-demand MRs) and the combinations verbs forbid.
+func checkAccess(a Access) error {
+	if a&^accessKnown != 0 {
+		return fmt.Errorf("%w: MR access flags %#x", ErrNotSupported, uint32(a&^accessKnown))
+	}
+	if a&(AccessRemoteWrite|AccessRemoteAtomic) != 0 && a&AccessLocalWrite == 0 {
+		return invalidf("MR access %#x: remote write and remote atomic need local write", uint32(a))
+	}
+	return nil
+}
 
 // MR is a registered memory region: memory the device may read and write
 // at the addresses Addr() .. Addr()+Len(), through the key LKey. Work
@@ -59,6 +77,9 @@ func (pd *PD) AllocMR(ctx context.Context, size int, access Access) (*MR, error)
 	if err := d.checkMRSize(uint64(size)); err != nil {
 		return nil, d.opErr(op, err)
 	}
+	if err := checkAccess(access); err != nil {
+		return nil, d.opErr(op, err)
+	}
 	buf, err := d.fn.AllocDMA(size, true)
 	if err != nil {
 		return nil, d.opErr(op, err)
@@ -87,6 +108,9 @@ func (pd *PD) RegisterMR(ctx context.Context, mem []byte, access Access) (*MR, e
 		return nil, d.opErr(op, invalidf("empty memory"))
 	}
 	if err := d.checkMRSize(uint64(len(mem))); err != nil {
+		return nil, d.opErr(op, err)
+	}
+	if err := checkAccess(access); err != nil {
 		return nil, d.opErr(op, err)
 	}
 	if !pageAligned(mem) {
@@ -183,9 +207,14 @@ func (mr *MR) Len() int { return len(mr.mem) }
 // LKey returns the local key SGEs carry.
 func (mr *MR) LKey() uint32 { return mr.lkey }
 
-// RKey returns the remote key (QEMU: always 0xFFFFFFFF; remote access is
-// not emulated).
+// RKey returns the remote key peers put in SendWR.RKey to reach the MR by
+// one-sided operations, within its remote rights (QEMU: always
+// 0xFFFFFFFF; remote access is not emulated). On a version-20 device it is
+// the physical adapter's key, unrelated to the handle.
 func (mr *MR) RKey() uint32 { return mr.rkey }
+
+// Access returns the rights the MR was registered with.
+func (mr *MR) Access() Access { return mr.access }
 
 // Handle returns the device's handle of the MR.
 func (mr *MR) Handle() uint32 { return mr.handle }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/vfrdma/vfrdma/firmware"
 	"github.com/vfrdma/vfrdma/rings"
 	"github.com/vfrdma/vfrdma/wq"
 )
@@ -13,26 +14,73 @@ type Opcode uint32
 
 // Send opcodes. The device runs only Send on QEMU 7.2, which treats every
 // send WQE as a plain SEND; the others are refused there before they reach
-// the ring (ErrNotSupported) rather than silently sent as SENDs.
+// the ring (ErrNotSupported) rather than silently sent as SENDs. On a
+// VMware device, UD QPs run Send and SendWithImm; RC QPs all of them: the
+// one-sided operations (RDMA WRITE and READ, the atomics) name the peer's
+// memory by SendWR.RemoteAddr and RKey.
 const (
 	OpSend Opcode = iota // the zero value
 	OpSendWithImm
 	OpRDMAWrite
 	OpRDMARead
+	OpRDMAWriteWithImm // an RDMA WRITE that also consumes a receive of the peer, which completes with Imm
+	OpAtomicCmpSwap    // 8 bytes at RemoteAddr: if equal to CompareAdd, replaced by Swap; the old value lands in the SGE
+	OpAtomicFetchAdd   // 8 bytes at RemoteAddr: CompareAdd added; the old value lands in the SGE
+	numOpcodes
 )
 
-// wireOpcode maps Opcode to the device's WR opcode.
-var wireOpcode = [...]uint32{OpSend: rings.WRSend, OpSendWithImm: rings.WRSendWithImm, OpRDMAWrite: rings.WRRDMAWrite, OpRDMARead: rings.WRRDMARead}
+var opcodeNames = [numOpcodes]string{"SEND", "SEND_WITH_IMM", "RDMA_WRITE", "RDMA_READ", "RDMA_WRITE_WITH_IMM", "ATOMIC_CMP_AND_SWP", "ATOMIC_FETCH_AND_ADD"}
+
+func (o Opcode) String() string {
+	if o < numOpcodes {
+		return opcodeNames[o]
+	}
+	return fmt.Sprintf("Opcode(%d)", uint32(o))
+}
+
+// What an opcode is, for the post path.
+const (
+	opImm       = 1 << iota // carries immediate data
+	opRemote                // one-sided: RC only, RemoteAddr and RKey
+	opReadsPeer             // RDMA READ or atomic: the device writes the local SGEs, and needs a read/atomic credit
+	opAtomic                // 8 bytes, 8-aligned, one SGE
+)
+
+// opcodes maps Opcode to the device's WR opcode (enum pvrdma_wr_opcode, as
+// Linux's ib_wr_opcode_to_pvrdma maps the verbs ones; never rdma-core's
+// cast of the ibv enum) and what the post path checks.
+var opcodes = [numOpcodes]struct {
+	wire uint32
+	kind uint8
+}{
+	OpSend:             {rings.WRSend, 0},
+	OpSendWithImm:      {rings.WRSendWithImm, opImm},
+	OpRDMAWrite:        {rings.WRRDMAWrite, opRemote},
+	OpRDMARead:         {rings.WRRDMARead, opRemote | opReadsPeer},
+	OpRDMAWriteWithImm: {rings.WRRDMAWriteWithImm, opRemote | opImm},
+	OpAtomicCmpSwap:    {rings.WRAtomicCmpAndSwp, opRemote | opReadsPeer | opAtomic},
+	OpAtomicFetchAdd:   {rings.WRAtomicFetchAndAdd, opRemote | opReadsPeer | opAtomic},
+}
+
+// The device's atomic_ops capability bits (pvrdma_dev_api.h).
+const (
+	atomicCapCAS = 1 << 0
+	atomicCapFAA = 1 << 1
+)
 
 // SendFlags modify a send work request.
 type SendFlags uint32
 
 // Send flags (the device header's values). QEMU 7.2 ignores them: every
-// send completes, signaled or not.
+// send completes, signaled or not. A VMware device honours SendSignaled:
+// on a QP without QPConfig.SignalAll, a send without it makes no
+// completion unless it fails (its queue slot comes back all the same).
 const (
 	SendSignaled  SendFlags = rings.SendSignaled
 	SendSolicited SendFlags = rings.SendSolicited
 	SendFence     SendFlags = rings.SendFence
+
+	sendFlagsKnown = SendSignaled | SendSolicited | SendFence
 )
 
 // PostFlags modify a post call.
@@ -50,12 +98,23 @@ type SendWR struct {
 	WRID   uint64
 	Opcode Opcode // default OpSend
 	Flags  SendFlags
-	Imm    uint32
-	SGEs   []SGE
+	// Imm is the immediate data of OpSendWithImm and OpRDMAWriteWithImm
+	// (the peer's WC.Imm); other opcodes do not send it.
+	Imm  uint32
+	SGEs []SGE
 	// UD only: the destination.
 	AH         *AH
 	RemoteQPN  uint32
 	RemoteQKey uint32
+	// RC one-sided operations (RDMA WRITE and READ, atomics): the address
+	// in the peer's MR and that MR's MR.RKey. An atomic's address is
+	// 8-aligned, and its one SGE is 8 bytes, where the old value lands.
+	RemoteAddr uint64
+	RKey       uint32
+	// Atomics: CompareAdd is the value OpAtomicCmpSwap compares and the
+	// addend of OpAtomicFetchAdd; Swap is what OpAtomicCmpSwap writes.
+	CompareAdd uint64
+	Swap       uint64
 }
 
 // RecvWR is a receive work request. No SGEs is a zero-size receive.
@@ -70,10 +129,17 @@ type PostError = wq.PostError
 // PostSend posts wrs to the send queue, in order, as one chain: unless
 // flags has FlagDefer, one doorbell hands the chain, and every request
 // deferred before it, to the device. Each request is checked before it
-// touches the ring (state, SGE count, keys and bounds, GID index, UD
-// address, message size, queue room); a refused request stops the call
-// with a *PostError, and what came before it is still handed to the device.
-// It returns how many requests were posted. It does not allocate.
+// touches the ring (state, opcode and flags on this device and transport,
+// SGE count, keys, access and bounds, GID index, UD address, message size,
+// an atomic's size and alignment, queue room); a refused request stops the
+// call with a *PostError, and what came before it is still handed to the
+// device. It returns how many requests were posted. It does not allocate.
+//
+// On a device that honours signaling (not QEMU) an unsignaled send's slot
+// comes back when a later signaled send on the queue completes, or, if
+// none does, once the device has consumed it and the send CQ is polled: a
+// post refused with ErrQueueFull asks the next Poll of the send CQ for
+// that.
 func (qp *QP) PostSend(wrs []SendWR, flags PostFlags) (int, error) {
 	if !qp.sendGate.Enter() {
 		return 0, qp.refused(&qp.sq, wrID(wrs, nil, 0))
@@ -89,15 +155,19 @@ func (qp *QP) postSend(wrs []SendWR, flags PostFlags) (int, error) {
 	if st := qp.State(); st != StateRTS {
 		return 0, w.Fail(0, wrID(wrs, nil, 0), fmt.Errorf("%w: sends need RTS, the QP is %v", ErrQPState, st))
 	}
-	if err := w.CheckRing(); err != nil {
+	room, err := w.PostRoom()
+	if err != nil {
 		return 0, w.Fail(0, wrID(wrs, nil, 0), err)
 	}
 	// What holds for the whole chain is checked once.
 	if qp.typ == RC && !qp.d.gidBound(int(qp.gidIdx)) {
 		return 0, w.Fail(0, wrID(wrs, nil, 0), invalidf("the QP's source GID index %d is no longer bound", qp.gidIdx))
 	}
-	room := w.Room()
 	emulated := qp.d.emulated
+	sigAll := uint32(0) // the driver counts every request signaled
+	if qp.sigAll {
+		sigAll = rings.SendSignaled
+	}
 	sges := wq.NewSGEChecker(&qp.d.lkeys, qp.pd.handle, w.MaxSGE(), false)
 	wqe := rings.SendWQE{GIDIndex: qp.gidIdx}
 	var ud rings.UDAddr
@@ -111,17 +181,38 @@ func (qp *QP) postSend(wrs []SendWR, flags PostFlags) (int, error) {
 			return i, w.Fail(i, wr.WRID, err)
 		}
 		if i >= room {
+			qp.askReap()
 			return i, w.Fail(i, wr.WRID, ErrQueueFull)
 		}
-		wqe.WRID, wqe.Opcode, wqe.Flags, wqe.Imm, wqe.SGEs = wr.WRID, wireOpcode[wr.Opcode], uint32(wr.Flags), wr.Imm, wr.SGEs
+		op := &opcodes[wr.Opcode] // checked
+		wqe.WRID, wqe.Opcode, wqe.Flags, wqe.SGEs = wr.WRID, op.wire, uint32(wr.Flags)|sigAll, wr.SGEs
+		wqe.Imm = 0
+		if op.kind&opImm != 0 {
+			wqe.Imm = wr.Imm
+		}
 		if ah := wr.AH; qp.typ == UD {
 			ud.RemoteQPN, ud.RemoteQKey = wr.RemoteQPN, wr.RemoteQKey
 			ud.DGID, ud.GIDIndex, ud.HopLimit, ud.TrafficClass, ud.FlowLabel = ah.dgid, ah.sgidIndex, ah.hopLimit, ah.trafficClass, ah.flowLabel
 			wqe.GIDIndex = ah.sgidIndex
+		} else {
+			wqe.RemoteAddr, wqe.RKey, wqe.CompareAdd, wqe.Swap = wr.RemoteAddr, wr.RKey, wr.CompareAdd, wr.Swap
 		}
-		rings.PutSendWQE(w.Claim(wr.WRID), &wqe)
+		rings.PutSendWQE(w.ClaimSend(wr.WRID, wqe.Flags&rings.SendSignaled != 0), &wqe)
+	}
+	if room-len(wrs) < w.Slots()/2 {
+		qp.askReap() // before the queue runs short
 	}
 	return len(wrs), w.End(flags&FlagDefer != 0)
+}
+
+// askReap asks the send CQ's next Poll to hand back the slots of the
+// unsignaled sends the device has consumed: on a selective send queue
+// (a device that honours signaling, a QP without SignalAll), once per
+// request pending.
+func (qp *QP) askReap() {
+	if qp.sq.WantReap() {
+		qp.sendCQ.addReap(qp)
+	}
 }
 
 // PostRecv posts wrs to the receive queue as one chain, like PostSend.
@@ -204,10 +295,8 @@ func wrID(swrs []SendWR, rwrs []RecvWR, i int) uint64 {
 
 // checkSend checks a send request, its SGEs with the call's checker.
 func (qp *QP) checkSend(wr *SendWR, sges *wq.SGEChecker, emulated bool) error {
-	if wr.Opcode != OpSend {
-		if err := checkOpcode(wr.Opcode, emulated); err != nil {
-			return err
-		}
+	if wr.Opcode != OpSend || wr.Flags&^sendFlagsKnown != 0 {
+		return qp.checkOp(wr, sges, emulated)
 	}
 	total, err := sges.Check(wr.SGEs)
 	if err != nil {
@@ -219,18 +308,84 @@ func (qp *QP) checkSend(wr *SendWR, sges *wq.SGEChecker, emulated bool) error {
 	return nil
 }
 
-// checkOpcode refuses what the device does not run.
-func checkOpcode(op Opcode, emulated bool) error {
-	switch op {
-	case OpSend:
-	case OpSendWithImm, OpRDMAWrite, OpRDMARead:
-		if emulated {
-			return fmt.Errorf("%w: opcode %d (QEMU 7.2 runs every send WQE as a plain SEND)", ErrNotSupported, op)
+// checkOp checks a request other than a plain SEND (or one with flags the
+// driver does not post): what the device and the transport run, then the
+// operation's own rules, then the SGEs.
+//
+//go:noinline
+func (qp *QP) checkOp(wr *SendWR, sges *wq.SGEChecker, emulated bool) error {
+	if f := wr.Flags &^ sendFlagsKnown; f != 0 {
+		return fmt.Errorf("%w: send flags %#x (the driver posts SendSignaled, SendSolicited and SendFence)", ErrNotSupported, uint32(f))
+	}
+	op := wr.Opcode
+	if op >= numOpcodes {
+		return fmt.Errorf("%w: opcode %d", ErrNotSupported, uint32(op))
+	}
+	if emulated && op != OpSend {
+		return fmt.Errorf("%w: %v (QEMU 7.2 runs every send WQE as a plain SEND, without immediate data)", ErrNotSupported, op)
+	}
+	kind := opcodes[op].kind
+	if kind&opRemote != 0 {
+		if qp.typ != RC {
+			return invalidf("%v on a %v QP: one-sided operations need RC", op, qp.typ)
 		}
-	default:
-		return fmt.Errorf("%w: opcode %d", ErrNotSupported, op)
+		if err := qp.checkRemote(wr, kind); err != nil {
+			return err
+		}
+	}
+	var total int
+	var err error
+	if kind&opReadsPeer != 0 {
+		total, err = sges.CheckWrite(wr.SGEs) // the device writes what it fetched
+	} else {
+		total, err = sges.Check(wr.SGEs)
+	}
+	if err != nil {
+		return err
+	}
+	if qp.typ == UD {
+		return qp.checkUD(wr, total)
 	}
 	return nil
+}
+
+// checkRemote checks an RC one-sided request against the device's
+// capabilities and the operation's shape.
+func (qp *QP) checkRemote(wr *SendWR, kind uint8) error {
+	op := wr.Opcode
+	d := qp.d
+	if kind&opReadsPeer != 0 && qp.rdAtomic == 0 {
+		return fmt.Errorf("%w: %v: the device allows no RDMA READ or atomic in flight (max_qp_init_rd_atom %d)", ErrNotSupported, op, d.caps.MaxQPInitRDAtom)
+	}
+	if kind&opAtomic != 0 {
+		need := uint8(atomicCapCAS)
+		if op == OpAtomicFetchAdd {
+			need = atomicCapFAA
+		}
+		switch {
+		case d.caps.AtomicOps&need == 0:
+			return fmt.Errorf("%w: %v: the device's atomic_ops %#x lack it", ErrNotSupported, op, d.caps.AtomicOps)
+		case len(wr.SGEs) != 1 || wr.SGEs[0].Length != 8:
+			return invalidf("%v takes one SGE of 8 bytes, for the old value", op)
+		case wr.RemoteAddr%8 != 0:
+			return invalidf("%v at %#x: the remote address must be 8-aligned", op, wr.RemoteAddr)
+		}
+	}
+	if op == OpRDMARead {
+		if lim := qp.d.maxSGERd(); len(wr.SGEs) > lim {
+			return invalidf("an RDMA READ of %d SGEs: the device reads into at most %d (max_sge_rd)", len(wr.SGEs), lim)
+		}
+	}
+	return nil
+}
+
+// maxSGERd is the SGE limit of an RDMA READ: caps.max_sge_rd from version
+// 18 on (when set), else max_sge (Linux's PVRDMA_GET_CAP).
+func (d *Device) maxSGERd() int {
+	if d.version >= firmware.VersionRoCEv2 && d.caps.MaxSGERD != 0 {
+		return int(d.caps.MaxSGERD)
+	}
+	return int(d.caps.MaxSGE)
 }
 
 // checkUD checks a UD send's address and size.

@@ -97,6 +97,13 @@ type QPConfig struct {
 	// receive queue of its own (RecvDepth and RecvSGE are ignored) and
 	// PostRecv on it is refused.
 	SRQ *SRQ
+	// SignalAll makes every send complete (sq_sig_all), whatever its
+	// SendSignaled flag. Without it, on a device that honours signaling (a
+	// VMware device; not QEMU 7.2, where every send completes), only the
+	// sends posted with SendSignaled, and those that fail, make a
+	// completion; the queue slots of the others come back when a later
+	// signaled send completes, or once the device consumed them (PostSend).
+	SignalAll bool
 	// SendCounter and RecvCounter, if set, count the QP's send and receive
 	// completions (success or error value) as CQ.Poll reaps them, flushes
 	// included. A counter may serve many QPs; it cannot be closed while a
@@ -133,7 +140,11 @@ type QP struct {
 	sq, rq             wq.Queue // rq is the empty queue with an SRQ
 	gidIdx             uint8
 	qkey               uint32
-	udMax              int // UD payload limit
+	udMax              int    // UD payload limit
+	key                uint32 // its key in the QP table: the handle, masked (registry.go)
+	sigAll             bool   // the driver counts every send signaled: SignalAll, or QEMU
+	rdAtomic           uint8  // RDMA READs and atomics in flight it initiates (max_rd_atomic)
+	destRDAtomic       uint8  // and it answers (max_dest_rd_atomic)
 
 	state atomic.Uint32 // QPState
 
@@ -203,6 +214,7 @@ func (pd *PD) CreateQP(ctx context.Context, cfg *QPConfig) (*QP, error) {
 		AccessFlags:  firmware.AccessLocalWrite,
 		TotalChunks:  uint16(1 + sqPages + rqPages),
 		SendChunks:   uint16(sqPages),
+		SQSigAll:     c.SignalAll,
 		QPType:       firmware.QPType(c.Type),
 		IsSRQ:        c.SRQ != nil,
 		SRQHandle:    srqHandle,
@@ -214,6 +226,7 @@ func (pd *PD) CreateQP(ctx context.Context, cfg *QPConfig) (*QP, error) {
 	qp := &QP{pd: pd, d: d, typ: c.Type, qpn: resp.QPN, handle: resp.QPHandle,
 		sendCQ: c.SendCQ, recvCQ: c.RecvCQ, srq: c.SRQ, buf: buf, gidIdx: uint8(c.GIDIndex), qkey: c.QKey,
 		udMax: d.udMax, devicesQP: true, sendCntr: c.SendCounter, recvCntr: c.RecvCounter}
+	qp.setSignaling(c.SignalAll)
 	undo := func(err error) (*QP, error) {
 		d.ch.DestroyQP(ctx, qp.handle)
 		if qp.srqm != nil {
@@ -230,6 +243,7 @@ func (pd *PD) CreateQP(ctx context.Context, cfg *QPConfig) (*QP, error) {
 	if err := qp.initQueue(&qp.sq, state[0:8], sqBytes, sqStride, c.SendDepth, c.SendSGE, doorbell.QPSend); err != nil {
 		return undo(err)
 	}
+	qp.setProgress()
 	if c.SRQ == nil {
 		if err := qp.initQueue(&qp.rq, state[8:16], rqBytes, rqStride, c.RecvDepth, c.RecvSGE, doorbell.QPRecv); err != nil {
 			return undo(err)
@@ -274,6 +288,35 @@ func releaseCounters(cs ...*event.Counter) {
 		if c != nil {
 			c.Release()
 		}
+	}
+}
+
+// setSignaling fixes how the QP's sends complete, and its RDMA READ and
+// atomic depths: on QEMU (every send completes, whatever its flags, and
+// one READ or atomic in flight, its fixed backend values) the driver
+// counts every send signaled; on a device that honours signaling, those
+// of SignalAll; the depths are the device's, up to 16.
+func (qp *QP) setSignaling(signalAll bool) {
+	d := qp.d
+	qp.sigAll = signalAll || d.emulated
+	if d.emulated {
+		qp.rdAtomic, qp.destRDAtomic = 1, 1
+		return
+	}
+	qp.rdAtomic, qp.destRDAtomic = uint8(min(d.caps.MaxQPInitRDAtom, 16)), uint8(min(d.caps.MaxQPRDAtom, 16))
+}
+
+// setProgress makes the send queue, once initialised, follow the device's
+// progress on a device other than QEMU: its room is bounded by the ring
+// (the device's consumer index), and without SignalAll it is selective
+// (unsignaled sends make no completion; wq.Queue.SetSelective).
+func (qp *QP) setProgress() {
+	if qp.d.emulated {
+		return
+	}
+	qp.sq.SetBoundByRing()
+	if !qp.sigAll {
+		qp.sq.SetSelective()
 	}
 }
 
@@ -349,8 +392,9 @@ func (qp *QP) SendDepth() int { return qp.sq.Slots() }
 func (qp *QP) RecvDepth() int { return qp.rq.Slots() }
 
 // Outstanding returns how many sends and receives were posted and have not
-// completed yet (polled from their CQ). With an SRQ, recv is 0: see
-// RecvQuery.
+// completed yet (polled from their CQ). An unsignaled send counts until a
+// later send's completion or the device's progress gives its slot back
+// (PostSend). With an SRQ, recv is 0: see RecvQuery.
 func (qp *QP) Outstanding() (send, recv int) { return qp.sq.Outstanding(), qp.rq.Outstanding() }
 
 // DoorbellStats returns the send and receive queues' post and doorbell
@@ -397,20 +441,24 @@ func (qp *QP) RecvQuery() RecvQuery {
 // attrs returns a complete attribute block: QEMU takes the values it needs
 // from it whatever the mask says, so every call fills every field.
 func (qp *QP) attrs(state QPState, r *Remote, sqPSN uint32) firmware.QPAttr {
+	access := uint32(firmware.AccessLocalWrite | firmware.AccessRemoteWrite | firmware.AccessRemoteRead)
+	if !qp.d.emulated && qp.d.caps.AtomicOps&(atomicCapCAS|atomicCapFAA) != 0 {
+		access |= firmware.AccessRemoteAtomic // the MRs' own rights decide
+	}
 	a := firmware.QPAttr{
 		QPState:         firmware.QPState(state),
 		CurQPState:      firmware.QPState(qp.State()),
 		PathMTU:         firmware.MTU1024,
 		QKey:            qp.qkey,
 		SQPSN:           sqPSN,
-		QPAccessFlags:   firmware.AccessLocalWrite | firmware.AccessRemoteWrite | firmware.AccessRemoteRead,
+		QPAccessFlags:   access,
 		PortNum:         1,
 		Timeout:         14,
 		RetryCnt:        7,
 		RNRRetry:        7,
 		MinRNRTimer:     12,
-		MaxRDAtomic:     1,
-		MaxDestRDAtomic: 1,
+		MaxRDAtomic:     qp.rdAtomic,
+		MaxDestRDAtomic: qp.destRDAtomic,
 		Cap: firmware.QPCap{
 			MaxSendWR: uint32(qp.sq.Slots()), MaxRecvWR: uint32(qp.rq.Slots()),
 			MaxSendSGE: uint32(qp.sq.MaxSGE()), MaxRecvSGE: uint32(qp.rq.MaxSGE()),
@@ -675,6 +723,7 @@ func (qp *QP) destroy(ctx context.Context) error {
 	qp.startFlush()
 	qp.d.removeQP(qp)
 	qp.pd.hold(-1)
+	qp.sendCQ.dropReap(qp) // no reap reads the ring after this
 	qp.sendCQ.hold(-1)
 	qp.recvCQ.hold(-1)
 	// The counters are released now, though the flushes still to be

@@ -94,17 +94,6 @@ func (r *srqRig) recv(t *testing.T) WC {
 	return wcs[0]
 }
 
-// quiet asserts that cq has nothing more to poll, after a pause.
-func quiet(t *testing.T, cqs ...*CQ) {
-	t.Helper()
-	time.Sleep(100 * time.Millisecond)
-	for _, cq := range cqs {
-		n, err := cq.Poll(make([]WC, 8))
-		require.NoError(t, err)
-		assert.Zero(t, n, "CQ %d: unexpected completions", cq.Handle())
-	}
-}
-
 // Rule 1 (post): a receive posted to the SRQ is consumed by any connected
 // QP that uses it, and its cookie comes back; and rule 2 (order): with four
 // connections sharing the SRQ, each connection's receives complete in the

@@ -65,7 +65,7 @@ func (s *stressDevice) step(cqData map[uint32][]byte) bool {
 		}
 		k := min(ready, free)
 		for i := 0; i < k; i++ {
-			e := rings.CQE{WRID: binary.LittleEndian.Uint64(q.qp.sq.Slot(q.sq.Slot(i))), QP: uint64(q.qp.qpn)}
+			e := rings.CQE{WRID: binary.LittleEndian.Uint64(q.qp.sq.Slot(q.sq.Slot(i))), QP: uint64(q.qp.handle)}
 			rings.PutCQE(cqData[q.cq][prod.Next(0)*CQESize:], &e)
 			prod.Advance(1)
 		}

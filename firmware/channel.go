@@ -350,13 +350,21 @@ type StartConfig struct {
 	// Interrupts unmasks the device's interrupts (IMR = 0) before
 	// activation; otherwise they are masked.
 	Interrupts bool
+	// NoActivate stops Start once the DSR is loaded: it writes neither IMR
+	// nor CTL, and the caller calls SetInterruptMask and Activate when it
+	// is ready (the root package first destroys what a crashed holder of
+	// the device left on it, and activates QEMU's device only once).
+	// Interrupts is then ignored.
+	NoActivate bool
 }
 
 // Start brings the device up in the order of Linux's probe: read VERSION
 // (17..20 supported), encode the DSR, LoadDSR (caps validated, quirks
-// recorded), write IMR, ACTIVATE. The device rings' counters must already be
-// zero (NewAsyncRing and NewCQNotifyRing zero them). It returns the
-// device's version and capabilities; Quirks tells what to work around.
+// recorded), write IMR, ACTIVATE (the last two unless cfg.NoActivate). The
+// device rings' counters must already be zero (NewAsyncRing and
+// NewCQNotifyRing zero them). It returns the device's version, also with an
+// error once VERSION was read, and capabilities; Quirks tells what to work
+// around.
 func (c *Channel) Start(ctx context.Context, cfg *StartConfig) (uint32, Caps, error) {
 	version, err := c.ReadVersion(ctx)
 	if err != nil {
@@ -372,6 +380,9 @@ func (c *Channel) Start(ctx context.Context, cfg *StartConfig) (uint32, Caps, er
 	caps, err := c.LoadDSR(ctx, cfg.DSRDMA, cfg.DSRMem, version)
 	if err != nil {
 		return version, caps, err
+	}
+	if cfg.NoActivate {
+		return version, caps, nil
 	}
 	mask := IMRMaskAll
 	if cfg.Interrupts {

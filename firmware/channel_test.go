@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 var bg = context.Background()
@@ -43,6 +44,29 @@ func TestStartInterrupts(t *testing.T) {
 	if b.dev.regs[RegIMR/4] != IMRUnmaskAll {
 		t.Errorf("IMR %#x", b.dev.regs[RegIMR/4])
 	}
+}
+
+// With NoActivate, Start loads the DSR and stops: IMR and CTL untouched,
+// commands already accepted; the caller activates later.
+func TestStartNoActivate(t *testing.T) {
+	b := newBench(t, benchOpts{noStart: true, configure: func(b *bench) {
+		b.cfg.NoActivate, b.cfg.Interrupts = true, true
+		b.dev.regs[RegIMR/4] = 0x5a // neither mask value
+	}})
+	version, caps, err := b.ch.Start(bg, &b.cfg)
+	require.NoError(t, err)
+	assert.Equal(t, uint32(VersionRoCEv1), version)
+	assert.Equal(t, uint32(1024), caps.MaxQP, "caps")
+	assert.Equal(t, uint32(0x5a), b.dev.regs[RegIMR/4], "IMR written")
+	assert.Equal(t, uint32(0), b.dev.regs[RegCtl/4], "CTL written")
+	assert.Equal(t, uint32(0xFFFF), b.dev.regs[RegErr/4], "ERR: the device was activated")
+	_, err = b.ch.QueryPort(bg, 1)
+	require.NoError(t, err, "a command before activation")
+
+	require.NoError(t, b.ch.SetInterruptMask(bg, IMRUnmaskAll))
+	require.NoError(t, b.ch.Activate(bg))
+	assert.Equal(t, uint32(IMRUnmaskAll), b.dev.regs[RegIMR/4])
+	assert.Equal(t, uint32(0), b.dev.regs[RegErr/4])
 }
 
 func TestStartUnsupportedVersion(t *testing.T) {

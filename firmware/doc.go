@@ -23,6 +23,8 @@
 //     [Channel.LoadDSR], [Channel.SetInterruptMask], [Channel.Activate]):
 //     the device reads the DSR, fills in the capabilities, and is activated.
 //     The result carries the validated [Caps] and the [Quirks] to consult.
+//     With [StartConfig].NoActivate, Start stops once the DSR is loaded and
+//     the caller activates when it is ready (commands are accepted before).
 //  4. Commands: [Channel.Exec] with any [Request]/[Response] pair, or the
 //     typed helpers ([Channel.CreatePD], [Channel.CreateQP], ...). No command
 //     is sent before the DSR is loaded: on QEMU 7.2.0 and 7.2.1 a command

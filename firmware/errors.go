@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strings"
 	"syscall"
+
+	"github.com/vfrdma/vfrdma/internal/devfault"
 )
 
 // Sentinel errors, matched with errors.Is.
@@ -15,8 +17,10 @@ var (
 	ErrNotSupported = errors.New("firmware: not supported")
 	// ErrDeviceFault reports something the device wrote that cannot be
 	// right: a response with the wrong cookie or acknowledgement, a handle
-	// or ring index out of range, capabilities that make no sense.
-	ErrDeviceFault = errors.New("firmware: device fault")
+	// or ring index out of range, capabilities that make no sense. It is
+	// the same error as rings.ErrDeviceFault, so errors.Is matches a ring
+	// index fault against it too.
+	ErrDeviceFault = devfault.Err
 	// ErrClosed reports use of a Channel after Close.
 	ErrClosed = errors.New("firmware: channel closed")
 	// ErrInvalid reports a request the driver must not send: a field out of

@@ -57,3 +57,11 @@ type Function interface {
 	// still allocated, the BAR mappings.
 	Close() error
 }
+
+// UARLocator is a Function that knows the page frame number of its first
+// UAR page in the bus address space. The driver tells the device in the
+// DSR (a 32-bit field below interface version 19, 64-bit from it); QEMU
+// ignores it. A Function without it makes the driver write 0.
+type UARLocator interface {
+	UARPFN() (uint64, error)
+}

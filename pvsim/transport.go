@@ -82,8 +82,15 @@ func psnBefore(a, b uint32) bool {
 	return d != 0 && d < 1<<23
 }
 
-// mtuBytes is the port's active MTU, the largest UD message.
-const mtuBytes = 1024
+// udMax is the port's active MTU (QUERY_PORT), the largest UD message:
+// 4096 bytes in QEMU mode (QEMU passes the bench backend's through), 1024
+// on a VMware device.
+func (d *Device) udMax() int {
+	if d.s.qemu {
+		return 4096
+	}
+	return 1024
+}
 
 // execSend runs a send WQE the device fetched (op holds its completion).
 func (d *Device) execSend(q *qp, op *sendOp, w *sendWQE) {
@@ -177,7 +184,7 @@ func (d *Device) sendUD(q *qp, op *sendOp, w *sendWQE) {
 		d.failSend(q, op, wcLocQPOpErr)
 		return
 	}
-	payload, st := d.gather(q, w.sges, mtuBytes)
+	payload, st := d.gather(q, w.sges, uint64(d.udMax()))
 	if st != wcSuccess {
 		d.failSend(q, op, st)
 		return

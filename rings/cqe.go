@@ -27,8 +27,9 @@ const (
 // Opcode, Status, ByteLen, SrcQP, WCFlags and VendorErr; the rest read 0.
 type CQE struct {
 	WRID uint64
-	// QP is the QP handle (the QPN; the upper 32 bits are 0). Linux and
-	// rdma-core look QPs up by its low 16 bits.
+	// QP is the QP handle: below interface version 20 it is the QPN; from
+	// 20 on, a handle distinct from the QPN (small: Linux and rdma-core
+	// look QPs up by its low 16 bits). No source defines the upper 32 bits.
 	QP        uint64
 	Opcode    uint32 // a WC* opcode; WCOpcode(Opcode) prints it
 	Status    uint32 // a WC* status; WCStatus(Status) prints it

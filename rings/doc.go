@@ -31,7 +31,7 @@
 //     it, and only then lets the caller read element bodies ([Consumer.Ready]);
 //   - treats every index the device writes as untrusted: a value with bits
 //     outside 2n−1, or one that implies more than n elements in flight, is an
-//     *[IndexError] wrapping firmware.ErrDeviceFault. Nothing is consumed or
+//     *[IndexError] wrapping [ErrDeviceFault]. Nothing is consumed or
 //     produced on that path, and no device-written value can make the package
 //     panic or touch memory outside the ring.
 //

@@ -4,8 +4,13 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/vfrdma/vfrdma/firmware"
+	"github.com/vfrdma/vfrdma/internal/devfault"
 )
+
+// ErrDeviceFault reports a ring counter the device wrote that cannot be
+// right (see IndexError). It is the same error as firmware.ErrDeviceFault
+// (and vfrdma.ErrDeviceFault): errors.Is matches either.
+var ErrDeviceFault = devfault.Err
 
 // ErrInvalid reports a bad argument to a constructor: a state buffer too
 // short or misaligned, an element count that is not a power of two, a
@@ -13,8 +18,8 @@ import (
 var ErrInvalid = errors.New("rings: invalid argument")
 
 // IndexError reports a ring counter the device wrote that cannot be right. It
-// wraps firmware.ErrDeviceFault, so errors.Is(err, firmware.ErrDeviceFault)
-// holds. Nothing was produced or consumed when it is returned.
+// wraps ErrDeviceFault, so errors.Is(err, ErrDeviceFault) holds. Nothing was
+// produced or consumed when it is returned.
 type IndexError struct {
 	// Ring names the ring ("SQ", "CQ", ...; see SetName).
 	Ring string
@@ -37,14 +42,14 @@ func (e *IndexError) Error() string {
 	}
 	if e.Value&^(2*e.Slots-1) != 0 {
 		return fmt.Sprintf("rings: %s: device wrote %s %#x with bits outside %#x (%d slots): %v",
-			e.Ring, e.Field, e.Value, 2*e.Slots-1, e.Slots, firmware.ErrDeviceFault)
+			e.Ring, e.Field, e.Value, 2*e.Slots-1, e.Slots, ErrDeviceFault)
 	}
 	return fmt.Sprintf("rings: %s: device wrote %s %#x, more than %d slots from %s %#x: %v",
-		e.Ring, e.Field, e.Value, e.Slots, peer, e.Peer, firmware.ErrDeviceFault)
+		e.Ring, e.Field, e.Value, e.Slots, peer, e.Peer, ErrDeviceFault)
 }
 
-// Unwrap returns firmware.ErrDeviceFault.
-func (e *IndexError) Unwrap() error { return firmware.ErrDeviceFault }
+// Unwrap returns ErrDeviceFault.
+func (e *IndexError) Unwrap() error { return ErrDeviceFault }
 
 func invalidf(format string, args ...any) error {
 	return fmt.Errorf("%w: %s", ErrInvalid, fmt.Sprintf(format, args...))

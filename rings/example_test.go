@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/vfrdma/vfrdma/firmware"
 	"github.com/vfrdma/vfrdma/rings"
 )
 
@@ -60,7 +59,7 @@ func Example() {
 	// A device that writes nonsense is reported, not trusted.
 	cqState.SetProdTail(1000)
 	_, err = cq.Ready()
-	fmt.Println(errors.Is(err, firmware.ErrDeviceFault))
+	fmt.Println(errors.Is(err, rings.ErrDeviceFault))
 	// Output:
 	// published prod_tail: 2
 	// 100 SEND SUCCESS

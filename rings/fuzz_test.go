@@ -6,7 +6,8 @@ import (
 	"errors"
 	"testing"
 
-	"github.com/vfrdma/vfrdma/firmware"
+	"github.com/stretchr/testify/require"
+
 	"github.com/vfrdma/vfrdma/rings"
 )
 
@@ -34,12 +35,11 @@ func FuzzConsumer(f *testing.F) {
 		want := (tail - head) & mask
 		if tail&^mask != 0 || want > uint32(n) {
 			var ie *rings.IndexError
-			if ready != 0 || !errors.Is(err, firmware.ErrDeviceFault) || !errors.As(err, &ie) || ie.Value != tail {
-				t.Fatalf("invalid tail %#x (n=%d head=%#x): %d, %v", tail, n, head, ready, err)
-			}
-			if s.ConsHead() != head {
-				t.Fatal("fault moved cons_head")
-			}
+			require.ErrorIs(t, err, rings.ErrDeviceFault, "invalid tail %#x (n=%d head=%#x)", tail, n, head)
+			require.ErrorAs(t, err, &ie)
+			require.Equal(t, tail, ie.Value, "IndexError.Value")
+			require.Zero(t, ready, "Ready after a fault")
+			require.Equal(t, head, s.ConsHead(), "fault moved cons_head")
 			return
 		}
 		if err != nil || ready != int(want) {
@@ -84,9 +84,10 @@ func FuzzProducer(f *testing.F) {
 		inflight := (pub - head) & mask
 		if head&^mask != 0 || inflight > uint32(n) {
 			var ie *rings.IndexError
-			if free != 0 || !errors.Is(err, firmware.ErrDeviceFault) || !errors.As(err, &ie) || ie.Value != head || ie.Peer != pub {
-				t.Fatalf("invalid head %#x (n=%d pub=%#x): %d, %v", head, n, pub, free, err)
-			}
+			require.ErrorIs(t, err, rings.ErrDeviceFault, "invalid head %#x (n=%d pub=%#x)", head, n, pub)
+			require.ErrorAs(t, err, &ie)
+			require.Equal(t, [2]uint32{head, pub}, [2]uint32{ie.Value, ie.Peer}, "IndexError.Value, Peer")
+			require.Zero(t, free, "Free after a fault")
 		} else if want := max(n-int(inflight)-u, 0); err != nil || free != want {
 			t.Fatalf("n=%d pub=%#x unpub=%d head=%#x: Free = %d, %v; want %d", n, pub, u, head, free, err, want)
 		}

@@ -60,7 +60,7 @@ func (p *Producer) Len() int { return int(p.n) }
 // A cons_head with bits outside 2n−1, or more than n behind the published
 // prod_tail (which includes a cons_head ahead of anything published: the
 // device cannot consume what it was not shown), is an *IndexError wrapping
-// firmware.ErrDeviceFault, and Free returns 0 with it.
+// [ErrDeviceFault], and Free returns 0 with it.
 func (p *Producer) Free() (int, error) {
 	head := p.s.ConsHead()
 	inflight := (p.pub - head) & p.mask
@@ -164,7 +164,7 @@ func (c *Consumer) Len() int { return int(c.n) }
 // from Slot(0) on. Read element bodies only after Ready, never before.
 //
 // A prod_tail with bits outside 2n−1, or more than n ahead of cons_head, is
-// an *IndexError wrapping firmware.ErrDeviceFault; Ready then returns 0 and
+// an *IndexError wrapping [ErrDeviceFault]; Ready then returns 0 and
 // changes nothing.
 func (c *Consumer) Ready() (int, error) {
 	tail := c.s.ProdTail()

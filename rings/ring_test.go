@@ -6,7 +6,9 @@ import (
 	"math/rand/v2"
 	"testing"
 
-	"github.com/vfrdma/vfrdma/firmware"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
 	"github.com/vfrdma/vfrdma/rings"
 )
 
@@ -362,20 +364,11 @@ func TestConsumerReady(t *testing.T) {
 func TestConsumerInvalidConsumesNothing(t *testing.T) {
 	s, c := consumerAt(t, 8, 0)
 	s.SetProdTail(100)
-	if n, err := c.Ready(); n != 0 || !errors.Is(err, firmware.ErrDeviceFault) {
-		t.Fatalf("Ready = %d, %v", n, err)
-	}
-	func() {
-		defer func() {
-			if recover() == nil {
-				t.Error("Consume(1) after a faulted Ready did not panic")
-			}
-		}()
-		c.Consume(1)
-	}()
-	if s.ConsHead() != 0 {
-		t.Fatal("cons_head moved")
-	}
+	n, err := c.Ready()
+	require.ErrorIs(t, err, rings.ErrDeviceFault)
+	require.Zero(t, n, "Ready after a fault")
+	assert.Panics(t, func() { c.Consume(1) }, "Consume(1) after a faulted Ready")
+	assert.Zero(t, s.ConsHead(), "cons_head moved")
 }
 
 // TestConsumerSequence drives a consumer through several wraps against a
@@ -524,38 +517,24 @@ func TestProducerConsumerPair(t *testing.T) {
 
 func checkIndexErr(t *testing.T, err error, ring, field string, v uint32, n int) {
 	t.Helper()
-	if !errors.Is(err, firmware.ErrDeviceFault) {
-		t.Fatalf("n=%d %s=%#x: err = %v, want ErrDeviceFault", n, field, v, err)
-	}
+	require.ErrorIs(t, err, rings.ErrDeviceFault, "n=%d %s=%#x", n, field, v)
 	var ie *rings.IndexError
-	if !errors.As(err, &ie) {
-		t.Fatalf("%T is not *IndexError", err)
-	}
-	if ie.Ring != ring || ie.Field != field || ie.Value != v || ie.Slots != uint32(n) {
-		t.Fatalf("IndexError = %+v", ie)
-	}
+	require.ErrorAs(t, err, &ie)
+	want := rings.IndexError{Ring: ring, Field: field, Value: v, Slots: uint32(n), Peer: ie.Peer}
+	require.Equal(t, want, *ie)
 }
 
 func TestIndexErrorMessage(t *testing.T) {
 	s, c := consumerAt(t, 64, 10)
 	s.SetProdTail(200)
 	_, err := c.Ready()
-	want := "rings: CQ: device wrote prod_tail 0xc8 with bits outside 0x7f (64 slots): firmware: device fault"
-	if err == nil || err.Error() != want {
-		t.Errorf("bits error = %q\nwant %q", err, want)
-	}
+	assert.EqualError(t, err, "rings: CQ: device wrote prod_tail 0xc8 with bits outside 0x7f (64 slots): pvrdma: device fault", "bits error")
 	s.SetProdTail(80)
 	_, err = c.Ready()
-	want = "rings: CQ: device wrote prod_tail 0x50, more than 64 slots from cons_head 0xa: firmware: device fault"
-	if err == nil || err.Error() != want {
-		t.Errorf("distance error = %q\nwant %q", err, want)
-	}
+	assert.EqualError(t, err, "rings: CQ: device wrote prod_tail 0x50, more than 64 slots from cons_head 0xa: pvrdma: device fault", "distance error")
 	ps, p := producerAt(t, 64, 10)
 	p.SetName("SQ 7")
 	ps.SetConsHead(12) // ahead of everything published
 	_, err = p.Free()
-	want = "rings: SQ 7: device wrote cons_head 0xc, more than 64 slots from prod_tail 0xa: firmware: device fault"
-	if err == nil || err.Error() != want {
-		t.Errorf("producer error = %q\nwant %q", err, want)
-	}
+	assert.EqualError(t, err, "rings: SQ 7: device wrote cons_head 0xc, more than 64 slots from prod_tail 0xa: pvrdma: device fault", "producer error")
 }

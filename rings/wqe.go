@@ -31,6 +31,12 @@ const (
 	sqImm       = 24 // imm_data (big-endian) or invalidate_rkey
 	udRemoteQPN = 32 // the per-operation union (48 bytes) starts here
 	udQKey      = 36
+	rdmaAddr    = 32 // wr.rdma: RDMA read and write
+	rdmaRKey    = 40
+	atomAddr    = 32 // wr.atomic: compare-and-swap, fetch-and-add
+	atomCmpAdd  = 40
+	atomSwap    = 48
+	atomRKey    = 56
 	avPortPD    = 40 // the UD address vector starts here
 	avSLTCFlow  = 44
 	avDGID      = 48
@@ -113,6 +119,18 @@ type SendWQE struct {
 	SGEs []SGE
 	// UD is the datagram address; nil for RC.
 	UD *UDAddr
+	// RemoteAddr and RKey name the peer's memory of an RC one-sided
+	// operation: the wr.rdma union for WRRDMAWrite, WRRDMAWriteWithImm,
+	// WRRDMARead and WRRDMAReadWithInv, the wr.atomic union for
+	// WRAtomicCmpAndSwp and WRAtomicFetchAndAdd. Other opcodes, and UD
+	// WQEs, do not carry them.
+	RemoteAddr uint64
+	RKey       uint32
+	// CompareAdd is an atomic's compare_add: the value compared by a
+	// compare-and-swap, the addend of a fetch-and-add. Swap is the value a
+	// compare-and-swap writes (zero for fetch-and-add, as Linux leaves it).
+	CompareAdd uint64
+	Swap       uint64
 	// GIDIndex is the source GID index. QEMU reads byte 65 (the AV's
 	// gid_index) for every QP type and spins forever on a WQE whose index
 	// does not resolve, so it is written for RC too. For UD, UD.GIDIndex
@@ -124,10 +142,28 @@ func immIsRKey(op uint32) bool {
 	return op == WRSendWithInv || op == WRRDMAReadWithInv || op == WRLocalInv
 }
 
+// union says which member of the WQE's per-operation union an RC opcode
+// uses.
+func union(op uint32) uint8 {
+	switch op {
+	case WRRDMAWrite, WRRDMAWriteWithImm, WRRDMARead, WRRDMAReadWithInv:
+		return unionRDMA
+	case WRAtomicCmpAndSwp, WRAtomicFetchAndAdd:
+		return unionAtomic
+	}
+	return unionNone
+}
+
+const (
+	unionNone = iota
+	unionRDMA
+	unionAtomic
+)
+
 // PutSendWQE writes w into slot, the start of a send-queue element: it
 // zeroes the 80-byte header (and so the union), writes the header, the UD
-// union when w.UD is set, the GID index at byte 65, and the SGEs from byte
-// 80 on, with num_sge = len(w.SGEs) and total_len = the sum of their
+// union when w.UD is set (else the rdma or atomic union its opcode uses),
+// the GID index at byte 65, and the SGEs from byte 80 on, with num_sge = len(w.SGEs) and total_len = the sum of their
 // lengths. Bytes past the last SGE are left alone. It does not allocate.
 //
 // slot must hold SendHeaderSize + SGESize·len(w.SGEs) bytes (PutSendWQE
@@ -159,9 +195,25 @@ func PutSendWQE(slot []byte, w *SendWQE) {
 		if ud.GIDIndex != 0 {
 			gid = ud.GIDIndex
 		}
+	} else if u := union(w.Opcode); u != unionNone {
+		putRemote(b, w, u)
 	}
 	b[avGIDIndex] = gid
 	le.PutUint32(b[sqTotalLen:], putSGEs(b[SendHeaderSize:], w.SGEs))
+}
+
+// putRemote writes the rdma or atomic union of an RC WQE (bytes 32..63:
+// below the gid_index byte that PutSendWQE writes for QEMU).
+func putRemote(b []byte, w *SendWQE, u uint8) {
+	if u == unionRDMA {
+		le.PutUint64(b[rdmaAddr:], w.RemoteAddr)
+		le.PutUint32(b[rdmaRKey:], w.RKey)
+		return
+	}
+	le.PutUint64(b[atomAddr:], w.RemoteAddr)
+	le.PutUint64(b[atomCmpAdd:], w.CompareAdd)
+	le.PutUint64(b[atomSwap:], w.Swap)
+	le.PutUint32(b[atomRKey:], w.RKey)
 }
 
 // putSGEs writes sges at the start of b and returns the sum of their
@@ -208,7 +260,9 @@ func (e *WQEError) Unwrap() error { return ErrInvalid }
 // DecodeSendWQE reads the send WQE at the start of slot into w, the way a
 // device does; it is for device models and tests. The SGEs go into
 // w.SGEs[:num_sge], reusing its capacity; if w.UD is non-nil the UD union is
-// decoded into it (the caller knows the QP type; the WQE does not say).
+// decoded into it (the caller knows the QP type; the WQE does not say),
+// otherwise the rdma or atomic union the opcode uses (RemoteAddr, RKey,
+// CompareAdd, Swap; zero for the opcodes that use neither).
 // w.GIDIndex is byte 65. Imm follows the rule PutSendWQE uses, keyed on the
 // decoded opcode. A num_sge larger than cap(w.SGEs) or than the slot holds
 // is a *WQEError and leaves w.SGEs empty. It does not allocate.
@@ -235,6 +289,16 @@ func DecodeSendWQE(slot []byte, w *SendWQE) error {
 		ud.StatRate = b[avStatRate]
 		ud.HopLimit = b[avHopLimit]
 		copy(ud.DMAC[:], b[avDMAC:avDMAC+6])
+	}
+	w.RemoteAddr, w.RKey, w.CompareAdd, w.Swap = 0, 0, 0, 0
+	if w.UD == nil {
+		switch union(w.Opcode) {
+		case unionRDMA:
+			w.RemoteAddr, w.RKey = le.Uint64(b[rdmaAddr:]), le.Uint32(b[rdmaRKey:])
+		case unionAtomic:
+			w.RemoteAddr, w.RKey = le.Uint64(b[atomAddr:]), le.Uint32(b[atomRKey:])
+			w.CompareAdd, w.Swap = le.Uint64(b[atomCmpAdd:]), le.Uint64(b[atomSwap:])
+		}
 	}
 	var err error
 	w.SGEs, err = decodeSGEs(slot[SendHeaderSize:], le.Uint32(b[sqNumSGE:]), w.SGEs[:0])

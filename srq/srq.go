@@ -268,6 +268,25 @@ func (q *Queue) checkLW() (Event, bool) {
 	return ev, true
 }
 
+// RaiseLowWatermark is the device's SRQ_LIMIT_REACHED event: it raises
+// the low-watermark event, once, if the watermark is armed, and disarms
+// it. The driver's own count raises the same event (Complete): whichever
+// comes first fires, and the other finds the watermark disarmed. It
+// reports whether an event was raised.
+func (q *Queue) RaiseLowWatermark() bool {
+	q.mu.Lock()
+	if q.lw == 0 {
+		q.mu.Unlock()
+		return false
+	}
+	ev := Event{Available: q.w.Outstanding(), Watermark: q.lw}
+	q.lw = 0
+	q.events++
+	q.mu.Unlock()
+	q.raise(ev)
+	return true
+}
+
 func (q *Queue) raise(ev Event) {
 	select {
 	case q.lwC <- ev:

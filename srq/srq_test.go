@@ -938,3 +938,23 @@ func Example_concurrentRefill() {
 	// low watermark 32: 31 available
 	// refilled to 64 (8 refused as full); consumed 40; 1 event
 }
+
+// The device's SRQ_LIMIT_REACHED is the low-watermark event, never a
+// second one: it fires only while the watermark is armed, and disarms it,
+// so a second device event (or the driver's own count) finds nothing to
+// raise.
+func TestDeviceLimitEventIsTheWatermarkEventOnce(t *testing.T) {
+	r := newRig(t, 8, 8, false)
+	q := r.q
+	post(t, r, 1, 2, 3, 4, 5, 6)
+	require.NoError(t, q.SetLowWatermark(4))
+	require.Empty(t, r.events, "6 available: not below 4")
+	assert.True(t, q.RaiseLowWatermark(), "armed: the device's event is the watermark event")
+	assert.False(t, q.RaiseLowWatermark(), "disarmed: a second device event raises nothing")
+	require.Len(t, r.events, 1)
+	assert.Equal(t, 4, r.events[0].Watermark)
+	require.NoError(t, q.SetLowWatermark(2))
+	assert.True(t, q.RaiseLowWatermark())
+	assert.Len(t, r.events, 2)
+	assert.Len(t, r.drainEvents(), 1, "the channel holds the latest")
+}

@@ -80,6 +80,22 @@ func (c *SGEChecker) Check(sges []SGE) (int, error) {
 	return c.check(sges)
 }
 
+// CheckWrite is Check for a request whose segments the device writes
+// though the queue's requests are read (an RDMA READ or an atomic on a
+// send queue): each MR must also grant local write.
+func (c *SGEChecker) CheckWrite(sges []SGE) (int, error) {
+	if c.write {
+		return c.Check(sges)
+	}
+	if c.r != nil && c.r.Access&AccessLocalWrite == 0 {
+		c.r = nil // resolved for reading only
+	}
+	c.write = true
+	n, err := c.check(sges)
+	c.write = false
+	return n, err
+}
+
 func (c *SGEChecker) check(sges []SGE) (int, error) {
 	if len(sges) > c.maxSGE {
 		return 0, Invalidf("%d SGEs: the queue takes at most %d", len(sges), c.maxSGE)

@@ -16,6 +16,13 @@ import (
 // without a ring (a QP that receives from an SRQ): it holds nothing and
 // takes no posts.
 //
+// A send queue on a device that honours signaling is selective
+// (SetSelective): a request posted unsignaled makes no completion unless it
+// fails. Its record is retired by the IB rule (a completion retires every
+// unsignaled request before it, SQ completions being in order) and by the
+// device's progress (Reap: unsignaled requests behind the ring's consumer
+// index), and its room is bounded by the ring's too (SetBoundByRing).
+//
 // The poster owns the post side, the poller the completion side; see the
 // package documentation.
 type Queue struct {
@@ -34,6 +41,20 @@ type Queue struct {
 	headC  uint32        // pops, the poller's own count; published through head
 	head   atomic.Uint32 // pops as the poster sees them: stored once per poll
 	shift  uint          // log2(stride)
+
+	// Selective queues (SetSelective): unsig marks the outstanding
+	// requests posted unsignaled, by record slot (nil: every request is
+	// signaled); st is the ring state, whose cons_head Reap reads;
+	// ringBase maps record counts to ring counters (prod_tail at Init), and
+	// ctrMask is the ring counters' mask (2n-1). bound makes PostRoom count
+	// the ring's free slots too. reapWanted is the poster's request for a
+	// Reap.
+	unsig      []bool
+	st         *rings.State
+	ringBase   uint32
+	ctrMask    uint32
+	bound      bool
+	reapWanted atomic.Bool
 }
 
 // Init sets the queue up over its ring: state is the ring's 8-byte state
@@ -62,9 +83,29 @@ func (w *Queue) Init(name string, reg doorbell.Register, state, data []byte, str
 	}
 	*w = Queue{name: name, prod: prod, db: db, data: data, stride: stride, maxSGE: maxSGE,
 		wrids: make([]uint64, depth), mask: uint32(depth - 1), shift: uint(bits.TrailingZeros(uint(stride))),
-		at: uint32(prod.Next(0))}
+		at: uint32(prod.Next(0)), st: st, ringBase: st.ProdTail(), ctrMask: uint32(2*depth - 1)}
 	return nil
 }
+
+// SetSelective makes the queue selective: a send queue whose device
+// honours send_flags and sq_sig_all, so that a request claimed unsignaled
+// (ClaimSend) makes no completion unless it fails. Call it after Init,
+// before the first post.
+func (w *Queue) SetSelective() {
+	if len(w.wrids) > 0 {
+		w.unsig = make([]bool, len(w.wrids))
+	}
+}
+
+// Selective reports whether the queue is selective.
+func (w *Queue) Selective() bool { return w.unsig != nil }
+
+// SetBoundByRing makes PostRoom count the ring's free slots (from the
+// device's consumer index) as well as the record's: on a device that may
+// complete a request before it advances its index, or that consumes
+// unsignaled requests without a word. Call it after Init, before the first
+// post.
+func (w *Queue) SetBoundByRing() { w.bound = true }
 
 // SetName names the queue in errors (an empty queue, or a renamed one).
 func (w *Queue) SetName(name string) { w.name = name }
@@ -111,14 +152,18 @@ func (w *Queue) CheckRing() error {
 	return err
 }
 
-// PutSend writes a send WQE in the next slot and records its wr_id.
-func (w *Queue) PutSend(s *rings.SendWQE) { rings.PutSendWQE(w.Claim(s.WRID), s) }
+// PutSend writes a send WQE in the next slot and records its wr_id (and,
+// on a selective queue, whether its flags signal it).
+func (w *Queue) PutSend(s *rings.SendWQE) {
+	rings.PutSendWQE(w.ClaimSend(s.WRID, s.Flags&rings.SendSignaled != 0), s)
+}
 
 // PutRecv writes a receive WQE in the next slot and records its wr_id.
 func (w *Queue) PutRecv(wrID uint64, sges []SGE) { rings.PutRecvWQE(w.Claim(wrID), wrID, sges) }
 
 // Claim records the next request's wr_id and returns the slot its WQE goes
-// to, for the caller to write before the call ends (End or Fail). The
+// to, for the caller to write before the call ends (End or Fail). On a
+// selective queue use ClaimSend. The
 // queue keeps the slot index itself (the producer's, plus the call's
 // requests) rather than asking the producer for each WQE; Claim is small
 // enough to be inlined into a post loop.
@@ -145,6 +190,39 @@ func (w *Queue) endCall() {
 // Room returns how many more requests the queue takes now: its slots less
 // those outstanding. A post call reads it once.
 func (w *Queue) Room() int { return len(w.wrids) - w.Outstanding() }
+
+// PostRoom is CheckRing and Room in one read of the device's consumer
+// index: an index out of range is a device fault; a queue bound by its
+// ring (SetBoundByRing) takes no more than the ring's free slots either.
+// A post call reads it once.
+func (w *Queue) PostRoom() (int, error) {
+	free, err := w.prod.Free()
+	if err != nil {
+		return 0, err
+	}
+	room := len(w.wrids) - w.Outstanding()
+	if w.bound && free < room {
+		room = free
+	}
+	return room, nil
+}
+
+// ClaimSend is Claim for a send queue: on a selective queue it records
+// whether the request was posted signaled.
+func (w *Queue) ClaimSend(wrID uint64, signaled bool) []byte {
+	if w.unsig != nil {
+		w.unsig[w.tail&w.mask] = !signaled
+	}
+	return w.Claim(wrID)
+}
+
+// WantReap asks the poller for a Reap (a selective queue short of room
+// while unsignaled requests may hold it). It reports whether the request
+// is new: false if one is pending, or if the queue is not selective.
+// Poster side.
+func (w *Queue) WantReap() bool {
+	return w.unsig != nil && !w.reapWanted.Load() && !w.reapWanted.Swap(true)
+}
 
 // End closes a post call that succeeded: the poller is shown the call's
 // requests (one store, before the device can see them), then, unless
@@ -180,22 +258,42 @@ func (w *Queue) Flush() error {
 	return w.db.Flush()
 }
 
-// Complete removes one outstanding request with wr_id id and reports
-// whether there was one: false for a completion of nothing outstanding (a
-// late one for a request already flushed, say). Completions may come in
-// any order; the oldest is found at once, others by a scan from it, and the
-// record stays dense: the completed entry trades places with the oldest.
-// Poller side.
+// Complete removes one outstanding request with wr_id id, for a
+// successful completion, and reports whether there was one: false for a
+// completion of nothing outstanding (a late one for a request already
+// flushed, say). Completions may come in any order; the oldest is found at
+// once, others by a scan from it, and the record stays dense: the
+// completed entry trades places with the oldest. Poller side.
+//
+// On a selective queue the completion is a signaled request's: the oldest
+// signaled request with wr_id id (an unsignaled one if none is signaled: a
+// device that signals regardless) is retired together with every
+// unsignaled request before it, which the device completed first; the
+// signaled ones before it stay outstanding.
 //
 // The poster learns of it at the next PublishHead: the poller calls that
 // once per poll rather than paying an atomic store for each completion.
 func (w *Queue) Complete(id uint64) bool {
 	head := w.headC
-	if head != w.tailP.Load() && w.wrids[head&w.mask] == id { // in order: the usual case
+	if head != w.tailP.Load() && w.wrids[head&w.mask] == id && (w.unsig == nil || !w.unsig[head&w.mask]) { // in order: the usual case
 		w.headC = head + 1
 		return true
 	}
+	if w.unsig != nil {
+		return w.completeSelective(id, false) || w.completeSelective(id, true)
+	}
 	return w.completeOutOfOrder(id)
+}
+
+// CompleteErr is Complete for a completion with an error status: a device
+// reports a failed request whether or not it was signaled, so on a
+// selective queue the oldest request with wr_id id is taken, signaled or
+// not, with every unsignaled request before it.
+func (w *Queue) CompleteErr(id uint64) bool {
+	if w.unsig != nil {
+		return w.completeSelective(id, true)
+	}
+	return w.Complete(id)
 }
 
 func (w *Queue) completeOutOfOrder(id uint64) bool {
@@ -210,6 +308,64 @@ func (w *Queue) completeOutOfOrder(id uint64) bool {
 		}
 	}
 	return false
+}
+
+// completeSelective retires, on a selective queue, the oldest request with
+// wr_id id (signaled only, unless anyone) and every unsignaled request
+// before it. The signaled requests before it keep their order and move up
+// next to the ones after it; the record stays dense.
+func (w *Queue) completeSelective(id uint64, anyone bool) bool {
+	head := w.headC
+	out := w.tailP.Load() - head
+	for k := uint32(0); k < out; k++ {
+		i := (head + k) & w.mask
+		if w.wrids[i] != id || (w.unsig[i] && !anyone) {
+			continue
+		}
+		// Slot head+k is free now; walk back to head, moving each
+		// signaled (still outstanding) request to the last free slot.
+		dst := head + k
+		for m := k; m > 0; m-- {
+			src := (head + m - 1) & w.mask
+			if !w.unsig[src] {
+				d := dst & w.mask
+				w.wrids[d], w.unsig[d] = w.wrids[src], false
+				dst--
+			}
+		}
+		w.headC = dst + 1
+		return true
+	}
+	return false
+}
+
+// Reap retires, on a selective queue, the unsignaled requests at the head
+// of the record that the device has consumed (its consumer index is past
+// them): they make no completion, and their slots are the poster's again.
+// It stops at the first signaled request, which its completion retires. It
+// answers a WantReap and returns how many it retired; a consumer index out
+// of range retires nothing (the next post reports it). Poller side; call
+// PublishHead after.
+func (w *Queue) Reap() int {
+	if w.unsig == nil {
+		return 0
+	}
+	w.reapWanted.Store(false)
+	// The consumer index first, then the posts: the device consumes only
+	// what was published, after its tail was stored.
+	cons := w.st.ConsHead()
+	tail := w.tailP.Load()
+	ahead := (w.ringBase + tail - cons) & w.ctrMask
+	if cons&^w.ctrMask != 0 || ahead > uint32(len(w.wrids)) {
+		return 0
+	}
+	done := tail - ahead // records before it were consumed
+	n := uint32(0)
+	for h := w.headC; int32(done-h) > 0 && w.unsig[h&w.mask]; h++ {
+		n++
+	}
+	w.headC += n
+	return int(n)
 }
 
 // PublishHead shows the poster (Outstanding, Room) and OutstandingP the

@@ -39,15 +39,23 @@ type benchRow struct {
 	ReceiverCPUPercent  float64 `json:"receiver_cpu_percent,omitempty"`
 	WakeupsPerMsg       float64 `json:"wakeups_per_msg,omitempty"`
 	EmptyPollsPerMsg    float64 `json:"empty_polls_per_msg,omitempty"`
+	// One-sided modes (onesided.go): the completions whose data the
+	// initiator checked (READ: every byte; atomic: the value fetched), the
+	// target slots found holding the pattern after RDMA WRITEs, and the
+	// atomic's word after the batch.
+	Checked       int    `json:"checked,omitempty"`
+	TargetChecked int    `json:"target_slots_checked,omitempty"`
+	Word          uint64 `json:"word,omitempty"`
 }
 
 type benchResult struct {
 	Transport string `json:"transport"`
+	Operation string `json:"operation,omitempty"` // one-sided modes: RDMA_WRITE, RDMA_READ, ATOMIC_FETCH_AND_ADD
 	Size      int    `json:"size"`
 	Window    int    `json:"window,omitempty"` // messages in flight at most; 0: four batches
 	// SenderSpins: the sender polls without sleeping (--send-spin).
 	SenderSpins bool       `json:"sender_spins,omitempty"`
-	Mode        string     `json:"mode"` // loopback, or sender/receiver between two hosts
+	Mode        string     `json:"mode"` // loopback, or sender/receiver (one-sided: initiator/target) between two hosts
 	Latency     string     `json:"latency"`
 	Rows        []benchRow `json:"rows"`
 
@@ -74,8 +82,13 @@ func cmdBench(e *env, args []string) error {
 	fs.StringVar(&batchList, "batches", "1,8,32,256", "batch sizes (messages per doorbell)")
 	fs.BoolVar(&so.spin, "send-spin", false, "the sender never sleeps on the interrupt while completions are due: it polls, yielding the processor, as perftest does")
 	fs.IntVar(&so.window, "window", 0, "messages in flight at most, whatever the batch, but at least one batch (default: four batches); perftest's ib_send_bw keeps 128 (its -t)")
+	t.registerOneSided(fs, "one-sided: RDMA WRITE into the other end's buffer (its slots checked after each batch); the other end posts nothing (RC only, not on QEMU)",
+		"one-sided: fetch-and-add of 1 on one 8-byte word of the other end (--size is 8), each value fetched checked, and the word's final value (RC only, not on QEMU)")
 	if err := t.parse(e, fs, args); err != nil {
 		return err
+	}
+	if t.sided != "" && (spin || wait) {
+		return fmt.Errorf("--%s: the target posts nothing: no --spin or --wait", t.sided)
 	}
 	// Without --spin or --wait, the send bench: in loopback one loop polls
 	// both ends, between hosts the receiver polls and sleeps on CQ.Wait.
@@ -113,6 +126,9 @@ func cmdBench(e *env, args []string) error {
 	}
 	if x != nil {
 		defer x.close()
+	}
+	if t.sided != "" {
+		return benchOneSided(ctx, e, &t, a, b, x, batches, messages, so)
 	}
 	typ, _ := t.typ()
 	res := benchResult{Transport: typ.String(), Size: t.size, Mode: "loopback", Latency: "post to send completion", Window: so.window, SenderSpins: so.spin}
@@ -208,10 +224,11 @@ func cmdBench(e *env, args []string) error {
 	if so.window > 0 {
 		inFlight = fmt.Sprintf("%d messages", so.window)
 	}
+	inFlight += " in flight"
 	if so.spin {
-		inFlight += ", sender spinning"
+		inFlight += ", the sender spinning"
 	}
-	fmt.Fprintf(e.out, "%s send bench, %d-byte messages, %s, at most %s in flight; latency: %s\n", res.Transport, res.Size, res.Mode, inFlight, res.Latency)
+	fmt.Fprintf(e.out, "%s send bench, %d-byte messages, %s, at most %s; latency: %s\n", res.Transport, res.Size, res.Mode, inFlight, res.Latency)
 	fmt.Fprintln(w, "batch\tmessages\tmsg/s\tp50 µs\tp99 µs\tdoorbells/msg\tpost µs/msg\tpoll µs/msg\twait µs/msg\t")
 	for _, r := range res.Rows {
 		fmt.Fprintf(w, "%d\t%d\t%.0f\t%.1f\t%.1f\t%.3f\t%.2f\t%.2f\t%.2f\t\n", r.Batch, r.Messages, r.MessagesPerSec, r.P50US, r.P99US, r.DoorbellsPerMsg, r.PostUSPerMsg, r.PollUSPerMsg, r.WaitUSPerMsg)
@@ -227,6 +244,9 @@ type sendOpts struct {
 	window int
 	// spin: never sleep on the interrupt; poll and yield instead.
 	spin bool
+	// remote, if set, makes the requests its one-sided operation
+	// (onesided.go) and checks their completions.
+	remote *remoteOp
 }
 
 // benchSend sends messages from a; b, in loopback, receives them in the
@@ -273,6 +293,9 @@ func benchSend(ctx context.Context, a, b *endpoint, messages, batch int, so send
 			now := time.Now()
 			for i := 0; i < n; i++ {
 				a.sendWR(&wrs[i], sges[i:i+1], uint64(sent+i), (sent+i)%a.depth, size)
+				if so.remote != nil {
+					so.remote.fill(&wrs[i], sent+i)
+				}
 				postedAt[sent+i] = now
 			}
 			_, err := a.qp.PostSend(wrs[:n], 0)
@@ -293,6 +316,11 @@ func benchSend(ctx context.Context, a, b *endpoint, messages, batch int, so send
 		for _, wc := range wcs[:k] {
 			if wc.Status != vfrdma.WCSuccess {
 				return benchRow{}, fmt.Errorf("send completion %+v", wc)
+			}
+			if so.remote != nil {
+				if err := so.remote.done(&wc); err != nil {
+					return benchRow{}, err
+				}
 			}
 			lat = append(lat, now.Sub(postedAt[wc.WRID]))
 			done++

@@ -82,13 +82,15 @@ func TestBenchJSONFields(t *testing.T) {
 
 func TestWatchQuiet(t *testing.T) {
 	var progress atomic.Int64
-	const quiet = 80 * time.Millisecond
+	// Long enough that a loaded machine's scheduling never makes 10 ms of
+	// sleep look like silence (80 ms did: a failure at load 9).
+	const quiet = 2 * time.Second
 
 	// Progress keeps it alive; silence ends it with errQuiet.
 	ctx, stop := watchQuiet(context.Background(), &progress, quiet)
 	defer stop()
-	for i := 0; i < 6; i++ {
-		time.Sleep(quiet / 4)
+	for i := 0; i < 50; i++ {
+		time.Sleep(10 * time.Millisecond)
 		progress.Add(1)
 	}
 	require.NoError(t, ctx.Err(), "still making progress")

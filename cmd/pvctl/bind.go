@@ -21,6 +21,9 @@ func (e *env) statePath(f pci.Function) string {
 }
 
 func cmdBind(e *env, args []string) error {
+	if e.model != "" {
+		return errModel
+	}
 	f, err := e.target(args)
 	if err != nil {
 		return err
@@ -63,6 +66,9 @@ func cmdBind(e *env, args []string) error {
 }
 
 func cmdUnbind(e *env, args []string) error {
+	if e.model != "" {
+		return errModel
+	}
 	f, err := e.target(args)
 	if err != nil {
 		return err

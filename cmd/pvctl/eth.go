@@ -37,6 +37,9 @@ pvctl eth sink [--for D] [--idle D] [BDF]      count frames received: packets/s`
 
 // cmdEth runs the Ethernet function's subcommands.
 func cmdEth(e *env, args []string) error {
+	if e.model != "" {
+		return errModel
+	}
 	sub := "info"
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") && !strings.Contains(args[0], ":") {
 		sub, args = args[0], args[1:]

@@ -83,11 +83,7 @@ func mtuName(m uint32) string {
 // cmdInfo opens the device and prints its capabilities and port, in the
 // spirit of ibv_devinfo -v.
 func cmdInfo(e *env, args []string) error {
-	f, err := e.target(args)
-	if err != nil {
-		return err
-	}
-	d, err := vfrdma.Open(f.Addr.String(), &vfrdma.Options{SysfsRoot: e.sysfs})
+	d, err := e.open(args, nil)
 	if err != nil {
 		return err
 	}

@@ -28,6 +28,9 @@ func kind(f pci.Function) string {
 }
 
 func cmdList(e *env, args []string) error {
+	if e.model != "" {
+		return errModel
+	}
 	if len(args) != 0 {
 		return errUsage
 	}

@@ -7,15 +7,11 @@ import (
 	"errors"
 	"fmt"
 	"net"
-	"os"
 	"runtime"
-	"strconv"
 	"syscall"
 	"time"
 
 	"github.com/vfrdma/vfrdma"
-	"github.com/vfrdma/vfrdma/qemu/guestctl"
-	"github.com/vfrdma/vfrdma/qemu/proto"
 )
 
 // peerInfo is what two ends exchange to connect.
@@ -26,10 +22,18 @@ type peerInfo struct {
 	PSN  uint32     `json:"psn,omitempty"`  // its first send PSN (rdma-core's exchange carries it)
 	QPNs []uint32   `json:"qpns,omitempty"` // pingpong --srq: one per connection
 	Blob []byte     `json:"blob,omitempty"` // am: the task's address
+	// The one-sided modes (onesided.go): the mode this end runs ("" for
+	// SEND), and its target region, the MR the peer's RDMA WRITEs, READs
+	// and atomics name: address, rkey, length and bytes per slot.
+	OneSided string `json:"one_sided,omitempty"`
+	Addr     uint64 `json:"addr,omitempty"`
+	RKey     uint32 `json:"rkey,omitempty"`
+	Len      int    `json:"len,omitempty"`
+	Slot     int    `json:"slot,omitempty"`
 }
 
 // exchanger swaps peerInfo with the other end: over TCP (like
-// ibv_rc_pingpong), or through the bench's control channel between VMs.
+// ibv_rc_pingpong), or through the bench's rendezvous between VMs.
 type exchanger interface {
 	swap(ctx context.Context, mine peerInfo) (peerInfo, error)
 	// barrier returns once the other end called it with the same name.
@@ -43,7 +47,7 @@ type exchanger interface {
 type peerFlags struct {
 	listen  string // TCP address to wait on (server)
 	connect string // TCP address to dial (client)
-	vm      bool   // through the bench's rendezvous: VM 0 is the server
+	vm      bool   // through the bench's rendezvous (openRendezvous): VM 0 is the server
 	tag     string // rendezvous key prefix
 	// rdmaCore speaks rdma-core's pingpong exchange on --listen/--connect
 	// (port 18515 by default): the peer is ibv_rc_pingpong or
@@ -59,15 +63,11 @@ func (p *peerFlags) loopback() bool {
 func (p *peerFlags) open(ctx context.Context) (exchanger, error) {
 	switch {
 	case p.vm:
-		vm, err := strconv.Atoi(os.Getenv(proto.EnvVM))
-		if err != nil {
-			return nil, fmt.Errorf("--vm: %s is not set: run inside the bench (pvvm -vms 2)", proto.EnvVM)
-		}
-		c, err := guestctl.Open()
+		r, vm, err := openRendezvous()
 		if err != nil {
 			return nil, err
 		}
-		return &vmExchange{c: c, vm: vm, tag: p.tag}, nil
+		return &vmExchange{c: r, vm: vm, tag: p.tag}, nil
 	case p.rdmaCore && p.listen == "" && p.connect == "":
 		return nil, fmt.Errorf("--rdma-core needs --listen ADDR or --connect HOST (the peer is an rdma-core program)")
 	case p.listen != "":
@@ -163,8 +163,21 @@ func (t *tcpExchange) barrier(ctx context.Context, name string) error {
 func (t *tcpExchange) server() bool { return t.srv }
 func (t *tcpExchange) close()       { t.conn.Close() }
 
+// rendezvous is the bench's key/value store shared by the VMs of a run: a
+// key is written once per run, and Get waits until it has a value (or ctx
+// ends). The bench provides it to the pvctl it builds for its guests
+// (rendezvous_guest.go: qemu/guestctl's Conn over the guest's control
+// channel); pvctl itself depends on nothing of the bench.
+type rendezvous interface {
+	Put(key, value string) error
+	Get(ctx context.Context, key string) (string, error)
+	Close() error
+}
+
+// vmExchange swaps through a rendezvous, keyed by tag and VM index: VM 0
+// and VM 1 of the run are the two ends.
 type vmExchange struct {
-	c   *guestctl.Conn
+	c   rendezvous
 	vm  int
 	tag string
 }
@@ -211,12 +224,17 @@ type endpoint struct {
 	// rwrs and rsges hold the chain repost builds (one SGE per WR).
 	rwrs  []vfrdma.RecvWR
 	rsges []vfrdma.SGE
+	// sided is the one-sided mode ("" for SEND): recv is then also the
+	// target region, with the remote rights the mode needs.
+	sided string
 }
 
 const testQKey = 0x1ee7
 
-func newEndpoint(ctx context.Context, d *vfrdma.Device, pd *vfrdma.PD, typ vfrdma.QPType, depth, size int, qkey uint32) (*endpoint, error) {
-	e := &endpoint{pd: pd, depth: depth, slot: size, qkey: qkey}
+// newEndpoint makes an endpoint: with a one-sided mode (sided), its
+// receive MR is the target region and grants the mode's remote rights.
+func newEndpoint(ctx context.Context, d *vfrdma.Device, pd *vfrdma.PD, typ vfrdma.QPType, depth, size int, qkey uint32, sided string) (*endpoint, error) {
+	e := &endpoint{pd: pd, depth: depth, slot: size, qkey: qkey, sided: sided}
 	if typ == vfrdma.UD {
 		e.slot += vfrdma.UDHeaderRoom
 	}
@@ -224,23 +242,34 @@ func newEndpoint(ctx context.Context, d *vfrdma.Device, pd *vfrdma.PD, typ vfrdm
 	if e.cq, err = d.CreateCQ(ctx, 2*depth); err != nil {
 		return nil, err
 	}
-	if e.qp, err = pd.CreateQP(ctx, &vfrdma.QPConfig{Type: typ, SendCQ: e.cq, RecvCQ: e.cq, SendDepth: depth, RecvDepth: depth, QKey: e.qkey}); err != nil {
+	if e.qp, err = pd.CreateQP(ctx, &vfrdma.QPConfig{Type: typ, SendCQ: e.cq, RecvCQ: e.cq, SendDepth: depth, RecvDepth: depth, QKey: e.qkey, SignalAll: true}); err != nil {
 		return nil, err
 	}
-	if e.send, err = pd.AllocMR(ctx, depth*e.slot, vfrdma.AccessLocalWrite); err != nil {
+	// An MR has a byte at least (--size 0: zero-length messages).
+	if e.send, err = pd.AllocMR(ctx, max(depth*e.slot, 1), vfrdma.AccessLocalWrite); err != nil {
 		return nil, err
 	}
-	if e.recv, err = pd.AllocMR(ctx, depth*e.slot, vfrdma.AccessLocalWrite); err != nil {
+	if e.recv, err = pd.AllocMR(ctx, max(depth*e.slot, 1), vfrdma.AccessLocalWrite|remoteAccess(sided)); err != nil {
 		return nil, err
+	}
+	if sided != "" {
+		prepareTarget(e, sided)
 	}
 	return e, nil
 }
 
 func (e *endpoint) info(d *vfrdma.Device) peerInfo {
-	return peerInfo{QPN: e.qp.QPN(), GID: d.GID(), QKey: e.qkey}
+	p := peerInfo{QPN: e.qp.QPN(), GID: d.GID(), QKey: e.qkey, OneSided: e.sided}
+	if e.sided != "" {
+		p.Addr, p.RKey, p.Len, p.Slot = e.recv.Addr(), e.recv.RKey(), e.recv.Len(), e.slot
+	}
+	return p
 }
 
 func (e *endpoint) connect(ctx context.Context, peer peerInfo) error {
+	if err := e.checkPeer(peer); err != nil {
+		return err
+	}
 	e.peer = peer
 	if e.qp.Type() == vfrdma.UD {
 		ah, err := e.pd.CreateAH(vfrdma.AHAttr{DGID: peer.GID})

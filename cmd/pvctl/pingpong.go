@@ -18,6 +18,10 @@ type trafficFlags struct {
 	bdf          string
 	pollDoorbell bool
 	spin         bool // pingpong: poll without ever sleeping
+	// The one-sided flags (onesided.go), and the mode they select: "",
+	// sideWrite, sideRead or sideAtomic.
+	write, read, atomic bool
+	sided               string
 }
 
 func (t *trafficFlags) register(fs *flag.FlagSet, defSize int) {
@@ -53,7 +57,7 @@ func (t *trafficFlags) parse(e *env, fs *flag.FlagSet, args []string) error {
 	if fs.NArg() == 1 {
 		t.bdf = fs.Arg(0)
 	}
-	return nil
+	return t.resolveSided()
 }
 
 // openDevice opens the target device for traffic.
@@ -62,11 +66,17 @@ func (t *trafficFlags) openDevice(e *env) (*vfrdma.Device, error) {
 	if t.bdf != "" {
 		args = []string{t.bdf}
 	}
-	f, err := e.target(args)
+	if e.model != "" && !t.loopback() && e.fabric == nil {
+		return nil, fmt.Errorf("--model runs both ends in this process: no --listen, --connect or --vm")
+	}
+	d, err := e.open(args, &vfrdma.Options{PollDoorbell: t.pollDoorbell})
 	if err != nil {
 		return nil, err
 	}
-	return vfrdma.Open(f.Addr.String(), &vfrdma.Options{SysfsRoot: e.sysfs, PollDoorbell: t.pollDoorbell})
+	if err := t.checkDevice(d); err != nil {
+		return nil, errors.Join(err, d.Close())
+	}
+	return d, nil
 }
 
 // setup creates the local end(s) and connects them: two ends in loopback,
@@ -88,7 +98,7 @@ func (t *trafficFlags) setup(ctx context.Context, d *vfrdma.Device, depth, size 
 		if t.rdmaCore {
 			qkey = rdmaCoreQKey
 		}
-		return newEndpoint(ctx, d, pd, typ, depth, size, qkey)
+		return newEndpoint(ctx, d, pd, typ, depth, size, qkey, t.sided)
 	})
 }
 
@@ -152,6 +162,8 @@ func checkPattern(b []byte, seq int) error {
 
 type pingpongResult struct {
 	Transport   string  `json:"transport"`
+	Operation   string  `json:"operation,omitempty"` // --write: RDMA_WRITE_WITH_IMM; --read: RDMA_READ (then Iters counts READs, RoundTripUS is per READ)
+	Role        string  `json:"role,omitempty"`      // --read between hosts: "target" on the end that is read (it reports nothing else)
 	SRQQPs      int     `json:"srq_qps,omitempty"`
 	Size        int     `json:"size"`
 	Iters       int     `json:"iters"` // with --srq: rounds of srq_qps round trips at once
@@ -195,6 +207,7 @@ func cmdPingpong(e *env, args []string) error {
 	fs.BoolVar(&t.spin, "spin", false, "poll the CQ without ever sleeping on it (as rdma-core's pingpongs do without -e)")
 	fs.IntVar(&srqs, "srq", 0, "N RC connections per side whose receives come from one shared receive queue per side")
 	fs.DurationVar(&stall, "stall", 10*time.Second, "fail, with the queues' state, when no completion comes for this long (a lost message)")
+	t.registerOneSided(fs, "one-sided: each message is an RDMA WRITE WITH IMMEDIATE into the other end's buffer (like ib_write_lat), its receive completion and every byte checked (RC only, not on QEMU)", "")
 	if err := t.parse(e, fs, args); err != nil {
 		return err
 	}
@@ -202,6 +215,9 @@ func cmdPingpong(e *env, args []string) error {
 	fs.Visit(func(f *flag.Flag) { srqGiven = srqGiven || f.Name == "srq" })
 	if err := checkSRQFlags(&t, srqs, srqGiven); err != nil {
 		return err
+	}
+	if srqGiven && t.sided != "" {
+		return fmt.Errorf("--%s and --srq exclude each other", t.sided)
 	}
 	if iters < 1 {
 		return fmt.Errorf("--iters %d: want 1 or more round trips", iters)
@@ -226,6 +242,9 @@ func cmdPingpong(e *env, args []string) error {
 	if x != nil {
 		defer x.close()
 	}
+	if t.sided == sideRead {
+		return readPingpong(ctx, e, &t, a, x, iters, stall)
+	}
 	hdr := 0
 	if a.qp.Type() == vfrdma.UD {
 		hdr = vfrdma.UDHeaderRoom
@@ -242,9 +261,19 @@ func cmdPingpong(e *env, args []string) error {
 	if t.rdmaCore {
 		fill, check = fillRdmaCore, checkRdmaCore
 	}
+	// A message is a SEND, or with --write an RDMA WRITE WITH IMMEDIATE
+	// (the sequence number) into the peer's slot 0, which consumes the
+	// receive the peer posted.
+	recvOp := vfrdma.WCRecv
+	if t.sided == sideWrite {
+		recvOp = vfrdma.WCRecvRDMAWithImm
+	}
 	send := func(ep *endpoint, seq int) error {
 		fill(ep.send.Bytes()[:t.size], seq)
 		ep.sendWR(&wr[0], sge[:], uint64(seq), 0, t.size)
+		if t.sided == sideWrite {
+			wr[0].Opcode, wr[0].Imm, wr[0].RemoteAddr, wr[0].RKey = vfrdma.OpRDMAWriteWithImm, uint32(seq), ep.peer.Addr, ep.peer.RKey
+		}
 		_, err := ep.qp.PostSend(wr[:], 0)
 		return err
 	}
@@ -267,9 +296,15 @@ func cmdPingpong(e *env, args []string) error {
 			if wc.Status != vfrdma.WCSuccess {
 				return fmt.Errorf("message %d: completion %+v", p.recvs, wc)
 			}
-			if wc.Opcode != vfrdma.WCRecv {
+			if !isRecv(wc.Opcode) {
 				p.sends++
 				continue
+			}
+			switch {
+			case wc.Opcode != recvOp:
+				return fmt.Errorf("message %d: receive completion opcode %v, want %v", p.recvs, wc.Opcode, recvOp)
+			case t.sided == sideWrite && (!wc.HasImm() || wc.Imm != uint32(p.recvs)):
+				return fmt.Errorf("message %d: the RDMA WRITE WITH IMMEDIATE's completion carries immediate data %#x (flags %#x), want %#x", p.recvs, wc.Imm, wc.Flags, uint32(p.recvs))
 			}
 			if int(wc.ByteLen) != t.size+hdr {
 				return fmt.Errorf("message %d: received %d bytes, want %d", p.recvs, int(wc.ByteLen)-hdr, t.size)
@@ -350,10 +385,20 @@ func cmdPingpong(e *env, args []string) error {
 	r := pingpongResult{Transport: typ.String(), Size: t.size, Iters: iters, Seconds: el.Seconds(),
 		RoundTripUS: float64(el.Microseconds()) / float64(iters),
 		MbitPerSec:  float64(2*t.size*iters*8) / el.Seconds() / 1e6, Checked: true}
+	how := ""
+	if t.sided == sideWrite {
+		r.Operation = vfrdma.OpRDMAWriteWithImm.String()
+		how = " (RDMA WRITE WITH IMMEDIATE)"
+	}
 	if e.json {
 		return e.printJSON(r)
 	}
-	fmt.Fprintf(e.out, "%s pingpong: %d round trips of %d bytes in %.2f s: %.1f µs per round trip, %.2f Mbit/s, every byte checked\n",
-		r.Transport, iters, t.size, r.Seconds, r.RoundTripUS, r.MbitPerSec)
+	fmt.Fprintf(e.out, "%s pingpong%s: %d round trips of %d bytes in %.2f s: %.1f µs per round trip, %.2f Mbit/s, every byte checked\n",
+		r.Transport, how, iters, t.size, r.Seconds, r.RoundTripUS, r.MbitPerSec)
 	return nil
+}
+
+// isRecv reports a receive's completion opcode.
+func isRecv(op vfrdma.WCOpcode) bool {
+	return op == vfrdma.WCRecv || op == vfrdma.WCRecvRDMAWithImm
 }

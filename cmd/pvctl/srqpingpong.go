@@ -41,7 +41,7 @@ func newSRQSide(ctx context.Context, d *vfrdma.Device, pd *vfrdma.PD, n, size in
 		return nil, err
 	}
 	for i := 0; i < n; i++ {
-		qp, err := pd.CreateQP(ctx, &vfrdma.QPConfig{Type: vfrdma.RC, SendCQ: s.cq, RecvCQ: s.cq, SendDepth: 4, SRQ: s.srq})
+		qp, err := pd.CreateQP(ctx, &vfrdma.QPConfig{Type: vfrdma.RC, SendCQ: s.cq, RecvCQ: s.cq, SendDepth: 4, SRQ: s.srq, SignalAll: true})
 		if err != nil {
 			return nil, err
 		}

@@ -13,7 +13,10 @@ import (
 // InitPackage is the import path of the guest init.
 const InitPackage = "github.com/vfrdma/vfrdma/qemu/guestinit"
 
-// GuestTag is the build tag of tests meant to run inside the guest.
+// GuestTag is the build tag of code meant to run inside the guest: the
+// in-guest tests, and the parts of a program that only the bench's guest
+// has (pvctl's --vm rendezvous over the control channel). Everything built
+// for the guest is built with it.
 const GuestTag = "guest"
 
 // BuildInit builds the guest init as a static linux/amd64 binary at out.
@@ -22,12 +25,13 @@ func BuildInit(ctx context.Context, repoRoot, out string) error {
 	return goTool(ctx, repoRoot, out, "build", "-o", absPath(out), InitPackage)
 }
 
-// BuildProgram builds a static linux/amd64 program for the guest at out.
-// pkg is an import path (github.com/vfrdma/vfrdma/cmd/pvctl) or a directory
-// relative to the current directory (./cmd/pvctl); the current directory
-// must be inside the module.
+// BuildProgram builds a static linux/amd64 program for the guest at out,
+// with the GuestTag build tag. pkg is an import path
+// (github.com/vfrdma/vfrdma/cmd/pvctl) or a directory relative to the
+// current directory (./cmd/pvctl); the current directory must be inside the
+// module.
 func BuildProgram(ctx context.Context, pkg, out string) error {
-	return goTool(ctx, "", out, "build", "-o", absPath(out), pkg)
+	return goTool(ctx, "", out, "build", "-tags", GuestTag, "-o", absPath(out), pkg)
 }
 
 // BuildTestBinary compiles the tests of the package in directory pkgDir,

@@ -280,6 +280,8 @@ static void sv_rc_retry(struct sv_qp *qp, struct sv_swqe *w, int rnr,
 		return;
 	}
 	qp->retry_at = now + delay;
+	sv_dbg("rc retry qp %u in %llu us (rnr_left %d retry_left %d)\n", qp->ibv.qp_num,
+	       (unsigned long long)(delay / 1000), qp->rnr_left, qp->retry_left);
 }
 
 /* ---- receiving ---- */
@@ -463,6 +465,8 @@ static void sv_rc_rx(struct sv_conn *c, const struct sv_hdr *h, struct sv_buf *b
 			      h->dst_qpn, h->seq, 0);
 		return;
 	}
+	sv_dbg("rc rx qp %u psn %u seq %llu rcv_nxt %u held %d\n", qp->ibv.qp_num, h->psn,
+	       (unsigned long long)h->seq, qp->rcv_nxt, !sv_list_empty(&qp->held));
 	if (h->psn != qp->rcv_nxt) {
 		if ((int32_t)(h->psn - qp->rcv_nxt) > 0)
 			return; /* after a refused one: its sender goes back */
@@ -537,6 +541,9 @@ static void sv_reply_in(const struct sv_hdr *h)
 	if (!qp || qp->ibv.qp_type != IBV_QPT_RC)
 		return;
 	w = sv_list_first(&qp->sq, struct sv_swqe, link);
+	sv_dbg("rc reply qp %u %s syndrome %u seq %llu head seq %llu state %d\n", qp->ibv.qp_num,
+	       h->type == SV_F_ACK ? "ACK" : "NAK", h->syndrome, (unsigned long long)h->seq,
+	       w ? (unsigned long long)w->seq : 0ull, w ? (int)w->state : -1);
 	if (!w || w->state != SV_WQE_INFLIGHT || w->seq != h->seq)
 		return; /* stale: the WQE was flushed or the QP reset */
 	if (h->type == SV_F_ACK) {
@@ -785,6 +792,7 @@ static int sv_rc_transmit(struct sv_qp *qp, struct sv_swqe *w, uint64_t now)
 		h.flags |= SV_FL_HOLD;
 	h.psn = qp->snd_una + qp->inflight++;
 	h.seq = ++sv.next_seq;
+	sv_dbg("rc tx qp %u psn %u seq %llu\n", qp->ibv.qp_num, h.psn, (unsigned long long)h.seq);
 	w->seq = h.seq;
 	w->conn_id = c->id;
 	w->state = SV_WQE_INFLIGHT;
@@ -1129,6 +1137,14 @@ int sv_poll_progress(void)
 		kick |= c->dead || !sv_list_empty(&c->outq) || sv_conn_pending(c);
 	}
 	kick |= sv.next_conn_id != conns;
+	/* A reply read here may have set a retry time (RNR, NOT_YET,
+	 * NOT_READY): the progress thread, asleep with no timeout, must look
+	 * again and sleep until it, or the WQE never goes again. */
+	if (frames) {
+		struct timespec ts;
+
+		kick |= sv_next_wait(sv_now_ns(), &ts);
+	}
 	sv_unlock();
 	if (kick)
 		sv_kick();

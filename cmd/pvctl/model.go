@@ -1,0 +1,95 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+
+	"github.com/vfrdma/vfrdma"
+	"github.com/vfrdma/vfrdma/pvsim"
+)
+
+// modelHelp is --model's help text.
+const modelHelp = `run on the device model (package pvsim) instead of a device: ` +
+	`"v17".."v20" (VMware's device at that interface version; v20 by "vmware"), ` +
+	`"qemu" (QEMU 7.2's device); ",rocev2" for RoCE v2 GIDs (v18+). ` +
+	`No root, VFIO or VM needed; the two ends of pingpong and bench run in this process`
+
+// parseModel parses a --model value.
+func parseModel(spec string) (pvsim.Config, error) {
+	var cfg pvsim.Config
+	parts := strings.Split(strings.ToLower(spec), ",")
+	switch v := parts[0]; {
+	case v == "qemu":
+		cfg.QEMU = true
+	case v == "vmware":
+		cfg.Version = pvsim.VersionQPHandle
+	case strings.HasPrefix(v, "v"):
+		n, err := strconv.Atoi(v[1:])
+		if err != nil || n < int(pvsim.VersionRoCEv1) || n > int(pvsim.VersionQPHandle) {
+			return cfg, fmt.Errorf("--model %q: the version is v17 to v20", spec)
+		}
+		cfg.Version = uint32(n)
+	default:
+		return cfg, fmt.Errorf("--model %q: want v17..v20, vmware or qemu, with ,rocev2 optional", spec)
+	}
+	for _, opt := range parts[1:] {
+		switch opt {
+		case "rocev2":
+			cfg.RoCEv2 = true
+		default:
+			return cfg, fmt.Errorf("--model %q: unknown option %q (rocev2 is the one)", spec, opt)
+		}
+	}
+	return cfg, nil
+}
+
+// errModel refuses a command that needs a machine's PCI functions (list,
+// bind, unbind) or the slot's vmxnet3 function (eth), which the model
+// does not have.
+var errModel = errors.New("this command works on a machine's PCI functions, not on --model (the model is a pvrdma function alone: info, regs, pingpong, bench and am run on it)")
+
+// newModel makes the device model --model names (on e.fabric, if set).
+func (e *env) newModel() (*pvsim.Device, error) {
+	cfg, err := parseModel(e.model)
+	if err != nil {
+		return nil, err
+	}
+	cfg.Fabric = e.fabric
+	return pvsim.New(cfg)
+}
+
+// open opens the device the command targets: the model's with --model,
+// else the function args name (or the only one present) through VFIO.
+func (e *env) open(args []string, opts *vfrdma.Options) (*vfrdma.Device, error) {
+	if e.model != "" {
+		if len(args) > 0 {
+			return nil, fmt.Errorf("--model runs on the model: no BDF (%s)", args[0])
+		}
+		m, err := e.newModel()
+		if err != nil {
+			return nil, err
+		}
+		var o vfrdma.Options
+		if opts != nil {
+			o = *opts
+		}
+		o.SysfsRoot = ""
+		d, err := vfrdma.OpenFunction(m, &o)
+		if err != nil {
+			return nil, errors.Join(err, m.Close())
+		}
+		return d, nil
+	}
+	f, err := e.target(args)
+	if err != nil {
+		return nil, err
+	}
+	var o vfrdma.Options
+	if opts != nil {
+		o = *opts
+	}
+	o.SysfsRoot = e.sysfs
+	return vfrdma.Open(f.Addr.String(), &o)
+}

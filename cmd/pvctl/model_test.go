@@ -1,0 +1,69 @@
+package main
+
+import (
+	"bytes"
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/vfrdma/vfrdma/pvsim"
+)
+
+func TestParseModel(t *testing.T) {
+	for _, tc := range []struct {
+		spec string
+		want pvsim.Config
+		bad  bool
+	}{
+		{spec: "v17", want: pvsim.Config{Version: 17}},
+		{spec: "V20", want: pvsim.Config{Version: 20}},
+		{spec: "vmware", want: pvsim.Config{Version: 20}},
+		{spec: "v18,rocev2", want: pvsim.Config{Version: 18, RoCEv2: true}},
+		{spec: "qemu", want: pvsim.Config{QEMU: true}},
+		{spec: "v16", bad: true},
+		{spec: "v21", bad: true},
+		{spec: "esxi", bad: true},
+		{spec: "v20,fast", bad: true},
+	} {
+		got, err := parseModel(tc.spec)
+		if tc.bad {
+			assert.Error(t, err, tc.spec)
+			continue
+		}
+		require.NoError(t, err, tc.spec)
+		assert.Equal(t, tc.want, got, tc.spec)
+	}
+}
+
+// pvctl --model VERSION info opens the model through the driver and shows
+// the version it plays, with no device, root or VFIO.
+func TestInfoOnTheModel(t *testing.T) {
+	for _, spec := range []string{"qemu", "v18,rocev2", "v20"} {
+		var out bytes.Buffer
+		e := &env{out: &out, model: spec}
+		require.NoError(t, cmdInfo(e, nil), spec)
+		assert.Contains(t, out.String(), "port 1 state:          ACTIVE", spec)
+	}
+	e := &env{out: &bytes.Buffer{}, model: "v20"}
+	assert.ErrorContains(t, cmdInfo(e, []string{"0000:00:10.1"}), "no BDF")
+}
+
+// pvctl --model VERSION regs reads the model's registers before any
+// driver: its version, its MAC. The commands that work on a machine's PCI
+// functions, or on the slot's vmxnet3 the model lacks, say so.
+func TestRegsOnTheModel(t *testing.T) {
+	for spec, version := range map[string]string{"v20": "0x00000014", "qemu": "0x00000011"} {
+		var out bytes.Buffer
+		e := &env{out: &out, model: spec}
+		require.NoError(t, cmdRegs(e, nil), spec)
+		assert.Contains(t, out.String(), "the device model, --model "+spec)
+		assert.Contains(t, out.String(), "VERSION  "+version, spec)
+	}
+	for name, cmd := range map[string]func(*env, []string) error{"list": cmdList, "bind": cmdBind, "unbind": cmdUnbind, "eth": cmdEth} {
+		e, out, _ := testEnv(t)
+		e.model = "v20"
+		assert.ErrorIs(t, cmd(e, nil), errModel, name)
+		assert.Empty(t, out.String(), name)
+	}
+}

@@ -1,0 +1,30 @@
+package vfrdma
+
+import (
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/vfrdma/vfrdma/pvsim"
+)
+
+// The data-path suite (datapath_suite_test.go) on the device model's QEMU
+// 7.2 mode: the in-guest run of the same suite on QEMU keeps the model
+// honest.
+func TestDataPathSuiteOnTheQEMUModel(t *testing.T) {
+	defer func(n int) { streamMessages = n }(streamMessages)
+	streamMessages = 10000
+	for _, tc := range dataPathSuite {
+		t.Run(tc.name, func(t *testing.T) {
+			m, err := pvsim.New(pvsim.Config{QEMU: true})
+			require.NoError(t, err)
+			d, err := OpenFunction(m, nil)
+			if err != nil {
+				m.Close()
+				require.NoError(t, err)
+			}
+			t.Cleanup(func() { d.Close() })
+			tc.run(t, d)
+		})
+	}
+}

@@ -1,0 +1,143 @@
+package vfrdma
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/vfrdma/vfrdma/firmware"
+)
+
+// newAsyncDevice is the host device with the async-event channel a real
+// Open makes.
+func newAsyncDevice(t *testing.T) *lcDevice {
+	l := newLCDevice(t)
+	l.d.async.ch = make(chan AsyncEvent, asyncEventsBuffer)
+	return l
+}
+
+func nextEvent(t *testing.T, d *Device) AsyncEvent {
+	t.Helper()
+	select {
+	case ev := <-d.AsyncEvents():
+		return ev
+	case <-time.After(5 * time.Second):
+		require.FailNow(t, "no async event delivered")
+	}
+	return AsyncEvent{}
+}
+
+// A QP error event (QP_FATAL, QP_REQ_ERR, QP_ACCESS_ERR, by QP handle)
+// moves the QP to ERR: posts are refused with ErrQPState, and the event
+// reaches the user naming the QP.
+func TestQPFatalEventMovesTheQPToErr(t *testing.T) {
+	for _, typ := range []AsyncEventType{EventQPFatal, EventQPReqErr, EventQPAccessErr} {
+		t.Run(typ.String(), func(t *testing.T) {
+			l := newAsyncDevice(t)
+			cq, _ := l.addCQ(t, 5, 64)
+			qp, _ := l.addQP(t, 0x40, cq, 16)
+			var seen []AsyncEvent
+			l.d.opt.OnAsyncEvent = func(e AsyncEvent) { seen = append(seen, e) }
+			l.d.dispatch(firmware.AsyncEvent{Type: typ, Info: qp.handle})
+			assert.Equal(t, StateErr, qp.State())
+			_, err := qp.PostSend(l.send(1), 0)
+			assert.ErrorIs(t, err, ErrQPState)
+			ev := nextEvent(t, l.d)
+			assert.Equal(t, typ, ev.Type)
+			assert.Same(t, qp, ev.QP)
+			require.Len(t, seen, 1, "OnAsyncEvent")
+			assert.Same(t, qp, seen[0].QP)
+		})
+	}
+}
+
+// CQ_ERR fails the CQ: every Poll returns ErrCQOverrun, and a waiter
+// asleep on it wakes.
+func TestCQErrEventFailsTheCQAndWakesItsWaiter(t *testing.T) {
+	l := newAsyncDevice(t)
+	cq, _ := l.addCQ(t, 5, 64)
+	woke := make(chan error, 1)
+	go func() { woke <- cq.Wait(context.Background()) }()
+	time.Sleep(10 * time.Millisecond) // asleep, most likely; either way it must return
+	l.d.dispatch(firmware.AsyncEvent{Type: EventCQErr, Info: cq.handle})
+	select {
+	case err := <-woke:
+		assert.NoError(t, err, "Wait returns: the CQ is ready (Poll reports the error)")
+	case <-time.After(5 * time.Second):
+		require.FailNow(t, "the waiter was not woken")
+	}
+	for range 2 {
+		_, err := cq.Poll(make([]WC, 4))
+		assert.ErrorIs(t, err, ErrCQOverrun)
+		assert.ErrorIs(t, err, ErrDeviceFault)
+	}
+	assert.Same(t, cq, nextEvent(t, l.d).CQ)
+}
+
+// PORT_ERR and PORT_ACTIVE (port 1) set the port state; an event naming
+// a port the device does not have is delivered and counted unknown.
+func TestPortEventsSetThePortState(t *testing.T) {
+	l := newAsyncDevice(t)
+	l.d.portState.Store(firmware.PortActive)
+	l.d.dispatch(firmware.AsyncEvent{Type: EventPortErr, Info: 1})
+	assert.EqualValues(t, firmware.PortDown, l.d.PortState())
+	assert.Equal(t, 1, nextEvent(t, l.d).Port)
+	l.d.dispatch(firmware.AsyncEvent{Type: EventPortActive, Info: 1})
+	assert.EqualValues(t, firmware.PortActive, l.d.PortState())
+	nextEvent(t, l.d)
+	l.d.dispatch(firmware.AsyncEvent{Type: EventPortErr, Info: 7})
+	assert.EqualValues(t, firmware.PortActive, l.d.PortState(), "port 7 is not ours")
+	assert.Equal(t, 7, nextEvent(t, l.d).Port)
+	st, err := l.d.AsyncStats()
+	require.NoError(t, err)
+	assert.Equal(t, AsyncStats{Events: 3, Unknown: 1}, st)
+}
+
+// DEVICE_FATAL fails every CQ (ErrDeviceFatal), moves every QP to ERR and
+// releases every waiter.
+func TestDeviceFatalFailsEveryObjectAndReleasesEveryWaiter(t *testing.T) {
+	l := newAsyncDevice(t)
+	cq1, _ := l.addCQ(t, 5, 64)
+	cq2, _ := l.addCQ(t, 6, 64)
+	qp, _ := l.addQP(t, 0x40, cq1, 16)
+	woke := make(chan error, 2)
+	for _, cq := range []*CQ{cq1, cq2} {
+		go func() { woke <- cq.Wait(context.Background()) }()
+	}
+	l.d.dispatch(firmware.AsyncEvent{Type: EventDeviceFatal})
+	for range 2 {
+		select {
+		case err := <-woke:
+			assert.NoError(t, err)
+		case <-time.After(5 * time.Second):
+			require.FailNow(t, "a waiter was not released")
+		}
+	}
+	for _, cq := range []*CQ{cq1, cq2} {
+		_, err := cq.Poll(make([]WC, 4))
+		assert.ErrorIs(t, err, ErrDeviceFatal)
+	}
+	assert.Equal(t, StateErr, qp.State())
+	assert.Equal(t, EventDeviceFatal, nextEvent(t, l.d).Type)
+}
+
+// An event naming a handle the driver does not know (an object already
+// destroyed) is delivered with no object and counted; a full channel
+// drops and counts instead of blocking the device's events.
+func TestUnknownHandlesAndAFullChannelAreCounted(t *testing.T) {
+	l := newAsyncDevice(t)
+	l.d.dispatch(firmware.AsyncEvent{Type: EventQPFatal, Info: 999})
+	ev := nextEvent(t, l.d)
+	assert.Nil(t, ev.QP)
+	assert.EqualValues(t, 999, ev.Info)
+	for range asyncEventsBuffer + 3 {
+		l.d.dispatch(firmware.AsyncEvent{Type: EventGIDChange, Info: 1})
+	}
+	st, err := l.d.AsyncStats()
+	require.NoError(t, err)
+	assert.EqualValues(t, 3, st.Dropped)
+	assert.EqualValues(t, 1, st.Unknown)
+}
