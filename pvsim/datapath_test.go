@@ -3,7 +3,6 @@ package pvsim_test
 import (
 	"context"
 	"fmt"
-	"os"
 	"syscall"
 	"testing"
 	"time"
@@ -14,17 +13,6 @@ import (
 	"github.com/vfrdma/vfrdma"
 	"github.com/vfrdma/vfrdma/pvsim"
 )
-
-// skipV20 skips driver-level data tests at version 20 until the driver
-// looks QPs up by handle: today it keys its QP table by QP number
-// (registry.go addQP) and looks each CQE up by its qp field (cq.go poll),
-// which a version 20 device fills with the QP handle, so every completion
-// is dropped. PVSIM_V20_DRIVER=1 runs them anyway.
-func skipV20(t *testing.T, cfg pvsim.Config) {
-	if !cfg.QEMU && (cfg.Version == 0 || cfg.Version >= 20) && os.Getenv("PVSIM_V20_DRIVER") == "" {
-		t.Skip("driver bug (issue 19): CQEs are looked up by QPN, a v20 device names the QP handle; set PVSIM_V20_DRIVER=1 once the driver keys QPs by handle")
-	}
-}
 
 // node is one driver on one model.
 type node struct {
@@ -93,7 +81,6 @@ const signaled = vfrdma.SendSignaled
 func TestRCSendRecv(t *testing.T) {
 	for _, tc := range devices {
 		t.Run(tc.name, func(t *testing.T) {
-			skipV20(t, tc.cfg)
 			fab := pvsim.NewFabric()
 			a, b := newNode(t, tc.cfg, fab, 1), newNode(t, tc.cfg, fab, 2)
 			qa, qb := a.qp(t, vfrdma.RC, nil), b.qp(t, vfrdma.RC, nil)
@@ -151,7 +138,6 @@ func TestRCSendRecv(t *testing.T) {
 func TestRCSendWaitsForReceive(t *testing.T) {
 	for _, tc := range devices {
 		t.Run(tc.name, func(t *testing.T) {
-			skipV20(t, tc.cfg)
 			fab := pvsim.NewFabric()
 			a, b := newNode(t, tc.cfg, fab, 1), newNode(t, tc.cfg, fab, 2)
 			qa, qb := a.qp(t, vfrdma.RC, nil), b.qp(t, vfrdma.RC, nil)
@@ -177,7 +163,6 @@ func TestRCSendWaitsForReceive(t *testing.T) {
 func TestLoopback(t *testing.T) {
 	for _, tc := range devices {
 		t.Run(tc.name, func(t *testing.T) {
-			skipV20(t, tc.cfg)
 			a := newNode(t, tc.cfg, nil, 1)
 			q1, q2 := a.qp(t, vfrdma.RC, nil), a.qp(t, vfrdma.RC, nil)
 			connect(t, a, q1, a, q2)
@@ -199,7 +184,6 @@ func TestLoopback(t *testing.T) {
 func TestUDSendRecv(t *testing.T) {
 	for _, tc := range devices {
 		t.Run(tc.name, func(t *testing.T) {
-			skipV20(t, tc.cfg)
 			fab := pvsim.NewFabric()
 			a, b := newNode(t, tc.cfg, fab, 1), newNode(t, tc.cfg, fab, 2)
 			qa, qb := a.qp(t, vfrdma.UD, nil), b.qp(t, vfrdma.UD, nil)
@@ -248,7 +232,6 @@ func TestUDSendRecv(t *testing.T) {
 func TestSRQ(t *testing.T) {
 	for _, tc := range devices {
 		t.Run(tc.name, func(t *testing.T) {
-			skipV20(t, tc.cfg)
 			fab := pvsim.NewFabric()
 			a, b := newNode(t, tc.cfg, fab, 1), newNode(t, tc.cfg, fab, 2)
 			ctx := ctxT(t)
@@ -294,12 +277,8 @@ func TestSRQ(t *testing.T) {
 
 // Unsignaled sends on a VMware device complete nothing, and the send
 // queue's slots come back as the device consumes them: a driver can keep
-// posting them. PVSIM_UNSIGNALED_DRIVER=1 runs it before the driver
-// frees slots by the device's progress.
+// posting them.
 func TestDriverUnsignaledSends(t *testing.T) {
-	if os.Getenv("PVSIM_UNSIGNALED_DRIVER") == "" {
-		t.Skip("driver bug (issue 19): the driver frees send slots per CQE (wq.Queue.Complete from cq.go account); a device sends none for unsignaled sends, so the queue fills for good; set PVSIM_UNSIGNALED_DRIVER=1 once it follows the device's cons_head")
-	}
 	cfg := pvsim.Config{Version: 19}
 	fab := pvsim.NewFabric()
 	a, b := newNode(t, cfg, fab, 1), newNode(t, cfg, fab, 2)

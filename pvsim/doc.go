@@ -17,7 +17,8 @@
 //     and reports (an error completion, a refused command), never a
 //     crash. A buffer is unmapped only while the device goroutine is not
 //     touching memory.
-//   - Register file (BAR1), DSR, command channel, every command code 0 to
+//   - Register file (BAR1), the UAR page's bus address (hw.UARLocator,
+//     Config.UARAddress), DSR, command channel, every command code 0 to
 //     20 with the layouts of the facts sheet (pvrdma-device.md §2-§4,
 //     pvrdma_dev_api.h), response cookies, acks and error bytes.
 //   - Rings: QP send and receive queues, SRQs, CQs, the CQ-notification
@@ -186,8 +187,10 @@
 // harvest (the model writes CQEs as they happen). The fabric is lossless
 // and keeps each sender's order; a request nobody takes (no destination,
 // a QP not ready, a port down) is dropped and the requester's timeout
-// retries it. The port's active MTU is 1024 (UD payloads above it fail
-// with LOC_LEN_ERR). Inline data is not supported (the INLINE flag is
+// retries it. The port's active MTU is 1024 on a VMware device (its
+// vmxnet3's 1500-byte Ethernet) [unverified] and 4096 in QEMU mode (QEMU
+// passes its backend's port through: the bench's runs at 4096); UD
+// payloads above it fail with LOC_LEN_ERR. Inline data is not supported (the INLINE flag is
 // ignored, as QEMU does). GSI QPs are created but complete every send in
 // error (MADs are not modelled; QEMU: GENERAL_ERR/0x206).
 //

@@ -128,19 +128,13 @@ func TestOpenClose(t *testing.T) {
 	}
 }
 
-// A RoCE v2 device takes only RoCE v2 GIDs: today's driver binds its
-// default GID as RoCE v1 (device.go BindGID), the device refuses it, and
-// the driver, which does not wait for CREATE_BIND's answer, does not know.
-func TestRoCEv2RefusesRoCEv1Bind(t *testing.T) {
+// A RoCE v2 device takes only RoCE v2 GIDs, and the driver binds them so.
+func TestRoCEv2Bind(t *testing.T) {
 	m, d := open(t, pvsim.Config{Version: 18, RoCEv2: true})
 	assert.Equal(t, uint8(firmware.GIDTypeRoCEv2), d.Caps().GIDTypes)
-	gids := m.GIDs()
-	if g, ok := gids[0]; ok {
-		// The driver sends RoCE v2 where the device reports it.
-		assert.Equal(t, uint8(firmware.GIDTypeRoCEv2), g.Type)
-	} else {
-		t.Log("driver bug (known, issue 19): CREATE_BIND carries gid_type RoCE v1 on a RoCE v2 device; the model refused the bind")
-	}
+	g, ok := m.GIDs()[0]
+	require.True(t, ok, "the default GID is bound")
+	assert.Equal(t, uint8(firmware.GIDTypeRoCEv2), g.Type)
 }
 
 // The model accepts any GID type when asked to.
@@ -175,4 +169,16 @@ func TestOpenAsyncCommands(t *testing.T) {
 	_, err := d.QueryPort(ctxT(t))
 	require.NoError(t, err)
 	assert.NotZero(t, m.Stats().Interrupts[firmware.VectorResponse])
+}
+
+// The driver tells the device where its UAR page is (hw.UARLocator): in
+// the 64-bit field from version 19 on.
+func TestUARAddress(t *testing.T) {
+	m, _ := open(t, pvsim.Config{Version: 19, UARAddress: 1 << 50})
+	pfn, err := m.UARPFN()
+	require.NoError(t, err)
+	assert.Equal(t, uint64(1<<38), pfn)
+	assert.Equal(t, pfn, m.State().UARPFN)
+	_, err = pvsim.New(pvsim.Config{UARAddress: 123})
+	assert.Error(t, err)
 }
