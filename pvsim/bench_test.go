@@ -13,7 +13,10 @@ import (
 // models, in batches of 32: the model's cost per message, driver and
 // completions included.
 func BenchmarkRCSend(b *testing.B) {
-	for _, tc := range devices[:2] {
+	for _, tc := range []struct {
+		name string
+		cfg  pvsim.Config
+	}{devices[0], devices[1], devices[4]} {
 		b.Run(tc.name, func(b *testing.B) {
 			fab := pvsim.NewFabric()
 			a, r := newNode(b, tc.cfg, fab, 1), newNode(b, tc.cfg, fab, 2)

@@ -145,16 +145,17 @@ type qp struct {
 	attr     qpAttr
 
 	// Requester.
-	sqNext     uint32 // next send WQE to fetch (== cons_head unless consumed on completion)
-	nextPSN    uint32
-	inflight   []*sendOp
-	retries    int
-	rnrRetries int
-	rnrWait    bool
-	failing    bool // a WQE failed at fetch behind requests in flight
-	ackTimer   *timer
-	rnrTimer   *timer
-	stuck      bool // QEMU mode: spinning on a bad WQE (the hang of facts §11 item 6)
+	sqNext      uint32 // next send WQE to fetch (== cons_head unless consumed on completion)
+	nextPSN     uint32
+	inflight    []*sendOp
+	retries     int
+	rnrRetries  int
+	rnrWait     bool
+	failing     bool // a WQE failed at fetch behind requests in flight
+	ackTimer    *timer
+	ackDeadline time.Time
+	rnrTimer    *timer
+	stuck       bool // QEMU mode: spinning on a bad WQE (the hang of facts §11 item 6)
 
 	// Responder.
 	epsn    uint32

@@ -436,7 +436,7 @@ func TestDuplicateAfterLostAnswer(t *testing.T) {
 	qa := ra.qp(pa, firmware.QPTypeRC, ca, ca, 16, qpOpts{})
 	qb := rb.qp(pb, firmware.QPTypeRC, cb, cb, 16, qpOpts{})
 	fast := defaultRC()
-	fast.timeout = 8 // 1 ms
+	fast.timeout = 9 // 2 ms
 	qa.connect(qb.qpn, rb.gid, fast)
 	qb.connect(qa.qpn, ra.gid, defaultRC())
 	ma, mb := ra.mr(pa, 8192, allAccess), rb.mr(pb, 8192, allAccess)

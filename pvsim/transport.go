@@ -688,23 +688,40 @@ func (d *Device) retransmit(q *qp) {
 }
 
 // armAck (re)starts the local ACK timeout: 4.096 µs × 2^timeout; 0 is
-// infinite (the verbs' rule).
+// infinite (the verbs' rule). One timer per QP: a later deadline moves it
+// when it comes due.
 func (d *Device) armAck(q *qp) {
-	q.ackTimer.stop()
-	q.ackTimer = nil
 	t := q.attr.timeout
 	if t == 0 {
+		q.ackTimer.stop()
+		q.ackTimer = nil
 		return
 	}
 	dur := 4096 * time.Nanosecond << min(t, 31)
-	q.ackTimer = d.w.after(dur, func() { d.ackTimeout(q) })
+	q.ackDeadline = time.Now().Add(dur)
+	if q.ackTimer == nil {
+		q.ackTimer = d.w.after(dur, func() { d.ackDue(q) })
+	}
+}
+
+// ackDue runs when the ACK timer comes due: a timeout, or a deadline moved
+// since.
+func (d *Device) ackDue(q *qp) {
+	q.ackTimer = nil
+	if !d.alive(q) {
+		return
+	}
+	if left := time.Until(q.ackDeadline); left > 0 {
+		q.ackTimer = d.w.after(left, func() { d.ackDue(q) })
+		return
+	}
+	d.ackTimeout(q)
 }
 
 func (d *Device) ackTimeout(q *qp) {
 	if !d.alive(q) || len(q.inflight) == 0 || q.rnrWait {
 		return
 	}
-	q.ackTimer = nil
 	q.retries++
 	if q.retries > int(q.attr.retryCnt) {
 		op := q.inflight[0]
