@@ -182,3 +182,16 @@ func TestUARAddress(t *testing.T) {
 	_, err = pvsim.New(pvsim.Config{UARAddress: 123})
 	assert.Error(t, err)
 }
+
+// A version the driver does not know is reported as it is: the driver
+// refuses it.
+func TestUnknownVersion(t *testing.T) {
+	for _, v := range []uint32{16, 21} {
+		m, err := pvsim.New(pvsim.Config{Version: v})
+		require.NoError(t, err)
+		assert.Equal(t, v, m.Version())
+		_, err = vfrdma.OpenFunction(m, nil)
+		assert.ErrorIs(t, err, vfrdma.ErrNotSupported, "v%d", v)
+		m.Close()
+	}
+}

@@ -244,21 +244,19 @@ func (c *rawCQ) quiet(d time.Duration) []rings.CQE {
 }
 
 type rawQP struct {
-	r         *raw
-	handle    uint32
-	qpn       uint32
-	typ       firmware.QPType
-	sq, rq    *rings.Producer
-	sqData    []byte
-	rqData    []byte
-	sqStride  int
-	rqStride  int
-	sqState   *rings.State
-	rqState   *rings.State
-	depth     int
-	gidIndex  uint8
-	pendingSQ int
-	pendingRQ int
+	r        *raw
+	handle   uint32
+	qpn      uint32
+	typ      firmware.QPType
+	sq, rq   *rings.Producer
+	sqData   []byte
+	rqData   []byte
+	sqStride int
+	rqStride int
+	sqState  *rings.State
+	rqState  *rings.State
+	depth    int
+	gidIndex uint8
 }
 
 type qpOpts struct {
@@ -352,7 +350,6 @@ type wr struct {
 	cmpAdd uint64
 	swap   uint64
 	atomic bool
-	noRing bool // written but not rung
 }
 
 // send writes the WQEs and rings the send doorbell once.
