@@ -27,6 +27,9 @@ var devices = []struct {
 	{"v18", pvsim.Config{Version: 18}},
 	{"v19", pvsim.Config{Version: 19}},
 	{"v20", pvsim.Config{Version: 20}},
+	// A device that answers commands late (vector 0 after the REQUEST
+	// write returned), as a real one may.
+	{"v20-async", pvsim.Config{Version: 20, CommandDelay: 200 * time.Microsecond}},
 }
 
 func ctxT(t testing.TB) context.Context {
