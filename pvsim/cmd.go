@@ -317,6 +317,19 @@ func (d *Device) cmdCreateMR(req, resp []byte) syscall.Errno {
 	return ok
 }
 
+// qemuZero zeroes a new ring's data pages, as QEMU does at CREATE (its
+// ring init); a VMware device is not known to.
+func (d *Device) qemuZero(pages []uint64) {
+	if !d.s.qemu {
+		return
+	}
+	for _, p := range pages {
+		if b := d.dmaBytes(p, pageSize); b != nil {
+			clear(b)
+		}
+	}
+}
+
 // freshKey returns a random memory key used by no MR (not 0, not all ones).
 func (d *Device) freshKey() uint32 {
 	for {
@@ -388,6 +401,7 @@ func (d *Device) cmdCreateCQ(req, resp []byte) syscall.Errno {
 	if !okh {
 		return eNOMEM
 	}
+	d.qemuZero(pages[1:])
 	d.w.cqs[h] = &cq{handle: h, ring: devRing{state: pages[0] + 8, pages: pages[1:], n: cqe, elem: cqeSize}}
 	le.PutUint32(resp[16:], h)
 	le.PutUint32(resp[20:], cqe)
@@ -437,17 +451,18 @@ func (d *Device) cmdDestroyCQ(req []byte) syscall.Errno {
 }
 
 // WQE strides (facts sheet §6): the smallest power of two that holds the
-// header and the SGEs.
-func pow2ceil(n uint32) uint32 {
-	s := uint32(1)
-	for s < n {
+// header and the SGEs. A stride that would pass 2^31 (an SGE count no
+// device takes) comes out as 2^31: callers refuse it by size.
+func pow2ceil(n uint64) uint32 {
+	s := uint64(1)
+	for s < n && s < 1<<31 {
 		s <<= 1
 	}
-	return s
+	return uint32(s)
 }
 
-func sqStride(sges uint32) uint32 { return pow2ceil(sqHeaderSize + sgeSize*sges) }
-func rqStride(sges uint32) uint32 { return pow2ceil(rqHeaderSize + sgeSize*sges) }
+func sqStride(sges uint32) uint32 { return pow2ceil(sqHeaderSize + sgeSize*uint64(sges)) }
+func rqStride(sges uint32) uint32 { return pow2ceil(rqHeaderSize + sgeSize*uint64(sges)) }
 
 func (d *Device) cmdCreateQP(req, resp []byte) syscall.Errno {
 	w := &d.w
@@ -521,6 +536,7 @@ func (d *Device) cmdCreateQP(req, resp []byte) syscall.Errno {
 	if !d.allocQP(q) {
 		return eNOMEM
 	}
+	d.qemuZero(pages[1:])
 	p.users++
 	w.cqs[scq].users++
 	w.cqs[rcq].users++
@@ -584,12 +600,20 @@ func (d *Device) allocQP(q *qp) bool {
 	default:
 		h, _ := allocHandle(w.qps, 1, limit)
 		q.handle = h
-		for {
-			n := 0x10000 + uint32(w.rng.IntN(0x10000))
-			if w.qpns[n] == nil {
+		q.qpn = 0
+		for range 64 {
+			if n := 0x10000 + uint32(w.rng.IntN(0x10000)); w.qpns[n] == nil {
 				q.qpn = n
 				break
 			}
+		}
+		for n := uint32(0x10000); q.qpn == 0 && n <= dbHandleMask; n++ {
+			if w.qpns[n] == nil && w.qps[n] == nil {
+				q.qpn = n
+			}
+		}
+		if q.qpn == 0 {
+			return false
 		}
 	}
 	w.qps[q.handle] = q
@@ -1090,6 +1114,7 @@ func (d *Device) cmdCreateSRQ(req, resp []byte) syscall.Errno {
 	if !okh {
 		return eNOMEM
 	}
+	d.qemuZero(pages[1:])
 	w.srqs[h] = &srq{handle: h, pd: p, maxWR: maxWR, maxSGE: maxSGE, limit: limit,
 		ring: wqRing{state: pages[0] + 8, pages: pages[1:], n: maxWR, stride: stride}}
 	p.users++

@@ -71,7 +71,15 @@ type Config struct {
 	AcceptAnyGIDType bool
 	// PortDown starts the port down (QUERY_PORT state DOWN, no traffic).
 	PortDown bool
+	// UARAddress is BAR2's bus address, whose first page is the driver's
+	// UAR page (hw.UARLocator). Zero means 0xfe000000, a 32-bit BAR as
+	// QEMU places it; an address above 2^44 needs version 19's 64-bit
+	// page frame field.
+	UARAddress uint64
 }
+
+// defaultUARAddress is where the model's BAR2 sits by default.
+const defaultUARAddress = 0xfe000000
 
 // Interface versions, as firmware names them.
 const (
@@ -131,6 +139,12 @@ func (c *Config) settle() (*settings, error) {
 			return nil, fmt.Errorf("pvsim: random seed: %w", err)
 		}
 		s.Seed = binary.LittleEndian.Uint64(b[:]) | 1
+	}
+	if s.UARAddress == 0 {
+		s.UARAddress = defaultUARAddress
+	}
+	if s.UARAddress%pageSize != 0 {
+		return nil, fmt.Errorf("pvsim: UAR address %#x is not page-aligned", s.UARAddress)
 	}
 	if s.Name == "" {
 		s.Name = fmt.Sprintf("pvsim-%02x%02x%02x", s.MAC[3], s.MAC[4], s.MAC[5])

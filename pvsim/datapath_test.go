@@ -3,7 +3,7 @@ package pvsim_test
 import (
 	"context"
 	"fmt"
-	"os"
+	"syscall"
 	"testing"
 	"time"
 
@@ -13,17 +13,6 @@ import (
 	"github.com/vfrdma/vfrdma"
 	"github.com/vfrdma/vfrdma/pvsim"
 )
-
-// skipV20 skips driver-level data tests at version 20 until the driver
-// looks QPs up by handle: today it keys its QP table by QP number
-// (registry.go addQP) and looks each CQE up by its qp field (cq.go poll),
-// which a version 20 device fills with the QP handle, so every completion
-// is dropped. PVSIM_V20_DRIVER=1 runs them anyway.
-func skipV20(t *testing.T, cfg pvsim.Config) {
-	if !cfg.QEMU && (cfg.Version == 0 || cfg.Version >= 20) && os.Getenv("PVSIM_V20_DRIVER") == "" {
-		t.Skip("driver bug (issue 19): CQEs are looked up by QPN, a v20 device names the QP handle; set PVSIM_V20_DRIVER=1 once the driver keys QPs by handle")
-	}
-}
 
 // node is one driver on one model.
 type node struct {
@@ -92,7 +81,6 @@ const signaled = vfrdma.SendSignaled
 func TestRCSendRecv(t *testing.T) {
 	for _, tc := range devices {
 		t.Run(tc.name, func(t *testing.T) {
-			skipV20(t, tc.cfg)
 			fab := pvsim.NewFabric()
 			a, b := newNode(t, tc.cfg, fab, 1), newNode(t, tc.cfg, fab, 2)
 			qa, qb := a.qp(t, vfrdma.RC, nil), b.qp(t, vfrdma.RC, nil)
@@ -150,7 +138,6 @@ func TestRCSendRecv(t *testing.T) {
 func TestRCSendWaitsForReceive(t *testing.T) {
 	for _, tc := range devices {
 		t.Run(tc.name, func(t *testing.T) {
-			skipV20(t, tc.cfg)
 			fab := pvsim.NewFabric()
 			a, b := newNode(t, tc.cfg, fab, 1), newNode(t, tc.cfg, fab, 2)
 			qa, qb := a.qp(t, vfrdma.RC, nil), b.qp(t, vfrdma.RC, nil)
@@ -158,11 +145,11 @@ func TestRCSendWaitsForReceive(t *testing.T) {
 			copy(a.mr.Bytes(), "late")
 			_, err := qa.PostSend([]vfrdma.SendWR{{WRID: 1, Flags: signaled, SGEs: []vfrdma.SGE{a.mr.SGE(0, 4)}}}, 0)
 			require.NoError(t, err)
-			time.Sleep(20 * time.Millisecond)
+			require.Eventually(t, func() bool { return b.m.Stats().RNRNaks > 0 }, 5*time.Second, 100*time.Microsecond)
+			time.Sleep(5 * time.Millisecond)
 			n, err := a.cq.Poll(make([]vfrdma.WC, 4))
 			require.NoError(t, err)
 			assert.Zero(t, n, "completed without a receive")
-			assert.NotZero(t, b.m.Stats().RNRNaks)
 			_, err = qb.PostRecv([]vfrdma.RecvWR{{WRID: 2, SGEs: []vfrdma.SGE{b.mr.SGE(0, 64)}}}, 0)
 			require.NoError(t, err)
 			assert.Equal(t, vfrdma.WCSuccess, poll(t, a.cq, 1)[0].Status)
@@ -176,7 +163,6 @@ func TestRCSendWaitsForReceive(t *testing.T) {
 func TestLoopback(t *testing.T) {
 	for _, tc := range devices {
 		t.Run(tc.name, func(t *testing.T) {
-			skipV20(t, tc.cfg)
 			a := newNode(t, tc.cfg, nil, 1)
 			q1, q2 := a.qp(t, vfrdma.RC, nil), a.qp(t, vfrdma.RC, nil)
 			connect(t, a, q1, a, q2)
@@ -198,7 +184,6 @@ func TestLoopback(t *testing.T) {
 func TestUDSendRecv(t *testing.T) {
 	for _, tc := range devices {
 		t.Run(tc.name, func(t *testing.T) {
-			skipV20(t, tc.cfg)
 			fab := pvsim.NewFabric()
 			a, b := newNode(t, tc.cfg, fab, 1), newNode(t, tc.cfg, fab, 2)
 			qa, qb := a.qp(t, vfrdma.UD, nil), b.qp(t, vfrdma.UD, nil)
@@ -247,7 +232,6 @@ func TestUDSendRecv(t *testing.T) {
 func TestSRQ(t *testing.T) {
 	for _, tc := range devices {
 		t.Run(tc.name, func(t *testing.T) {
-			skipV20(t, tc.cfg)
 			fab := pvsim.NewFabric()
 			a, b := newNode(t, tc.cfg, fab, 1), newNode(t, tc.cfg, fab, 2)
 			ctx := ctxT(t)
@@ -293,12 +277,8 @@ func TestSRQ(t *testing.T) {
 
 // Unsignaled sends on a VMware device complete nothing, and the send
 // queue's slots come back as the device consumes them: a driver can keep
-// posting them. PVSIM_UNSIGNALED_DRIVER=1 runs it before the driver
-// frees slots by the device's progress.
+// posting them.
 func TestDriverUnsignaledSends(t *testing.T) {
-	if os.Getenv("PVSIM_UNSIGNALED_DRIVER") == "" {
-		t.Skip("driver bug (issue 19): the driver frees send slots per CQE (wq.Queue.Complete from cq.go account); a device sends none for unsignaled sends, so the queue fills for good; set PVSIM_UNSIGNALED_DRIVER=1 once it follows the device's cons_head")
-	}
 	cfg := pvsim.Config{Version: 19}
 	fab := pvsim.NewFabric()
 	a, b := newNode(t, cfg, fab, 1), newNode(t, cfg, fab, 2)
@@ -323,5 +303,31 @@ func TestDriverUnsignaledSends(t *testing.T) {
 		}
 		assert.Equal(t, uint64(depth-1), poll(t, a.cq, 1)[0].WRID)
 		poll(t, b.cq, depth)
+	}
+}
+
+// An MR over the caller's own memory (RegisterMR: MapDMA and UnmapDMA).
+func TestRegisterMR(t *testing.T) {
+	for _, tc := range devices[:2] {
+		t.Run(tc.name, func(t *testing.T) {
+			a := newNode(t, tc.cfg, nil, 1)
+			mem, err := syscall.Mmap(-1, 0, 3*4096, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANON)
+			require.NoError(t, err)
+			defer syscall.Munmap(mem)
+			mr, err := a.pd.RegisterMR(ctxT(t), mem[:10000], vfrdma.AccessLocalWrite)
+			require.NoError(t, err)
+			q1, q2 := a.qp(t, vfrdma.RC, nil), a.qp(t, vfrdma.RC, nil)
+			connect(t, a, q1, a, q2)
+			_, err = q2.PostRecv([]vfrdma.RecvWR{{WRID: 1, SGEs: []vfrdma.SGE{mr.SGE(9000, 100)}}}, 0)
+			require.NoError(t, err)
+			copy(mem, "caller's memory")
+			_, err = q1.PostSend([]vfrdma.SendWR{{WRID: 2, Flags: signaled, SGEs: []vfrdma.SGE{mr.SGE(0, 15)}}}, 0)
+			require.NoError(t, err)
+			poll(t, a.cq, 2)
+			assert.Equal(t, "caller's memory", string(mem[9000:9015]))
+			require.NoError(t, q1.Close())
+			require.NoError(t, q2.Close())
+			require.NoError(t, mr.Close())
+		})
 	}
 }

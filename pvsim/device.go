@@ -31,9 +31,9 @@ var ErrNotSupported = errors.New("pvsim: not supported by the modelled device")
 // their triggers arrive. Doorbell writes only queue work for it and never
 // block; a write of REQUEST waits for its command on a QEMU device or a
 // VMware device without CommandDelay, as QEMU's MMIO write does; the
-// inspection and fault methods wait for the device goroutine too, so they
-// must not be called while it is stopped (after Close they return
-// ErrClosed).
+// inspection and fault methods wait for the device goroutine too (after
+// Close the fault methods return ErrClosed and the inspection methods
+// empty results).
 type Device struct {
 	s   *settings
 	fab *Fabric
@@ -134,6 +134,9 @@ func (d *Device) AllocDMA(size int, huge bool) (*vfio.DMABuffer, error) {
 	return d.fn.AllocDMA(size, huge)
 }
 
+// UARPFN returns the first UAR page's frame number (hw.UARLocator).
+func (d *Device) UARPFN() (uint64, error) { return d.fn.UARPFN() }
+
 // MapDMA maps the caller's memory (hw.Function).
 func (d *Device) MapDMA(mem []byte) (uint64, error) { return d.fn.MapDMA(mem) }
 
@@ -174,8 +177,22 @@ type Function struct {
 	closed atomic.Bool
 }
 
-var _ hw.Function = (*Function)(nil)
-var _ hw.Function = (*Device)(nil)
+var (
+	_ hw.Function   = (*Function)(nil)
+	_ hw.Function   = (*Device)(nil)
+	_ hw.UARLocator = (*Function)(nil)
+	_ hw.UARLocator = (*Device)(nil)
+)
+
+// UARPFN returns the page frame number of the first UAR page
+// (Config.UARAddress >> 12), which a driver writes into the DSR
+// (hw.UARLocator). The device records what the DSR says (State.UARPFN).
+func (f *Function) UARPFN() (uint64, error) {
+	if err := f.check(); err != nil {
+		return 0, err
+	}
+	return f.d.s.UARAddress / pageSize, nil
+}
 
 func (f *Function) check() error {
 	if f.closed.Load() {
@@ -528,5 +545,7 @@ func (d *Device) call(fn func()) error {
 // on (QEMU mode; see Hazards).
 func (d *Device) hazard(format string, args ...any) {
 	d.ctr.hazards.Add(1)
-	d.w.hazards = append(d.w.hazards, fmt.Sprintf(format, args...))
+	if len(d.w.hazards) < maxLog {
+		d.w.hazards = append(d.w.hazards, fmt.Sprintf(format, args...))
+	}
 }

@@ -41,7 +41,7 @@ func (d *Device) pumpSQ(q *qp) {
 		return // WQEs wait for RTS (posting below RTS is the driver's error)
 	}
 	var wqe sendWQE
-	for q.state == stRTS && !q.rnrWait && d.alive(q) {
+	for q.state == stRTS && !q.rnrWait && !q.failing && d.alive(q) {
 		if !d.s.SQConsumeOnCompletion || len(q.inflight) == 0 {
 			if cons, _, err := d.pending(&q.sq, fromCons); err == nil {
 				q.sqNext = cons
@@ -72,11 +72,25 @@ func (d *Device) pumpSQ(q *qp) {
 		op := &sendOp{wrID: wqe.wrID, opcode: wqe.opcode, signaled: wqe.flags&sendSignaled != 0 || q.sqSigAll,
 			fence: wqe.flags&sendFence != 0, next: q.sqNext}
 		if !good {
-			d.failSend(q, op, wcLocQPOpErr)
+			d.failFetched(q, op, wcLocQPOpErr)
 			return
 		}
 		d.execSend(q, op, &wqe)
 	}
+}
+
+// failFetched fails a WQE the device could not execute. Send completions
+// come in order: with RC requests in flight before it, it waits for them
+// (and the QP sends nothing more); QEMU completes it at once, ahead of its
+// backend's completions.
+func (d *Device) failFetched(q *qp, op *sendOp, status uint32) {
+	if d.s.qemu || len(q.inflight) == 0 {
+		d.failSend(q, op, status)
+		return
+	}
+	op.err = status
+	q.inflight = append(q.inflight, op)
+	q.failing = true
 }
 
 func (q *qp) readsInFlight() bool {
@@ -237,7 +251,7 @@ func (d *Device) qpError(q *qp) {
 		q.recorded = stErr
 	}
 	d.stopTimers(q)
-	q.rnrWait = false
+	q.rnrWait, q.failing = false, false
 	ops := q.inflight
 	q.inflight = nil
 	for _, op := range ops {
@@ -306,7 +320,7 @@ func (d *Device) flushRQ(q *qp) {
 func (d *Device) resetQP(q *qp) {
 	d.stopTimers(q)
 	q.inflight, q.fifo = nil, nil
-	q.rnrWait, q.retries, q.rnrRetries = false, 0, 0
+	q.rnrWait, q.failing, q.retries, q.rnrRetries = false, false, 0, 0
 	q.sqNext = 0
 }
 
@@ -549,7 +563,8 @@ func (d *Device) localMR(q *qp, s *sge, write bool) *mr {
 
 // gather reads the bytes the SGEs name (a send's payload). Status
 // LOC_PROT_ERR for an SGE outside an MR of the QP's PD, LOC_LEN_ERR for a
-// message over the size limit.
+// message over the size limit. The SGEs are checked before anything is
+// allocated: what the driver wrote sizes nothing by itself.
 func (d *Device) gather(q *qp, sges []sge, limit uint64) ([]byte, uint32) {
 	var total uint64
 	for _, s := range sges {
@@ -558,16 +573,22 @@ func (d *Device) gather(q *qp, sges []sge, limit uint64) ([]byte, uint32) {
 	if total > limit {
 		return nil, wcLocLenErr
 	}
+	for i := range sges {
+		s := &sges[i]
+		if s.length == 0 {
+			continue
+		}
+		if m := d.localMR(q, s, false); m == nil || !d.mrAccess(m, s.addr, uint64(s.length), func([]byte) {}) {
+			return nil, wcLocProtErr
+		}
+	}
 	buf := make([]byte, 0, total)
 	for i := range sges {
 		s := &sges[i]
 		if s.length == 0 {
 			continue
 		}
-		m := d.localMR(q, s, false)
-		if m == nil || !d.mrAccess(m, s.addr, uint64(s.length), func(b []byte) { buf = append(buf, b...) }) {
-			return nil, wcLocProtErr
-		}
+		d.mrAccess(d.localMR(q, s, false), s.addr, uint64(s.length), func(b []byte) { buf = append(buf, b...) })
 	}
 	return buf, wcSuccess
 }

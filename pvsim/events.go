@@ -17,6 +17,9 @@ func (d *Device) raise(t fw.EventType, info uint32) {
 		return
 	}
 	w := &d.w
+	if len(w.events) >= maxLog {
+		w.events = append(w.events[:0], w.events[len(w.events)-maxLog/2:]...)
+	}
 	w.events = append(w.events, fw.AsyncEvent{Type: t, Info: info})
 	if !w.dsrLoaded {
 		d.ctr.eventsDropped.Add(1)
@@ -33,6 +36,9 @@ func (d *Device) raise(t fw.EventType, info uint32) {
 	d.ctr.events.Add(1)
 	d.interrupt(vecAsync)
 }
+
+// maxLog bounds the event and hazard logs (the oldest go first).
+const maxLog = 4096
 
 // Raise writes an async event into the ring and raises vector 1, as the
 // device does: for QP events info is the QP handle, for CQ and SRQ events
@@ -353,8 +359,8 @@ func (d *Device) GIDs() map[int]GID {
 	return out
 }
 
-// Events returns every async event the device raised (written to the
-// ring or dropped), in order.
+// Events returns the async events the device raised (written to the ring
+// or dropped), in order: the last 2048 to 4096 of them.
 func (d *Device) Events() []fw.AsyncEvent {
 	var out []fw.AsyncEvent
 	_ = d.call(func() { out = append(out, d.w.events...) })

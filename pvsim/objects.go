@@ -145,15 +145,17 @@ type qp struct {
 	attr     qpAttr
 
 	// Requester.
-	sqNext     uint32 // next send WQE to fetch (== cons_head unless consumed on completion)
-	nextPSN    uint32
-	inflight   []*sendOp
-	retries    int
-	rnrRetries int
-	rnrWait    bool
-	ackTimer   *timer
-	rnrTimer   *timer
-	stuck      bool // QEMU mode: spinning on a bad WQE (the hang of facts §11 item 6)
+	sqNext      uint32 // next send WQE to fetch (== cons_head unless consumed on completion)
+	nextPSN     uint32
+	inflight    []*sendOp
+	retries     int
+	rnrRetries  int
+	rnrWait     bool
+	failing     bool // a WQE failed at fetch behind requests in flight
+	ackTimer    *timer
+	ackDeadline time.Time
+	rnrTimer    *timer
+	stuck       bool // QEMU mode: spinning on a bad WQE (the hang of facts §11 item 6)
 
 	// Responder.
 	epsn    uint32
@@ -204,6 +206,9 @@ type sendOp struct {
 	readLike  bool   // READ or atomic: a later fenced WQE waits for it
 	next      uint32 // the send queue counter after this WQE
 	vendorErr uint32
+	// err is a local error found at fetch while earlier requests were in
+	// flight: the WQE completes with it in its turn.
+	err uint32
 }
 
 // timer is a deadline the model's goroutine acts on.

@@ -408,3 +408,61 @@ func TestUDRaw(t *testing.T) {
 		})
 	}
 }
+
+// Send completions come in order: a WQE that fails at fetch behind an RC
+// request in flight completes after it.
+func TestErrorCompletionOrder(t *testing.T) {
+	p := newRCPair(t, pvsim.Config{}, defaultRC(), defaultRC())
+	copy(p.bmr.buf.Mem[100:], "first")
+	p.a.send(rdma(1, rings.WRRDMARead, p.amr.sge(0, 5), p.bmr.addr(100), p.bmr.rkey),
+		sendWR(2, rings.WRSend, sig, rings.SGE{Addr: 0, Length: 4, LKey: 0xbad}),
+		sendWR(3, rings.WRSend, sig, p.amr.sge(0, 4)))
+	cs := p.acq.wait(3)
+	assert.Equal(t, []uint64{1, 2, 3}, []uint64{cs[0].WRID, cs[1].WRID, cs[2].WRID})
+	assert.Equal(t, []uint32{rings.WCSuccess, rings.WCLocProtErr, rings.WCWRFlushErr}, []uint32{cs[0].Status, cs[1].Status, cs[2].Status})
+	assert.Equal(t, "first", string(p.amr.buf.Mem[:5]))
+}
+
+// An answer lost on the way (the requester's port went down after the
+// request left) makes the requester time out and send again; the
+// responder answers the duplicate without executing it again: a SEND is
+// acknowledged, a READ read again, a fetch-and-add's first result sent.
+func TestDuplicateAfterLostAnswer(t *testing.T) {
+	fab := pvsim.NewFabric()
+	ra := newRaw(t, pvsim.Config{Fabric: fab, MAC: [6]byte{2, 0, 0, 0, 0, 1}})
+	rb := newRaw(t, pvsim.Config{Fabric: fab, MAC: [6]byte{2, 0, 0, 0, 0, 2}})
+	pa, pb := ra.pd(), rb.pd()
+	ca, cb := ra.cq(16), rb.cq(16)
+	qa := ra.qp(pa, firmware.QPTypeRC, ca, ca, 16, qpOpts{})
+	qb := rb.qp(pb, firmware.QPTypeRC, cb, cb, 16, qpOpts{})
+	fast := defaultRC()
+	fast.timeout = 9 // 2 ms
+	qa.connect(qb.qpn, rb.gid, fast)
+	qb.connect(qa.qpn, ra.gid, defaultRC())
+	ma, mb := ra.mr(pa, 8192, allAccess), rb.mr(pb, 8192, allAccess)
+	binary.LittleEndian.PutUint64(mb.buf.Mem[64:], 100)
+	copy(mb.buf.Mem[200:], "again")
+	qb.recv(1, mb.sge(1000, 64))
+
+	for _, w := range []wr{
+		sendWR(1, rings.WRSend, sig, ma.sge(0, 4)),
+		rdma(2, rings.WRRDMARead, ma.sge(100, 5), mb.addr(200), mb.rkey),
+		atomicWR(3, rings.WRAtomicFetchAndAdd, ma.sge(16, 8), mb.addr(64), mb.rkey, 1, 0),
+	} {
+		require.NoError(t, ra.m.SetPort(false))
+		// The request must leave before the port goes down: send it with
+		// the port up, then take the port down before the answer is back.
+		require.NoError(t, ra.m.SetPort(true))
+		qa.send(w)
+		require.NoError(t, ra.m.SetPort(false))
+		time.Sleep(3 * time.Millisecond)
+		require.NoError(t, ra.m.SetPort(true))
+		c := ca.wait(1)[0]
+		require.Equal(t, uint32(rings.WCSuccess), c.Status, "%+v", c)
+	}
+	assert.Equal(t, "again", string(ma.buf.Mem[100:105]))
+	assert.Equal(t, uint64(100), binary.LittleEndian.Uint64(ma.buf.Mem[16:]))
+	assert.Equal(t, uint64(101), binary.LittleEndian.Uint64(mb.buf.Mem[64:]), "added once")
+	assert.Len(t, cb.poll(), 1, "one receive")
+	assert.GreaterOrEqual(t, ra.m.Stats().Retransmits, uint64(3))
+}

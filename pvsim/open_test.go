@@ -27,6 +27,9 @@ var devices = []struct {
 	{"v18", pvsim.Config{Version: 18}},
 	{"v19", pvsim.Config{Version: 19}},
 	{"v20", pvsim.Config{Version: 20}},
+	// A device that answers commands late (vector 0 after the REQUEST
+	// write returned), as a real one may.
+	{"v20-async", pvsim.Config{Version: 20, CommandDelay: 200 * time.Microsecond}},
 }
 
 func ctxT(t testing.TB) context.Context {
@@ -60,7 +63,11 @@ func TestOpenClose(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			m, err := pvsim.New(tc.cfg)
 			require.NoError(t, err)
-			d, err := vfrdma.OpenFunction(m, nil)
+			defer m.Close()
+			// Through a handle of its own, so that the model outlives the
+			// driver's Close and can be inspected after it.
+			fn := m.Function()
+			d, err := vfrdma.OpenFunction(fn, nil)
 			require.NoError(t, err)
 
 			want := uint32(20)
@@ -117,25 +124,20 @@ func TestOpenClose(t *testing.T) {
 			} else {
 				assert.Equal(t, pvsim.Objects{}, o, "a VMware device is reset at Close")
 			}
-			_, err = m.Registers()
+			_, err = fn.Registers()
 			assert.ErrorIs(t, err, pvsim.ErrClosed, "the driver's Close closes the function")
+			assert.Empty(t, m.Vectors(), "and disables its vectors")
 		})
 	}
 }
 
-// A RoCE v2 device takes only RoCE v2 GIDs: today's driver binds its
-// default GID as RoCE v1 (device.go BindGID), the device refuses it, and
-// the driver, which does not wait for CREATE_BIND's answer, does not know.
-func TestRoCEv2RefusesRoCEv1Bind(t *testing.T) {
+// A RoCE v2 device takes only RoCE v2 GIDs, and the driver binds them so.
+func TestRoCEv2Bind(t *testing.T) {
 	m, d := open(t, pvsim.Config{Version: 18, RoCEv2: true})
 	assert.Equal(t, uint8(firmware.GIDTypeRoCEv2), d.Caps().GIDTypes)
-	gids := m.GIDs()
-	if g, ok := gids[0]; ok {
-		// The driver sends RoCE v2 where the device reports it.
-		assert.Equal(t, uint8(firmware.GIDTypeRoCEv2), g.Type)
-	} else {
-		t.Log("driver bug (known, issue 19): CREATE_BIND carries gid_type RoCE v1 on a RoCE v2 device; the model refused the bind")
-	}
+	g, ok := m.GIDs()[0]
+	require.True(t, ok, "the default GID is bound")
+	assert.Equal(t, uint8(firmware.GIDTypeRoCEv2), g.Type)
 }
 
 // The model accepts any GID type when asked to.
@@ -170,4 +172,29 @@ func TestOpenAsyncCommands(t *testing.T) {
 	_, err := d.QueryPort(ctxT(t))
 	require.NoError(t, err)
 	assert.NotZero(t, m.Stats().Interrupts[firmware.VectorResponse])
+}
+
+// The driver tells the device where its UAR page is (hw.UARLocator): in
+// the 64-bit field from version 19 on.
+func TestUARAddress(t *testing.T) {
+	m, _ := open(t, pvsim.Config{Version: 19, UARAddress: 1 << 50})
+	pfn, err := m.UARPFN()
+	require.NoError(t, err)
+	assert.Equal(t, uint64(1<<38), pfn)
+	assert.Equal(t, pfn, m.State().UARPFN)
+	_, err = pvsim.New(pvsim.Config{UARAddress: 123})
+	assert.Error(t, err)
+}
+
+// A version the driver does not know is reported as it is: the driver
+// refuses it.
+func TestUnknownVersion(t *testing.T) {
+	for _, v := range []uint32{16, 21} {
+		m, err := pvsim.New(pvsim.Config{Version: v})
+		require.NoError(t, err)
+		assert.Equal(t, v, m.Version())
+		_, err = vfrdma.OpenFunction(m, nil)
+		assert.ErrorIs(t, err, vfrdma.ErrNotSupported, "v%d", v)
+		m.Close()
+	}
 }

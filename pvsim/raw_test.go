@@ -26,6 +26,7 @@ type raw struct {
 	t     testing.TB
 	m     *pvsim.Device
 	ch    *firmware.Channel
+	regs  hw.Registers
 	uar   hw.Doorbells
 	vecs  []hw.Vector
 	ctl   *vfio.DMABuffer
@@ -34,6 +35,7 @@ type raw struct {
 	ver   uint32
 	caps  firmware.Caps
 	gid   [16]byte
+	kept  []firmware.AsyncEvent // events drained by waitEvent and not returned yet
 }
 
 // Control pages: DSR, command, response, then two device rings of
@@ -79,6 +81,7 @@ func attachRaw(t testing.TB, m *pvsim.Device, fn hw.Function) *raw {
 	r := &raw{t: t, m: m}
 	regs, err := fn.Registers()
 	require.NoError(t, err)
+	r.regs = regs
 	r.uar, err = fn.Doorbells()
 	require.NoError(t, err)
 	r.vecs, err = fn.EnableVectors(3)
@@ -241,21 +244,19 @@ func (c *rawCQ) quiet(d time.Duration) []rings.CQE {
 }
 
 type rawQP struct {
-	r         *raw
-	handle    uint32
-	qpn       uint32
-	typ       firmware.QPType
-	sq, rq    *rings.Producer
-	sqData    []byte
-	rqData    []byte
-	sqStride  int
-	rqStride  int
-	sqState   *rings.State
-	rqState   *rings.State
-	depth     int
-	gidIndex  uint8
-	pendingSQ int
-	pendingRQ int
+	r        *raw
+	handle   uint32
+	qpn      uint32
+	typ      firmware.QPType
+	sq, rq   *rings.Producer
+	sqData   []byte
+	rqData   []byte
+	sqStride int
+	rqStride int
+	sqState  *rings.State
+	rqState  *rings.State
+	depth    int
+	gidIndex uint8
 }
 
 type qpOpts struct {
@@ -349,7 +350,6 @@ type wr struct {
 	cmpAdd uint64
 	swap   uint64
 	atomic bool
-	noRing bool // written but not rung
 }
 
 // send writes the WQEs and rings the send doorbell once.
@@ -421,28 +421,36 @@ func (s *rawSRQ) recv(id uint64, sg rings.SGE) {
 	require.NoError(s.r.t, s.r.uar.Store32(doorbell.OffsetSRQ, doorbell.SRQRecv|s.handle))
 }
 
-// events drains the async ring.
+// events drains the async ring (and what waitEvent kept).
 func (r *raw) events() []firmware.AsyncEvent {
+	out := r.kept
+	r.kept = nil
 	evs := make([]firmware.AsyncEvent, 64)
-	n, err := r.async.Poll(evs)
-	require.NoError(r.t, err)
-	return evs[:n]
+	for {
+		n, err := r.async.Poll(evs)
+		require.NoError(r.t, err)
+		out = append(out, evs[:n]...)
+		if n < len(evs) {
+			return out
+		}
+	}
 }
 
 // waitEvent waits for async events until one of type typ comes.
 func (r *raw) waitEvent(typ firmware.EventType) firmware.AsyncEvent {
 	r.t.Helper()
 	deadline := time.Now().Add(5 * time.Second)
-	var seen []firmware.AsyncEvent
 	for time.Now().Before(deadline) {
-		for _, e := range r.events() {
+		evs := r.events()
+		for i, e := range evs {
 			if e.Type == typ {
+				r.kept = append(evs[:i:i], evs[i+1:]...)
 				return e
 			}
-			seen = append(seen, e)
 		}
+		r.kept = evs
 		time.Sleep(100 * time.Microsecond)
 	}
-	r.t.Fatalf("no %v event in 5 s (saw %v)", typ, seen)
+	r.t.Fatalf("no %v event in 5 s (saw %v)", typ, r.kept)
 	return firmware.AsyncEvent{}
 }

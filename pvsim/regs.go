@@ -294,9 +294,15 @@ func (d *Device) request() error {
 	}
 	select {
 	case <-c.done:
+		return nil
 	case <-d.done:
+		select {
+		case <-c.done:
+			return nil
+		default:
+			return fmt.Errorf("%s: %w", d.s.Name, ErrClosed)
+		}
 	}
-	return nil
 }
 
 // callAsync queues fn for the device goroutine without waiting.

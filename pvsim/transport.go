@@ -102,12 +102,12 @@ func (d *Device) execSend(q *qp, op *sendOp, w *sendWQE) {
 	default:
 		// GSI: MADs are not modelled (QEMU sends them to its MAD mux).
 		op.vendorErr = vendorMADSend
-		d.failSend(q, op, d.pick(wcGeneralErr, wcLocQPOpErr))
+		d.failFetched(q, op, d.pick(wcGeneralErr, wcLocQPOpErr))
 		return
 	}
 	sg := q.attr.sgidIndex()
 	if int(sg) >= len(d.w.gids) || !d.w.gids[sg].valid {
-		d.failSend(q, op, wcLocQPOpErr)
+		d.failFetched(q, op, wcLocQPOpErr)
 		return
 	}
 	p := &packet{from: d, srcGID: d.w.gids[sg].gid, gidType: d.w.gids[sg].typ, dstGID: q.attr.dgid(),
@@ -152,7 +152,7 @@ func (d *Device) execSend(q *qp, op *sendOp, w *sendWQE) {
 		st = wcLocQPOpErr // LSO, invalidate, fast-register, masked atomics, MW: not run
 	}
 	if st != wcSuccess {
-		d.failSend(q, op, st)
+		d.failFetched(q, op, st)
 		return
 	}
 	op.psn = q.nextPSN
@@ -634,6 +634,12 @@ func (d *Device) requesterIn(p *packet) {
 		return
 	}
 	d.completeSend(q, op, wcSuccess)
+	if len(q.inflight) > 0 && q.inflight[0].err != 0 {
+		op := q.inflight[0]
+		q.inflight = q.inflight[1:]
+		d.failSend(q, op, op.err)
+		return
+	}
 	if len(q.inflight) == 0 {
 		q.ackTimer.stop()
 		q.ackTimer = nil
@@ -670,6 +676,9 @@ func (d *Device) rnr(q *qp, p *packet) {
 // retransmit sends every request in flight again, from the first.
 func (d *Device) retransmit(q *qp) {
 	for _, op := range q.inflight {
+		if op.pkt == nil {
+			break // a local error waiting for its turn
+		}
 		d.ctr.retransmits.Add(1)
 		d.transmit(op.pkt)
 	}
@@ -679,23 +688,40 @@ func (d *Device) retransmit(q *qp) {
 }
 
 // armAck (re)starts the local ACK timeout: 4.096 µs × 2^timeout; 0 is
-// infinite (the verbs' rule).
+// infinite (the verbs' rule). One timer per QP: a later deadline moves it
+// when it comes due.
 func (d *Device) armAck(q *qp) {
-	q.ackTimer.stop()
-	q.ackTimer = nil
 	t := q.attr.timeout
 	if t == 0 {
+		q.ackTimer.stop()
+		q.ackTimer = nil
 		return
 	}
 	dur := 4096 * time.Nanosecond << min(t, 31)
-	q.ackTimer = d.w.after(dur, func() { d.ackTimeout(q) })
+	q.ackDeadline = time.Now().Add(dur)
+	if q.ackTimer == nil {
+		q.ackTimer = d.w.after(dur, func() { d.ackDue(q) })
+	}
+}
+
+// ackDue runs when the ACK timer comes due: a timeout, or a deadline moved
+// since.
+func (d *Device) ackDue(q *qp) {
+	q.ackTimer = nil
+	if !d.alive(q) {
+		return
+	}
+	if left := time.Until(q.ackDeadline); left > 0 {
+		q.ackTimer = d.w.after(left, func() { d.ackDue(q) })
+		return
+	}
+	d.ackTimeout(q)
 }
 
 func (d *Device) ackTimeout(q *qp) {
 	if !d.alive(q) || len(q.inflight) == 0 || q.rnrWait {
 		return
 	}
-	q.ackTimer = nil
 	q.retries++
 	if q.retries > int(q.attr.retryCnt) {
 		op := q.inflight[0]
