@@ -2,6 +2,7 @@ package vfrdma_test
 
 import (
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -198,4 +199,37 @@ func TestModelDSRCarriesTheUARPageFrame(t *testing.T) {
 		assert.Equal(t, tc.pfn, m.State().UARPFN, "v%d", tc.version)
 		require.NoError(t, d.Close())
 	}
+}
+
+// Every command waits for the device's answer, destroys included: on a
+// device that answers after the REQUEST write (the model 2 ms late), a
+// Close that returned before the device destroyed the QP freed rings the
+// device still read (DMA faults, writes into freed memory on hardware).
+func TestModelDestroyWaitsForTheDevicesAnswer(t *testing.T) {
+	ctx := ctxT(t)
+	cfg := vmware(20)
+	cfg.CommandDelay = 2 * time.Millisecond
+	d, m := openModel(t, cfg, nil)
+	for range 3 {
+		p := newRCPair(t, ctx, d, true, vfrdma.AccessLocalWrite)
+		_, err := p.b.PostRecv([]vfrdma.RecvWR{{WRID: 1, SGEs: []vfrdma.SGE{p.mr.SGE(4096, 64)}}, {WRID: 3, SGEs: []vfrdma.SGE{p.mr.SGE(8192, 64)}}}, 0)
+		require.NoError(t, err)
+		_, err = p.a.PostSend([]vfrdma.SendWR{{WRID: 2, SGEs: []vfrdma.SGE{p.mr.SGE(0, 64)}}}, 0)
+		require.NoError(t, err)
+		waitWCs(t, ctx, p.cq, 2)
+		// A receive stays posted: the QP's destruction flushes it.
+		_, err = p.a.PostSend([]vfrdma.SendWR{{WRID: 4, SGEs: []vfrdma.SGE{p.mr.SGE(0, 64)}}}, 0)
+		require.NoError(t, err)
+		for _, q := range []*vfrdma.QP{p.a, p.b} {
+			require.NoError(t, q.Close())
+		}
+		require.NoError(t, p.mr.Close())
+		require.NoError(t, p.cq.Close())
+		require.NoError(t, p.pd.Close())
+	}
+	require.NoError(t, d.Close())
+	st := m.Stats()
+	assert.Zero(t, st.DMAFaults, "%+v", st)
+	assert.Zero(t, st.RingFaults, "%+v", st)
+	assert.Equal(t, pvsim.Objects{}, m.Objects())
 }

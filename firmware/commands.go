@@ -35,7 +35,7 @@ func (c *Channel) CreatePD(ctx context.Context, ctxHandle uint32) (uint32, error
 
 // DestroyPD runs DESTROY_PD.
 func (c *Channel) DestroyPD(ctx context.Context, pd uint32) error {
-	return c.Exec(ctx, DestroyPDRequest{PDHandle: pd}, nil)
+	return c.Exec(ctx, DestroyPDRequest{PDHandle: pd}, HeaderOnly{})
 }
 
 // CreateMR runs CREATE_MR.
@@ -45,7 +45,7 @@ func (c *Channel) CreateMR(ctx context.Context, req CreateMRRequest) (CreateMRRe
 
 // DestroyMR runs DESTROY_MR.
 func (c *Channel) DestroyMR(ctx context.Context, mr uint32) error {
-	return c.Exec(ctx, DestroyMRRequest{MRHandle: mr}, nil)
+	return c.Exec(ctx, DestroyMRRequest{MRHandle: mr}, HeaderOnly{})
 }
 
 // CreateCQ runs CREATE_CQ.
@@ -61,7 +61,7 @@ func (c *Channel) ResizeCQ(ctx context.Context, cq, cqe uint32) (uint32, error) 
 
 // DestroyCQ runs DESTROY_CQ.
 func (c *Channel) DestroyCQ(ctx context.Context, cq uint32) error {
-	return c.Exec(ctx, DestroyCQRequest{CQHandle: cq}, nil)
+	return c.Exec(ctx, DestroyCQRequest{CQHandle: cq}, HeaderOnly{})
 }
 
 // CreateQP runs CREATE_QP and decodes the response in the layout the
@@ -83,9 +83,9 @@ func (c *Channel) QueryQP(ctx context.Context, qp, attrMask uint32) (QueryQPResp
 	return call[QueryQPResponse](ctx, c, QueryQPRequest{QPHandle: qp, AttrMask: attrMask})
 }
 
-// DestroyQP runs DESTROY_QP (status only, as Linux does).
+// DestroyQP runs DESTROY_QP.
 func (c *Channel) DestroyQP(ctx context.Context, qp uint32) error {
-	return c.Exec(ctx, DestroyQPRequest{QPHandle: qp}, nil)
+	return c.Exec(ctx, DestroyQPRequest{QPHandle: qp}, HeaderOnly{})
 }
 
 // CreateUC runs CREATE_UC with the PFN width the device's version implies
@@ -97,17 +97,17 @@ func (c *Channel) CreateUC(ctx context.Context, pfn uint64) (uint32, error) {
 
 // DestroyUC runs DESTROY_UC.
 func (c *Channel) DestroyUC(ctx context.Context, ctxHandle uint32) error {
-	return c.Exec(ctx, DestroyUCRequest{CtxHandle: ctxHandle}, nil)
+	return c.Exec(ctx, DestroyUCRequest{CtxHandle: ctxHandle}, HeaderOnly{})
 }
 
 // CreateBind runs CREATE_BIND.
 func (c *Channel) CreateBind(ctx context.Context, req CreateBindRequest) error {
-	return c.Exec(ctx, req, nil)
+	return c.Exec(ctx, req, HeaderOnly{})
 }
 
 // DestroyBind runs DESTROY_BIND.
 func (c *Channel) DestroyBind(ctx context.Context, req DestroyBindRequest) error {
-	return c.Exec(ctx, req, nil)
+	return c.Exec(ctx, req, HeaderOnly{})
 }
 
 // CreateSRQ runs CREATE_SRQ and returns the SRQ handle.
@@ -118,5 +118,5 @@ func (c *Channel) CreateSRQ(ctx context.Context, req CreateSRQRequest) (uint32, 
 
 // DestroySRQ runs DESTROY_SRQ.
 func (c *Channel) DestroySRQ(ctx context.Context, srq uint32) error {
-	return c.Exec(ctx, DestroySRQRequest{SRQHandle: srq}, nil)
+	return c.Exec(ctx, DestroySRQRequest{SRQHandle: srq}, HeaderOnly{})
 }

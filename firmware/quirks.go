@@ -258,7 +258,7 @@ func (c *Channel) ModifySRQ(ctx context.Context, req ModifySRQRequest) error {
 		return err
 	}
 	if s == SRQSwapYes {
-		return c.exec(ctx, swappedModifySRQ{r: req}, nil)
+		return c.exec(ctx, swappedModifySRQ{r: req}, HeaderOnly{})
 	}
-	return c.exec(ctx, req, nil)
+	return c.exec(ctx, req, HeaderOnly{})
 }
