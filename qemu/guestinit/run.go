@@ -63,11 +63,16 @@ func runStep(rep *reporter, s guest.Step, env []string) bool {
 	// since its start: a client whose server in another VM is not up yet.
 	// One killed at its time limit is not run again: it hung (a lost
 	// message, say), and a peer that served the hung attempt would not
-	// serve another.
-	for res.rec.Code != 0 && !res.timedOut && s.Retry > 0 && time.Since(t0) < s.Retry {
+	// serve another. Nor is one that got past its exchange with the peer
+	// (it printed the peer's address): its server has served it and waits
+	// for no other, so a rerun could only wait out its time limit.
+	for res.rec.Code != 0 && !res.timedOut && !res.exchanged && s.Retry > 0 && time.Since(t0) < s.Retry {
 		time.Sleep(300 * time.Millisecond)
 		rep.logf("run %s again (exit %d)", s.Path, res.rec.Code)
 		res = execStep(rep, s, args, env)
+	}
+	if res.rec.Code != 0 && res.exchanged && s.Retry > 0 {
+		rep.logf("%s is not run again: it failed after its exchange with the peer (%q), which no rerun repeats", s.Path, res.exchangedLine)
 	}
 	res.rec.Elapsed = time.Since(t0).Seconds()
 	rep.emit(res.rec)
@@ -78,6 +83,17 @@ type stepResult struct {
 	rec        proto.Record // the EventExit record, without Elapsed
 	testFailed bool
 	timedOut   bool // killed at the step's time limit
+	// exchanged: the program printed its peer's address (rdma-core's and
+	// perftest's clients print "remote address" once their TCP exchange
+	// with the server is done); exchangedLine is that line.
+	exchanged     bool
+	exchangedLine string
+}
+
+// exchangedWith reports a line that says the program has its peer's
+// address: rdma-core's pingpongs and perftest print "remote address".
+func exchangedWith(line string) bool {
+	return strings.Contains(strings.ToLower(line), "remote address")
 }
 
 func execStep(rep *reporter, s guest.Step, args, env []string) stepResult {
@@ -108,6 +124,7 @@ func execStep(rep *reporter, s guest.Step, args, env []string) stepResult {
 	// The reader owns the parser until it closes outDone.
 	var parser guest.TestParser
 	var testFailed bool
+	var exchangedLine string
 	outDone := make(chan struct{})
 	go func() {
 		defer close(outDone)
@@ -118,6 +135,9 @@ func execStep(rep *reporter, s guest.Step, args, env []string) stepResult {
 		}()
 		sp := lineSplitter{max: maxLine, emit: func(line string) {
 			rep.emit(proto.Record{Event: proto.EventOut, Prog: s.Name, Line: line})
+			if exchangedLine == "" && exchangedWith(line) {
+				exchangedLine = strings.TrimSpace(line)
+			}
 			if s.Kind != guest.KindGoTest {
 				return
 			}
@@ -192,6 +212,7 @@ func execStep(rep *reporter, s guest.Step, args, env []string) stepResult {
 	default:
 		return res
 	}
+	res.exchanged, res.exchangedLine = exchangedLine != "", exchangedLine
 	if s.Kind == guest.KindGoTest {
 		why := "exit status " + fmt.Sprint(res.rec.Code)
 		if res.rec.Msg != "" {
