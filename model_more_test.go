@@ -233,3 +233,33 @@ func TestModelDestroyWaitsForTheDevicesAnswer(t *testing.T) {
 	assert.Zero(t, st.RingFaults, "%+v", st)
 	assert.Equal(t, pvsim.Objects{}, m.Objects())
 }
+
+// A QP the device fails (QP_FATAL) is in ERR and each of its outstanding
+// requests completes once, with WR_FLUSH_ERR; its posts are refused.
+func TestModelQPFatalFlushesEachRequestOnce(t *testing.T) {
+	ctx := ctxT(t)
+	d, m := openModel(t, vmware(20), nil)
+	p := newRCPair(t, ctx, d, true, vfrdma.AccessLocalWrite)
+	var recvs []vfrdma.RecvWR
+	for i := range 5 {
+		recvs = append(recvs, vfrdma.RecvWR{WRID: uint64(10 + i), SGEs: []vfrdma.SGE{p.mr.SGE(4096+i*64, 64)}})
+	}
+	_, err := p.a.PostRecv(recvs, 0)
+	require.NoError(t, err)
+	info, ok := m.QPByNumber(p.a.QPN())
+	require.True(t, ok)
+	require.NoError(t, m.ErrorQP(info.Handle))
+	seen := map[uint64]int{}
+	for _, wc := range waitWCs(t, ctx, p.cq, 5) {
+		assert.Equal(t, vfrdma.WCFlushErr, wc.Status, "%+v", wc)
+		seen[wc.WRID]++
+	}
+	assert.Equal(t, map[uint64]int{10: 1, 11: 1, 12: 1, 13: 1, 14: 1}, seen)
+	time.Sleep(50 * time.Millisecond)
+	n, err := p.cq.Poll(make([]vfrdma.WC, 8))
+	require.NoError(t, err)
+	assert.Zero(t, n, "no second completion")
+	assert.Equal(t, vfrdma.StateErr, p.a.State())
+	_, err = p.a.PostSend([]vfrdma.SendWR{{WRID: 1, SGEs: []vfrdma.SGE{p.mr.SGE(0, 8)}}}, 0)
+	assert.ErrorIs(t, err, vfrdma.ErrQPState)
+}
