@@ -263,3 +263,45 @@ func TestModelQPFatalFlushesEachRequestOnce(t *testing.T) {
 	_, err = p.a.PostSend([]vfrdma.SendWR{{WRID: 1, SGEs: []vfrdma.SGE{p.mr.SGE(0, 8)}}}, 0)
 	assert.ErrorIs(t, err, vfrdma.ErrQPState)
 }
+
+// The device's SRQ_LIMIT_REACHED is the SRQ's low-watermark event: it
+// arrives once, and the driver's own count raises no second one.
+func TestModelDeviceSRQLimitIsTheWatermarkEventOnce(t *testing.T) {
+	ctx := ctxT(t)
+	d, m := openModel(t, vmware(20), nil)
+	pd, err := d.AllocPD(ctx)
+	require.NoError(t, err)
+	cq, err := d.CreateCQ(ctx, 64)
+	require.NoError(t, err)
+	srq, err := pd.CreateSRQ(ctx, &vfrdma.SRQConfig{Depth: 16, CQ: cq})
+	require.NoError(t, err)
+	mr, err := pd.AllocMR(ctx, 1<<14, vfrdma.AccessLocalWrite)
+	require.NoError(t, err)
+	recvs := make([]vfrdma.RecvWR, 8)
+	for i := range recvs {
+		recvs[i] = vfrdma.RecvWR{WRID: uint64(i), SGEs: []vfrdma.SGE{mr.SGE(i*64, 64)}}
+	}
+	_, err = srq.PostRecv(recvs, 0)
+	require.NoError(t, err)
+	require.NoError(t, srq.SetLowWatermark(4))
+	require.NoError(t, m.Raise(vfrdma.EventSRQLimitReached, srq.Handle()))
+	next := func() vfrdma.AsyncEvent {
+		select {
+		case ev := <-d.AsyncEvents():
+			return ev
+		case <-ctx.Done():
+			require.FailNow(t, "no async event")
+		}
+		return vfrdma.AsyncEvent{}
+	}
+	assert.Same(t, srq, next().SRQ)
+	select {
+	case e := <-srq.LowWatermarkEvents():
+		assert.Equal(t, 4, e.Watermark)
+	case <-ctx.Done():
+		require.FailNow(t, "no watermark event")
+	}
+	require.NoError(t, m.Raise(vfrdma.EventSRQLimitReached, srq.Handle()))
+	next()
+	assert.Empty(t, srq.LowWatermarkEvents(), "disarmed: no second event")
+}
