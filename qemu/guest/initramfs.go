@@ -58,6 +58,9 @@ type Program struct {
 	Timeout  time.Duration // zero: DefaultTimeout
 	Only     []int         // the VMs (by index) that run it; none: every VM
 	Retry    time.Duration // rerun it while it fails, until this long after its start
+	// OKIfOutput, if set, makes a failed exit a success when the program
+	// printed this line after its exchange with its peer (see Step).
+	OKIfOutput string
 }
 
 // Manifest returns the manifest the init will read for s.
@@ -82,6 +85,8 @@ func (s *Spec) Manifest() *Manifest {
 			Timeout: t,
 			Only:    p.Only,
 			Retry:   p.Retry,
+
+			OKIfOutput: p.OKIfOutput,
 		})
 	}
 	return m

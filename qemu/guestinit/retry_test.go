@@ -80,3 +80,21 @@ func TestAStepPastItsLimitIsAskedToQuitFirst(t *testing.T) {
 	exit := recs[len(recs)-1]
 	assert.Equal(t, "killed: timeout after 500ms", exit.Msg)
 }
+
+// A step with OKIfOutput that exits non-zero after its exchange, having
+// printed that line (perftest's client: "Can't produce a report" when its
+// clock sampling fails on a loaded host, after the traffic), counts as
+// done and says so; the same line before any exchange does not.
+func TestOKIfOutputAfterTheExchange(t *testing.T) {
+	body := `echo " remote address: LID 0000 QPN 0x0013"; echo "Correlation coefficient r^2: 0.84 < 0.9" >&2; echo "Can't produce a report" >&2; exit 1`
+	recs, ok := runOne(t, guest.Step{Name: "p", Path: script(t, body), Kind: guest.KindCmd, Timeout: 5 * time.Second, Retry: 20 * time.Second, OKIfOutput: "Can't produce a report"})
+	require.True(t, ok, "%+v", recs)
+	exit := recs[len(recs)-1]
+	assert.Equal(t, 0, exit.Code)
+	assert.Contains(t, exit.Msg, "Can't produce a report")
+
+	body = `echo "Can't produce a report"; exit 1`
+	recs, ok = runOne(t, guest.Step{Name: "p", Path: script(t, body), Kind: guest.KindCmd, Timeout: 5 * time.Second, OKIfOutput: "Can't produce a report"})
+	require.False(t, ok, "no exchange: a failure")
+	assert.Equal(t, 1, recs[len(recs)-1].Code)
+}

@@ -71,6 +71,11 @@ func runStep(rep *reporter, s guest.Step, env []string) bool {
 		rep.logf("run %s again (exit %d)", s.Path, res.rec.Code)
 		res = execStep(rep, s, args, env)
 	}
+	if res.rec.Code != 0 && res.exchanged && res.okLine != "" {
+		rep.logf("%s exited %d after its exchange, printing %q: taken as done", s.Path, res.rec.Code, res.okLine)
+		res.rec.Msg = fmt.Sprintf("ok: exit %d after the exchange, with %q", res.rec.Code, res.okLine)
+		res.rec.Code = 0
+	}
 	if res.rec.Code != 0 && res.exchanged && s.Retry > 0 {
 		rep.logf("%s is not run again: it failed after its exchange with the peer (%q), which no rerun repeats", s.Path, res.exchangedLine)
 	}
@@ -88,6 +93,9 @@ type stepResult struct {
 	// with the server is done); exchangedLine is that line.
 	exchanged     bool
 	exchangedLine string
+	// okLine: a line containing the step's OKIfOutput, printed after
+	// the exchange.
+	okLine string
 }
 
 // exchangedWith reports a line that says the program has its peer's
@@ -124,7 +132,7 @@ func execStep(rep *reporter, s guest.Step, args, env []string) stepResult {
 	// The reader owns the parser until it closes outDone.
 	var parser guest.TestParser
 	var testFailed bool
-	var exchangedLine string
+	var exchangedLine, okLine string
 	outDone := make(chan struct{})
 	go func() {
 		defer close(outDone)
@@ -137,6 +145,9 @@ func execStep(rep *reporter, s guest.Step, args, env []string) stepResult {
 			rep.emit(proto.Record{Event: proto.EventOut, Prog: s.Name, Line: line})
 			if exchangedLine == "" && exchangedWith(line) {
 				exchangedLine = strings.TrimSpace(line)
+			}
+			if exchangedLine != "" && okLine == "" && s.OKIfOutput != "" && strings.Contains(line, s.OKIfOutput) {
+				okLine = strings.TrimSpace(line)
 			}
 			if s.Kind != guest.KindGoTest {
 				return
@@ -212,7 +223,7 @@ func execStep(rep *reporter, s guest.Step, args, env []string) stepResult {
 	default:
 		return res
 	}
-	res.exchanged, res.exchangedLine = exchangedLine != "", exchangedLine
+	res.exchanged, res.exchangedLine, res.okLine = exchangedLine != "", exchangedLine, okLine
 	if s.Kind == guest.KindGoTest {
 		why := "exit status " + fmt.Sprint(res.rec.Code)
 		if res.rec.Msg != "" {
