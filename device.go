@@ -107,8 +107,8 @@ type Options struct {
 	Ethernet *vmxnet3.Options
 	// OnAsyncEvent, if set, receives each async event the device raises,
 	// after the driver acted on it (see AsyncEvent), on the goroutine that
-	// takes them: it must not block. Device.AsyncEvents is the channel
-	// alternative.
+	// takes them: it must not block, nor call Device.Close (which waits for
+	// that goroutine). Device.AsyncEvents is the channel alternative.
 	OnAsyncEvent func(AsyncEvent)
 	// NoEthernet leaves the vmxnet3 function alone (its VFIO device is not
 	// opened): the RDMA port then reads DOWN on QEMU.
