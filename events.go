@@ -143,12 +143,16 @@ func (d *Device) startAsync() {
 	}()
 }
 
-// stopAsync stops the goroutine; Close calls it before the ring goes.
+// stopAsync stops the goroutine and closes the AsyncEvents channel (no
+// event is sent after); Close calls it before the ring goes.
 func (d *Device) stopAsync() {
 	d.async.stopped.Do(func() {
 		if d.async.cancel != nil {
 			d.async.cancel()
 			<-d.async.done
+		}
+		if d.async.ch != nil {
+			close(d.async.ch)
 		}
 	})
 }
@@ -158,7 +162,7 @@ func (d *Device) stopAsync() {
 // yet received; the ones it has no room for are dropped and counted
 // (AsyncStats). Options.OnAsyncEvent is the callback alternative. On a
 // device that raises none (QEMU 7.2: Quirks.NoAsyncEvents) nothing ever
-// arrives.
+// arrives. Close closes it, once the events before it are in.
 func (d *Device) AsyncEvents() <-chan AsyncEvent { return d.async.ch }
 
 // AsyncStats returns the async-event counters, and the ring fault that

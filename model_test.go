@@ -389,3 +389,25 @@ func TestModelCommandFaults(t *testing.T) {
 	_, err = d.AllocPD(ctx)
 	assert.NoError(t, err, "the channel works on")
 }
+
+// Device.Close closes the AsyncEvents channel: a range over it ends.
+func TestModelCloseEndsTheAsyncEvents(t *testing.T) {
+	d, m := openModel(t, vmware(20), nil)
+	require.NoError(t, m.SetPort(false))
+	ended := make(chan int)
+	go func() {
+		n := 0
+		for range d.AsyncEvents() {
+			n++
+		}
+		ended <- n
+	}()
+	require.Eventually(t, func() bool { st, _ := d.AsyncStats(); return st.Events == 1 }, 10*time.Second, time.Millisecond)
+	require.NoError(t, d.Close())
+	select {
+	case n := <-ended:
+		assert.Equal(t, 1, n)
+	case <-time.After(10 * time.Second):
+		require.FailNow(t, "the range did not end at Close")
+	}
+}
