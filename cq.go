@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"github.com/vfrdma/vfrdma/internal/lifecycle"
+	"math"
 	"math/bits"
 	"sync"
 	"sync/atomic"
@@ -869,4 +870,30 @@ func (cq *CQ) ownSet() (*event.WaitSet, error) {
 		return nil, cq.d.opErr("CQ wait object", ErrClosed)
 	}
 	return own, nil
+}
+
+// pendingSends counts the send completions of the QP with handle h that
+// the device has written and no Poll has consumed yet: a look at the ring
+// from the published counters, beside a poller, for QP.awaitSends. A CQ
+// being closed counts as holding them all.
+func (cq *CQ) pendingSends(h uint32) int {
+	if !cq.enter() {
+		return math.MaxInt
+	}
+	defer cq.gate.Exit()
+	n := uint32(cq.entries)
+	cons := cq.st.ConsHead()
+	avail := (cq.st.ProdTail() - cons) & (2*n - 1)
+	if avail > n {
+		return math.MaxInt // an index out of range: Poll reports it; do not wait
+	}
+	var e rings.CQE
+	count := 0
+	for i := range avail {
+		rings.DecodeCQEWork(cq.data[((cons+i)%n)*CQESize:], &e)
+		if uint32(e.QP) == h && rings.WCOpcode(e.Opcode) != rings.WCRecv && rings.WCOpcode(e.Opcode) != rings.WCRecvRDMAWithImm {
+			count++
+		}
+	}
+	return count
 }

@@ -202,7 +202,10 @@ type Device struct {
 
 	// Snapshots of the quirks the data path consults, fixed at Open.
 	emulated bool
-	cqArm    [2]uint32 // CQ arm bits: [0] next completion, [1] solicited only
+	// drainSends: before it destroys a QP, wait for the device to have
+	// completed the QP's sends (QEMU 7.2, see QP.awaitSends).
+	drainSends bool
+	cqArm      [2]uint32 // CQ arm bits: [0] next completion, [1] solicited only
 }
 
 // Open takes the pvrdma function at bdf ("0000:00:10.1") through VFIO and
@@ -498,6 +501,7 @@ func (d *Device) start(ctx context.Context) error {
 	d.caps = caps
 	q := ch.Quirks()
 	d.emulated = q.Emulated
+	d.drainSends = q.Emulated
 	d.cqArm = [2]uint32{q.CQArm(false), q.CQArm(true)}
 	return nil
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -553,4 +554,51 @@ func TestCQStatsBesidePoller(t *testing.T) {
 		last = st
 	}
 	assert.Equal(t, uint64(rounds), f.cq.Stats().CQEs)
+}
+
+// On QEMU 7.2 a QP is destroyed only once the device has completed its
+// outstanding sends (their CQEs are in the ring): QEMU aborts when a QP
+// goes while its completion thread still handles one of its completions.
+// The fake device completes 50 ms after the post; DESTROY_QP must come
+// after that, though nobody polls.
+func TestQEMUDestroysAQPOnlyAfterItsSendsCompleted(t *testing.T) {
+	l := newLCDevice(t)
+	l.d.drainSends = true
+	cq, prod := l.addCQ(t, 5, 64)
+	qp, sq := l.addQP(t, 0x40, cq, 16)
+	_, err := qp.PostSend(l.send(1), 0)
+	require.NoError(t, err)
+	var completed atomic.Bool
+	go func() {
+		time.Sleep(50 * time.Millisecond)
+		completed.Store(true)
+		complete(t, qp, sq, cq, prod)
+	}()
+	var atDestroy atomic.Bool
+	l.cmds.forget = func(kind string, _ uint32) {
+		if kind == kindQP {
+			atDestroy.Store(completed.Load())
+		}
+	}
+	require.NoError(t, qp.Close())
+	assert.True(t, atDestroy.Load(), "DESTROY_QP before the send's completion was in the ring")
+}
+
+// The wait is bounded: a send the device never completes delays the
+// destroy by drainLimit, not for good.
+func TestQEMUDestroyWaitIsBounded(t *testing.T) {
+	l := newLCDevice(t)
+	l.d.drainSends = true
+	cq, _ := l.addCQ(t, 5, 64)
+	qp, _ := l.addQP(t, 0x40, cq, 16)
+	_, err := qp.PostSend(l.send(1), 0)
+	require.NoError(t, err)
+	done := make(chan error, 1)
+	go func() { done <- qp.Close() }()
+	select {
+	case err := <-done:
+		require.NoError(t, err)
+	case <-time.After(drainLimit + 10*time.Second):
+		require.FailNow(t, "Close waited past its bound")
+	}
 }

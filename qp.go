@@ -8,6 +8,7 @@ import (
 	"math/bits"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/vfrdma/vfrdma/doorbell"
 	"github.com/vfrdma/vfrdma/event"
@@ -627,6 +628,7 @@ func (qp *QP) destroyOnDevice(ctx context.Context) error {
 	if !qp.devicesQP {
 		return nil
 	}
+	qp.awaitSends(ctx)
 	if err := qp.d.ch.DestroyQP(ctx, qp.handle); err != nil {
 		return err
 	}
@@ -740,3 +742,31 @@ func (qp *QP) destroy(ctx context.Context) error {
 // ErrQPState reports a post or a state change that the QP's state does not
 // allow.
 var ErrQPState = errors.New("vfrdma: wrong QP state")
+
+// drainLimit bounds awaitSends.
+const drainLimit = 500 * time.Millisecond
+
+// awaitSends waits, on QEMU 7.2 (Device.drainSends), until every send
+// posted on the QP and not yet polled has its completion in the send CQ's
+// ring, for at most drainLimit or ctx. QEMU 7.2 aborts
+// (qemu_mutex_lock_impl: Assertion mutex->initialized) when a QP is
+// destroyed while its completion thread is still handling one of the QP's
+// completions: the destroy frees the QP's list that the thread then locks.
+// Once the completion is in the ring, the thread is past the part that
+// waits for QEMU's big lock, which the destroying vCPU holds. (Seen in a
+// loop of the guest tier: a test that never polled its sender's CQ closed
+// the device.)
+func (qp *QP) awaitSends(ctx context.Context) {
+	if !qp.d.drainSends || qp.sendCQ == nil {
+		return
+	}
+	deadline := time.Now().Add(drainLimit)
+	for {
+		want := qp.sq.OutstandingP()
+		if want == 0 || qp.sendCQ.pendingSends(qp.handle) >= want ||
+			time.Now().After(deadline) || ctx.Err() != nil {
+			return
+		}
+		time.Sleep(time.Millisecond)
+	}
+}
