@@ -205,7 +205,8 @@ type Device struct {
 	// drainSends: before it destroys a QP, wait for the device to have
 	// completed the QP's sends (QEMU 7.2, see QP.awaitSends).
 	drainSends bool
-	cqArm      [2]uint32 // CQ arm bits: [0] next completion, [1] solicited only
+	drainFor   time.Duration // awaitSends' bound (0: drainLimit; the host tests raise it)
+	cqArm      [2]uint32     // CQ arm bits: [0] next completion, [1] solicited only
 }
 
 // Open takes the pvrdma function at bdf ("0000:00:10.1") through VFIO and

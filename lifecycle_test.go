@@ -564,6 +564,7 @@ func TestCQStatsBesidePoller(t *testing.T) {
 func TestQEMUDestroysAQPOnlyAfterItsSendsCompleted(t *testing.T) {
 	l := newLCDevice(t)
 	l.d.drainSends = true
+	l.d.drainFor = time.Minute // the fake's 50 ms must not race the bound on a loaded host
 	cq, prod := l.addCQ(t, 5, 64)
 	qp, sq := l.addQP(t, 0x40, cq, 16)
 	_, err := qp.PostSend(l.send(1), 0)

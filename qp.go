@@ -760,7 +760,11 @@ func (qp *QP) awaitSends(ctx context.Context) {
 	if !qp.d.drainSends || qp.sendCQ == nil {
 		return
 	}
-	deadline := time.Now().Add(drainLimit)
+	limit := qp.d.drainFor
+	if limit == 0 {
+		limit = drainLimit
+	}
+	deadline := time.Now().Add(limit)
 	for {
 		want := qp.sq.OutstandingP()
 		if want == 0 || qp.sendCQ.pendingSends(qp.handle) >= want ||
