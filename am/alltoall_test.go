@@ -1,5 +1,3 @@
-//go:build guest
-
 package am
 
 import (

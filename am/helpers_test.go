@@ -1,12 +1,9 @@
-//go:build guest
-
 package am
 
 import (
 	"bytes"
 	"context"
 	"fmt"
-	"os"
 	"sync"
 	"testing"
 	"time"
@@ -14,25 +11,22 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vfrdma/vfrdma"
-	"github.com/vfrdma/vfrdma/qemu/proto"
 )
-
-func openDevice(t testing.TB) *vfrdma.Device {
-	t.Helper()
-	if os.Getenv(proto.EnvGuest) != "1" {
-		t.Skip("in-guest test: run it on the bench with `go run ./cmd/pvvm -test am` (or `make test`)")
-	}
-	bdf := os.Getenv(proto.EnvBDF)
-	require.NotEmpty(t, bdf, "%s is not set: the bench's init did not find the pvrdma function", proto.EnvBDF)
-	d, err := vfrdma.Open(bdf, nil)
-	require.NoError(t, err)
-	t.Cleanup(func() { d.Close() })
-	return d
-}
 
 // newJob makes n tasks, each a Context on d, as n processes would.
 func newJob(t testing.TB, d *vfrdma.Device, n int, cfg Config) []*Context {
 	t.Helper()
+	ds := make([]*vfrdma.Device, n)
+	for i := range ds {
+		ds[i] = d
+	}
+	return newJobOn(t, ds, cfg)
+}
+
+// newJobOn makes one task per device, task i on ds[i].
+func newJobOn(t testing.TB, ds []*vfrdma.Device, cfg Config) []*Context {
+	t.Helper()
+	n := len(ds)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	xs := LocalExchangers(n)
@@ -45,7 +39,7 @@ func newJob(t testing.TB, d *vfrdma.Device, n int, cfg Config) []*Context {
 			defer wg.Done()
 			cfg := cfg
 			cfg.Tasks, cfg.Self, cfg.Exchange = n, i, xs[i]
-			cs[i], errs[i] = New(ctx, d, cfg)
+			cs[i], errs[i] = New(ctx, ds[i], cfg)
 		}()
 	}
 	wg.Wait()

@@ -1,0 +1,71 @@
+//go:build !guest
+
+package am
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// wirePacket builds a packet of header h and a zero body of n bytes.
+func wirePacket(h header, n int) []byte {
+	b := make([]byte, headerSize+n)
+	h.put(b)
+	return b
+}
+
+// An eager packet holds exactly its message: data past the declared
+// length is refused as surely as data short of it.
+func TestEagerPacketWithMoreDataThanItsLengthIsRefused(t *testing.T) {
+	var h header
+	require.NoError(t, h.parse(wirePacket(header{kind: kindEager, uhdrLen: 8, length: 10}, 18), 1<<20), "exactly its length")
+	assert.ErrorIs(t, h.parse(wirePacket(header{kind: kindEager, uhdrLen: 8, length: 10}, 19), 1<<20), errProtocol, "one byte more")
+	assert.ErrorIs(t, h.parse(wirePacket(header{kind: kindEager, uhdrLen: 8, length: 10}, 17), 1<<20), errProtocol, "one byte less")
+}
+
+// A control packet's body is exactly its acknowledgements, four bytes
+// each: a body shorter than the count says is refused, as is a longer one.
+func TestControlPacketBodyNotExactlyItsAckCountIsRefused(t *testing.T) {
+	var h header
+	require.NoError(t, h.parse(wirePacket(header{kind: kindCtrl, length: 3}, 12), 1<<20))
+	assert.ErrorIs(t, h.parse(wirePacket(header{kind: kindCtrl, length: 3}, 8), 1<<20), errProtocol, "shorter than its acks")
+	assert.ErrorIs(t, h.parse(wirePacket(header{kind: kindCtrl, length: 3}, 16), 1<<20), errProtocol, "longer than its acks")
+	assert.ErrorIs(t, h.parse(wirePacket(header{kind: kindCtrl, length: 3}, 13), 1<<20), errProtocol, "not a whole number of acks")
+}
+
+// The maximum message size is inclusive: a message of exactly MaxMessage
+// bytes is taken, parsed and delivered; one byte more is refused inline
+// (ErrDataLen) and by the receiver's parser (a protocol error).
+func TestMessageOfExactlyMaxMessageBytesIsDelivered(t *testing.T) {
+	const max = 64 << 10
+	var h header
+	require.NoError(t, h.parse(wirePacket(header{kind: kindFirst, length: max}, 100), max), "first packet")
+	require.NoError(t, h.parse(wirePacket(header{kind: kindFrag, length: max, offset: max - 100}, 100), max), "last fragment")
+	assert.ErrorIs(t, h.parse(wirePacket(header{kind: kindFirst, length: max + 1}, 100), max), errProtocol)
+	assert.ErrorIs(t, h.parse(wirePacket(header{kind: kindFrag, length: max + 1, offset: max - 100}, 100), max), errProtocol)
+	assert.ErrorIs(t, h.parse(wirePacket(header{kind: kindEager, length: 257}, 257), 256), errProtocol, "eager over the maximum")
+	require.NoError(t, h.parse(wirePacket(header{kind: kindEager, length: 256}, 256), 256), "eager at the maximum")
+
+	d := openDevice(t)
+	cs := newJob(t, d, 2, Config{MaxMessage: max})
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	got := make(chan []byte, 1)
+	for _, c := range cs { // the same index on every task
+		require.NoError(t, c.SetHandler(1, func(a *Arrival) Return {
+			buf := make([]byte, a.Len)
+			return Return{Buf: buf, Completion: func() { got <- buf }}
+		}))
+	}
+	data := pattern(0, 1, 0, max)
+	cmpl := NewCounter()
+	require.NoError(t, cs[0].Amsend(1, 1, nil, data, Counters{Cmpl: cmpl}))
+	_, err := cmpl.Wait(ctx, 1)
+	require.NoError(t, err)
+	assert.Equal(t, data, <-got)
+	assert.ErrorIs(t, cs[0].Amsend(1, 1, nil, make([]byte, max+1), Counters{}), ErrDataLen)
+}
