@@ -206,7 +206,9 @@ type Device struct {
 	// completed the QP's sends (QEMU 7.2, see QP.awaitSends).
 	drainSends bool
 	drainFor   time.Duration // awaitSends' bound (0: drainLimit; the host tests raise it)
-	cqArm      [2]uint32     // CQ arm bits: [0] next completion, [1] solicited only
+	// drainPause is awaitSends' grace (nil: sleep; the host tests watch it).
+	drainPause func(ctx context.Context, d time.Duration)
+	cqArm      [2]uint32 // CQ arm bits: [0] next completion, [1] solicited only
 }
 
 // Open takes the pvrdma function at bdf ("0000:00:10.1") through VFIO and

@@ -585,6 +585,55 @@ func TestQEMUDestroysAQPOnlyAfterItsSendsCompleted(t *testing.T) {
 	assert.True(t, atDestroy.Load(), "DESTROY_QP before the send's completion was in the ring")
 }
 
+// After the sends' CQEs are in the ring, the destroy pauses (drainGrace)
+// when the send CQ has been armed: QEMU's completion thread, having
+// written the last CQE, may still wait for the big lock to raise the CQ's
+// interrupt, and the destroy must not overtake it. A CQ never armed needs
+// no pause (the thread never waits to notify it), nor a QP that never
+// sent.
+func TestQEMUDestroyPausesAfterTheLastSendWhenTheSendCQWasArmed(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		armed, sent bool
+		pause       bool
+	}{
+		{"armed CQ, sends", true, true, true},
+		{"CQ never armed", false, true, false},
+		{"armed CQ, no send", true, false, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			l := newLCDevice(t)
+			l.d.drainSends = true
+			var events []string
+			l.d.drainPause = func(_ context.Context, d time.Duration) {
+				assert.Equal(t, drainGrace, d)
+				events = append(events, "pause")
+			}
+			l.cmds.forget = func(kind string, _ uint32) {
+				if kind == kindQP {
+					events = append(events, "destroy")
+				}
+			}
+			cq, prod := l.addCQ(t, 5, 64)
+			qp, sq := l.addQP(t, 0x40, cq, 16)
+			if tc.armed {
+				cq.arms.Add(1) // as Arm counts it; the fake has no arm doorbell to watch
+			}
+			if tc.sent {
+				_, err := qp.PostSend(l.send(1), 0)
+				require.NoError(t, err)
+				complete(t, qp, sq, cq, prod)
+			}
+			require.NoError(t, qp.Close())
+			want := []string{"destroy"}
+			if tc.pause {
+				want = []string{"pause", "destroy"}
+			}
+			assert.Equal(t, want, events)
+		})
+	}
+}
+
 // The wait is bounded: a send the device never completes delays the
 // destroy by drainLimit, not for good.
 func TestQEMUDestroyWaitIsBounded(t *testing.T) {

@@ -743,19 +743,31 @@ func (qp *QP) destroy(ctx context.Context) error {
 // allow.
 var ErrQPState = errors.New("vfrdma: wrong QP state")
 
-// drainLimit bounds awaitSends.
-const drainLimit = 500 * time.Millisecond
+// drainLimit bounds awaitSends; drainGrace is its pause after the last
+// completion is in the ring, when the send CQ has been armed.
+const (
+	drainLimit = 500 * time.Millisecond
+	drainGrace = 5 * time.Millisecond
+)
 
 // awaitSends waits, on QEMU 7.2 (Device.drainSends), until every send
 // posted on the QP and not yet polled has its completion in the send CQ's
-// ring, for at most drainLimit or ctx. QEMU 7.2 aborts
-// (qemu_mutex_lock_impl: Assertion mutex->initialized) when a QP is
-// destroyed while its completion thread is still handling one of the QP's
-// completions: the destroy frees the QP's list that the thread then locks.
-// Once the completion is in the ring, the thread is past the part that
-// waits for QEMU's big lock, which the destroying vCPU holds. (Seen in a
-// loop of the guest tier: a test that never polled its sender's CQ closed
-// the device.)
+// ring, for at most drainLimit or ctx, and then, if the send CQ was ever
+// armed, drainGrace more. QEMU 7.2 aborts (qemu_mutex_lock_impl: Assertion
+// mutex->initialized) when a QP is destroyed while its completion thread
+// is still handling one of the QP's completions: the destroy frees the
+// QP's list of requests, which the thread locks last, after it wrote the
+// CQE and its notification and, for an armed CQ, raised the interrupt,
+// which takes QEMU's big lock. A DESTROY_QP runs in the vCPU under that
+// lock, so a thread that wrote the CQE and waits for the lock to raise
+// the interrupt is overtaken by the destroy. The grace gives it the lock
+// first: the vCPU releases it between register accesses. (Seen in loops of
+// the guest tiers: a test that never polled its sender's CQ closed the
+// device; then an am job closing while a dead peer's sends had just
+// failed, the send CQ armed.) It narrows the window, it cannot close it:
+// nothing the device shows says that the thread is done. Receives that
+// complete on a QP without an SRQ during its destroy meet the same race;
+// what the peer sends is not the destroyer's to wait for.
 func (qp *QP) awaitSends(ctx context.Context) {
 	if !qp.d.drainSends || qp.sendCQ == nil {
 		return
@@ -767,10 +779,25 @@ func (qp *QP) awaitSends(ctx context.Context) {
 	deadline := time.Now().Add(limit)
 	for {
 		want := qp.sq.OutstandingP()
-		if want == 0 || qp.sendCQ.pendingSends(qp.handle) >= want ||
-			time.Now().After(deadline) || ctx.Err() != nil {
+		if want == 0 || qp.sendCQ.pendingSends(qp.handle) >= want {
+			break
+		}
+		if time.Now().After(deadline) || ctx.Err() != nil {
 			return
 		}
 		time.Sleep(time.Millisecond)
+	}
+	if qp.sendCQ.arms.Load() == 0 || qp.sq.Posted() == 0 {
+		return // the thread never waits for the lock to notify this CQ
+	}
+	if qp.d.drainPause != nil {
+		qp.d.drainPause(ctx, drainGrace)
+		return
+	}
+	t := time.NewTimer(drainGrace)
+	defer t.Stop()
+	select {
+	case <-t.C:
+	case <-ctx.Done():
 	}
 }
