@@ -204,7 +204,6 @@ type conn struct {
 	dirtyOut bool   // deferred posts to ring
 	dirtyIn  bool
 	err      error
-	inflight int  // send slots in use on this conn
 	stalled  bool // out of credits with data queued (Stats.CreditStalls)
 
 	// Liveness, under Context.mu: packets heard from the task, their count

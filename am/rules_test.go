@@ -1,0 +1,172 @@
+//go:build !guest
+
+package am
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/vfrdma/vfrdma"
+)
+
+// Amsend rings its doorbell before it returns: the packets it posted do
+// not wait for the progress goroutine's next round (up to probeEvery when
+// nothing else wakes it).
+func TestAmsendRingsItsDoorbellBeforeItReturns(t *testing.T) {
+	d := openDevice(t)
+	cs := newJob(t, d, 2, Config{})
+	for _, c := range cs {
+		require.NoError(t, c.SetHandler(1, func(*Arrival) Return { return Return{} }))
+	}
+	before := cs[0].Stats().Doorbells
+	require.NoError(t, cs[0].Amsend(1, 1, nil, make([]byte, 8), Counters{}))
+	assert.Greater(t, cs[0].Stats().Doorbells, before)
+	require.NoError(t, cs[0].Fence(withTimeout(t, time.Minute)))
+}
+
+// A context with nothing to send rings no doorbell: the progress
+// goroutine's rounds (the ticker wakes it every probeEvery) flush only
+// queues that have deferred posts.
+func TestAnIdleContextRingsNoDoorbell(t *testing.T) {
+	d := openDevice(t)
+	cs := newJob(t, d, 2, Config{})
+	for _, c := range cs {
+		require.NoError(t, c.SetHandler(1, func(*Arrival) Return { return Return{} }))
+	}
+	// Traffic both ways, so that requests and acknowledgements have both
+	// been posted on every QP.
+	runTasks(t, cs, time.Minute, func(ctx context.Context, c *Context) error {
+		for range 20 {
+			if err := c.Amsend(1-c.Self(), 1, nil, make([]byte, 8), Counters{}); err != nil {
+				return err
+			}
+		}
+		if err := c.Barrier(ctx); err != nil {
+			return err
+		}
+		return c.Fence(ctx) // the barrier's messages acknowledged
+	})
+	bells := func() []uint64 { return []uint64{cs[0].Stats().Doorbells, cs[1].Stats().Doorbells} }
+	// The last acknowledgements' buffers go back to the SRQ (a doorbell)
+	// just after the Fences return: wait until the counts hold still.
+	before := bells()
+	for deadline := time.Now().Add(time.Minute); ; before = bells() {
+		time.Sleep(20 * time.Millisecond)
+		if now := bells(); now[0] == before[0] && now[1] == before[1] || time.Now().After(deadline) {
+			break
+		}
+	}
+	time.Sleep(3 * probeEvery) // rounds of the progress goroutine, woken by its ticker
+	assert.Equal(t, before, bells())
+}
+
+// stalledJob is a two-task job whose task 1 has taken one message from
+// task 0 and sits in its header handler: it owes task 0 one credit and has
+// no acknowledgement queued yet. The returned function lets it go on.
+func stalledJob(t *testing.T) (cs []*Context, release func()) {
+	t.Helper()
+	d := openDevice(t)
+	cs = newJob(t, d, 2, Config{})
+	entered, release := stallReceiver(t, cs)
+	require.NoError(t, cs[0].Amsend(1, 1, nil, make([]byte, 8), Counters{}))
+	select {
+	case <-entered:
+	case <-time.After(time.Minute):
+		t.Fatal("task 1's header handler never ran")
+	}
+	return cs, release
+}
+
+// Control packets wait until they are worth sending (half the credits
+// owed, or half a packet of acknowledgements) unless the progress goroutine
+// is idle and acknowledgements wait, and an idle one still sends no packet
+// that only returns a few credits; a control packet needs a free send slot
+// and a credit, and the last credit goes only to a packet that returns
+// credits.
+func TestControlPacketsWaitUntilWorthSendingAndKeepTheLastCredit(t *testing.T) {
+	const credits = 8
+	c := hostContext(t, Config{Tasks: 2, Credits: credits, PacketSize: 256})
+	half := c.maxAcks / 2
+	acks := func(n int) []uint32 { return make([]uint32, n) }
+	for _, tc := range []struct {
+		name          string
+		credits, owed int
+		acks          []uint32
+		free          int // send slots left free (-1: all)
+		idle          bool
+		due           bool
+	}{
+		{"nothing to send", credits, 0, nil, -1, true, false},
+		{"busy, a few acks and credits owed", credits, 1, acks(1), -1, false, false},
+		{"busy, credits owed, under half", credits, credits/2 - 1, nil, -1, false, false},
+		{"busy, half the credits owed", credits, credits / 2, nil, -1, false, true},
+		{"busy, half a packet of acks", credits, 0, acks(half), -1, false, true},
+		{"busy, one ack short of half a packet", credits, 0, acks(half - 1), -1, false, false},
+		{"idle, a few credits owed and no acks", credits, 1, nil, -1, true, false},
+		{"idle, one ack and nothing owed", credits, 0, acks(1), -1, true, true},
+		{"idle, one ack and a credit owed", credits, 1, acks(1), -1, true, true},
+		{"idle, acks, only the last credit and none owed", 1, 0, acks(1), -1, true, false},
+		{"idle, acks, the last credit and a credit owed", 1, 1, acks(1), -1, true, true},
+		{"worth it, the last credit, returning credits", 1, credits / 2, nil, -1, false, true},
+		{"worth it, but no credit", 0, credits / 2, acks(half), -1, true, false},
+		{"worth it, in debt (a probe went without a credit)", -1, credits / 2, acks(half), -1, true, false},
+		{"worth it, but no send slot", credits, credits / 2, acks(half), 0, true, false},
+		{"worth it, one send slot", credits, credits / 2, acks(half), 1, true, true},
+	} {
+		cn := c.conns[1]
+		cn.credits, cn.owed, cn.acks = tc.credits, tc.owed, tc.acks
+		free := c.free
+		if tc.free >= 0 {
+			c.free = c.free[:tc.free]
+		}
+		assert.Equal(t, tc.due, c.ctrlDue(cn, tc.idle), tc.name)
+		c.free = free
+	}
+}
+
+// A purge with exactly one message outstanding fails that message: Fence
+// returns ErrPurged and Failed counts one.
+func TestPurgeWithOneMessageOutstandingFailsIt(t *testing.T) {
+	cs, release := stalledJob(t)
+	ctx := withTimeout(t, time.Minute)
+	require.NoError(t, cs[0].Purge(ctx, 1))
+	err := cs[0].Fence(ctx)
+	assert.ErrorIs(t, err, ErrPurged)
+	assert.NoError(t, ctx.Err())
+	assert.EqualValues(t, 1, cs[0].Stats().Failed)
+	release()
+}
+
+// A queue closed under the context fails it, whichever packet finds it
+// closed: a data packet's post (Amsend's) or a control packet's (the
+// acknowledgement the receiver owes). The context's calls then return
+// ErrClosed, and its Fence does not wait for what can never come.
+func TestAQueueClosedUnderTheContextFailsIt(t *testing.T) {
+	t.Run("data", func(t *testing.T) {
+		d := openDevice(t)
+		cs := newJob(t, d, 2, Config{})
+		for _, c := range cs {
+			require.NoError(t, c.SetHandler(1, func(*Arrival) Return { return Return{} }))
+		}
+		ctx := withTimeout(t, time.Minute)
+		require.NoError(t, cs[0].conns[1].out.Close())
+		_ = cs[0].Amsend(1, 1, nil, make([]byte, 8), Counters{}) // taken or refused: either way it cannot go
+		err := cs[0].Fence(ctx)
+		assert.ErrorIs(t, err, vfrdma.ErrClosed)
+		assert.NoError(t, ctx.Err())
+	})
+	t.Run("acknowledgement", func(t *testing.T) {
+		cs, release := stalledJob(t)
+		ctx := withTimeout(t, time.Minute)
+		require.NoError(t, cs[1].conns[0].in.Close())
+		release() // the message lands; its acknowledgement cannot be posted
+		require.Eventually(t, func() bool {
+			return cs[1].Amsend(0, 1, nil, nil, Counters{}) != nil
+		}, time.Minute, time.Millisecond, "task 1 goes on as if its acknowledgement had left")
+		assert.ErrorIs(t, cs[1].Fence(ctx), vfrdma.ErrClosed)
+	})
+}
