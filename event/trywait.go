@@ -19,6 +19,9 @@ func TryWait(ws ...Waiter) error {
 		if err == nil {
 			continue
 		}
+		// mutation: equivalent — dropping !errors.Is(err, ErrAgain) only swaps one
+		// ErrAgain for another: every Waiter (WaitSet, Counter, CQ) returns the
+		// bare sentinel.
 		if first == nil || (errors.Is(first, ErrAgain) && !errors.Is(err, ErrAgain)) {
 			first = err
 		}
