@@ -346,7 +346,7 @@ func (c *Context) check(cn *conn, h *header, body []byte) error {
 			// A task cannot finish a barrier without this task's message
 			// for it, so none is more than one ahead of this one; and each
 			// sends one message per barrier, in order.
-			e := binary.LittleEndian.Uint64(body[:8])
+			e := binary.LittleEndian.Uint64(body)
 			if e <= cn.barrier || e > c.epoch+1 {
 				return fmt.Errorf("%w: barrier message for barrier %d; its last was %d, this task's is %d", errProtocol, e, cn.barrier, c.epoch)
 			}

@@ -107,8 +107,11 @@ func (h *header) parse(b []byte, maxMessage int) error {
 			return fmt.Errorf("%w: kind %d message of %d bytes with %d in its first packet", errProtocol, h.kind, h.length, data)
 		}
 	case kindFrag:
-		// Each term on its own, so that no sum can wrap around.
-		if body == 0 || h.length > uint64(maxMessage) || h.offset >= h.length || body > h.length-h.offset {
+		// Each term on its own, so that no sum can wrap around: the offset
+		// test keeps length-offset from wrapping.
+		if body == 0 || h.length > uint64(maxMessage) ||
+			h.offset >= h.length || // mutation: equivalent — with > instead, an offset equal to the length is refused by the next term (a body of at least one byte)
+			body > h.length-h.offset {
 			return fmt.Errorf("%w: fragment of %d bytes at %d of a %d-byte message (maximum %d)", errProtocol, body, h.offset, h.length, maxMessage)
 		}
 	case kindCtrl:

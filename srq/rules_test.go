@@ -49,5 +49,4 @@ func TestALowWatermarkEqualToTheDepthIsAcceptedAndFiresAsTheFullQueueDrains(t *t
 	require.True(t, r.q.Complete(m, 2))
 	assert.Equal(t, want, r.events[len(r.events)-1], "re-armed at the depth: fires again")
 	assert.ErrorIs(t, r.q.SetLowWatermark(depth+1), wq.ErrInvalid, "above the depth")
-
 }

@@ -1,0 +1,122 @@
+//go:build !guest
+
+package am
+
+import (
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/vfrdma/vfrdma/pvsim"
+)
+
+// silentPeerJob is a two-task job on two models: task 1's header handler
+// holds its first message (its device still acknowledges what arrives,
+// its task returns nothing), and goSilent takes task 1's machine off the
+// fabric (its port goes down, as when its VM dies). The hold ends with
+// the test.
+func silentPeerJob(t *testing.T, cfg Config) (cs []*Context, entered <-chan struct{}, goSilent func()) {
+	t.Helper()
+	ds, ms := modelNodes(t, 2, pvsim.Config{QEMU: true})
+	cs = newJobOn(t, ds, cfg)
+	entered, _ = stallReceiver(t, cs)
+	return cs, entered, func() { require.NoError(t, ms[1].SetPort(false)) }
+}
+
+// Liveness rule: a message sent whole and never acknowledged, to a peer
+// that has gone silent, with nothing else queued or in flight (the device
+// acknowledged every packet), is not waited for forever: the ticker finds
+// the peer silent, a probe goes to it, the probe's retries run out, and
+// the task is purged; Fence returns ErrPurged.
+func TestAMessageAwaitingTheAckOfAPeerGoneSilentIsProbedAndPurged(t *testing.T) {
+	cs, entered, goSilent := silentPeerJob(t, Config{})
+	ctx := withTimeout(t, time.Minute)
+	require.NoError(t, cs[0].Amsend(1, 1, nil, make([]byte, 8), Counters{}))
+	<-entered
+	settle(t, cs[0], 1) // sent and acknowledged by the device: nothing in flight
+	goSilent()
+	err := cs[0].Fence(ctx)
+	assert.ErrorIs(t, err, ErrPurged)
+	assert.NoError(t, ctx.Err(), "Fence returned only when its context ended")
+	assert.EqualValues(t, 1, cs[0].Stats().Failed)
+}
+
+// Liveness rule: a task starved of credits by a peer gone silent (data
+// queued, nothing in flight) probes it even without a credit and is
+// purged when the probe fails.
+func TestASenderStarvedOfCreditsByAPeerGoneSilentIsProbedAndPurged(t *testing.T) {
+	const credits = 4
+	cs, entered, goSilent := silentPeerJob(t, Config{Credits: credits, PacketSize: 512})
+	ctx := withTimeout(t, time.Minute)
+	for range 3 * credits {
+		require.NoError(t, cs[0].Amsend(1, 1, nil, make([]byte, 8), Counters{}))
+	}
+	<-entered
+	_, _, queued := settle(t, cs[0], 1)
+	require.Positive(t, queued, "data queued for want of credits")
+	goSilent()
+	err := cs[0].Fence(ctx)
+	assert.ErrorIs(t, err, ErrPurged)
+	assert.NoError(t, ctx.Err(), "Fence returned only when its context ended")
+	assert.EqualValues(t, 3*credits, cs[0].Stats().Failed)
+}
+
+// A stall is counted once, however often the sender looks while it lasts
+// (every Amsend and progress round looks), and each new stall is counted
+// again.
+func TestACreditStallIsCountedOncePerStall(t *testing.T) {
+	d := openDevice(t)
+	const credits = 4
+	cs := newJob(t, d, 2, Config{Credits: credits, PacketSize: 512})
+	hold := make(chan chan struct{}, 1)
+	for _, c := range cs {
+		require.NoError(t, c.SetHandler(1, func(a *Arrival) Return {
+			select {
+			case h := <-hold:
+				<-h
+			default:
+			}
+			return Return{}
+		}))
+	}
+	ctx := withTimeout(t, time.Minute)
+	for round := 1; round <= 2; round++ {
+		h := make(chan struct{})
+		hold <- h
+		before := cs[0].Stats().CreditStalls // the drain of the round before stalls too
+		for range 3 * credits {
+			require.NoError(t, cs[0].Amsend(1, 1, nil, make([]byte, 8), Counters{}))
+		}
+		settle(t, cs[0], 1)
+		assert.EqualValues(t, 1, cs[0].Stats().CreditStalls-before, "round %d: one stall while the receiver holds", round)
+		close(h)
+		require.NoError(t, cs[0].Fence(ctx))
+	}
+}
+
+// Data packets carry the credits their sender owes: a task that took a
+// message and then sends one to its origin returns the credit in it, with
+// no control packet.
+func TestDataPacketsCarryTheCreditsOwed(t *testing.T) {
+	d := openDevice(t)
+	cs := newJob(t, d, 2, Config{})
+	entered, release := stallReceiver(t, cs)
+	ctx := withTimeout(t, time.Minute)
+	require.NoError(t, cs[0].Amsend(1, 1, nil, make([]byte, 8), Counters{}))
+	<-entered // task 1 took it: it owes task 0 one credit
+	owed := func() int {
+		cs[1].mu.Lock()
+		defer cs[1].mu.Unlock()
+		return cs[1].conns[0].owed
+	}
+	require.Equal(t, 1, owed())
+	ctrl := cs[1].Stats().CtrlPackets
+	require.NoError(t, cs[1].Amsend(0, 1, nil, make([]byte, 8), Counters{})) // from another goroutine than task 1's stuck progress
+	assert.Zero(t, owed(), "the data packet carried the owed credit")
+	assert.Equal(t, ctrl, cs[1].Stats().CtrlPackets)
+	release()
+	require.NoError(t, cs[0].Fence(ctx))
+	require.NoError(t, cs[1].Fence(ctx))
+}
