@@ -685,3 +685,28 @@ func TestSignalCloseIsIdempotentAndDupAfterItIsErrClosed(t *testing.T) {
 		assert.ErrorIs(t, s.wait(context.Background()), ErrClosed, kind)
 	}
 }
+
+// The eventfd may be descriptor 0 (a service that closed its stdin): it is
+// a descriptor like any other, raised by Wake and seen through the set's
+// FD.
+func TestAnEventfdThatIsDescriptorZeroIsRaisedLikeAnyOther(t *testing.T) {
+	saved, err := unix.Dup(0)
+	require.NoError(t, err)
+	defer func() {
+		assert.NoError(t, unix.Dup2(saved, 0))
+		unix.Close(saved)
+	}()
+	require.NoError(t, unix.Close(0))
+	ws, err := NewWaitSet(FD)
+	require.NoError(t, err)
+	defer ws.Close()
+	require.Equal(t, 0, ws.sig.efd, "the eventfd took the lowest free descriptor")
+	fd, err := ws.FD()
+	require.NoError(t, err)
+	defer unix.Close(fd)
+	ws.Wake()
+	pfd := []unix.PollFd{{Fd: int32(fd), Events: unix.POLLIN}}
+	n, err := unix.Poll(pfd, int(long/time.Millisecond)) // a hang guard: raised, it is readable at once
+	require.NoError(t, err)
+	assert.Equal(t, 1, n, "the set's fd is not readable after Wake")
+}

@@ -165,3 +165,27 @@ func TestTheOneSGEFastPathRefusesABadSGEAndWritesNothing(t *testing.T) {
 		assert.Zero(t, n)
 	})
 }
+
+// The signaled requests a completion out of order moves up stay signaled:
+// Reap, which frees consumed unsignaled slots with no completion, must not
+// free them; their own completions retire them.
+func TestRequestsMovedUpByACompletionOutOfOrderStaySignaled(t *testing.T) {
+	w, c := newSendQueue(t, 8)
+	postSends(t, w, c, true, s(1), u(2), s(3), u(4), s(5))
+	require.True(t, w.Complete(5))
+	assert.Zero(t, w.Reap(), "1 and 3 are signaled: only their completions retire them")
+	assert.Equal(t, 2, outstanding(w))
+	require.True(t, w.Complete(1))
+	require.True(t, w.Complete(3))
+	assert.Zero(t, outstanding(w))
+}
+
+// The fast path's remembered key starts as nothing: an SGE whose key is 0
+// (the zero value) before any key was resolved is looked up like any
+// other, and refused when no MR has it, not taken for a remembered MR.
+func TestAKeyOfZeroIsNotTakenForTheRememberedKey(t *testing.T) {
+	c := wq.NewSGEChecker(checkKeys(), 1, 1, true)
+	var err error
+	require.NotPanics(t, func() { _, err = c.Check([]wq.SGE{{Addr: 0x1000, Length: 1, LKey: 0}}) })
+	assert.ErrorIs(t, err, wq.ErrPrivileges)
+}
