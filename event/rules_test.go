@@ -710,3 +710,16 @@ func TestAnEventfdThatIsDescriptorZeroIsRaisedLikeAnyOther(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 1, n, "the set's fd is not readable after Wake")
 }
+
+// A counter refuses a second Watch by the same waker (ErrBusy) and counts
+// only the first as a user: after one Unwatch, Close succeeds. (A refused
+// Watch that counted a user would keep the counter busy for good.)
+func TestACounterRefusesASecondWatchByTheSameWaker(t *testing.T) {
+	c := NewCounter()
+	w := &wakeCount{}
+	require.NoError(t, c.Watch(w))
+	assert.ErrorIs(t, c.Watch(w), ErrBusy)
+	assert.Error(t, c.Watch(funcWaker{func() {}}), "a waker that cannot be compared")
+	c.Unwatch(w)
+	assert.NoError(t, c.Close(), "no user left")
+}
