@@ -93,8 +93,8 @@ type stepResult struct {
 	// with the server is done); exchangedLine is that line.
 	exchanged     bool
 	exchangedLine string
-	// okLine: a line containing the step's OKIfOutput, printed after
-	// the exchange.
+	// okLine: a line containing the step's OKIfOutput; it counts only
+	// with the exchange (printed before or after it: see execStep).
 	okLine string
 }
 
@@ -146,7 +146,11 @@ func execStep(rep *reporter, s guest.Step, args, env []string) stepResult {
 			if exchangedLine == "" && exchangedWith(line) {
 				exchangedLine = strings.TrimSpace(line)
 			}
-			if exchangedLine != "" && okLine == "" && s.OKIfOutput != "" && strings.Contains(line, s.OKIfOutput) {
+			// In either order: a program's stdout is block-buffered in
+			// the pipe and its stderr is not, so perftest's "Can't
+			// produce a report" (stderr, at the end) can come before its
+			// "remote address" (stdout, flushed at exit).
+			if okLine == "" && s.OKIfOutput != "" && strings.Contains(line, s.OKIfOutput) {
 				okLine = strings.TrimSpace(line)
 			}
 			if s.Kind != guest.KindGoTest {
