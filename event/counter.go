@@ -380,7 +380,7 @@ func (c *Counter) ownSet() (*WaitSet, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := ws.Add(c); err != nil {
+	if err := ws.Add(c); err != nil { // mutation: equivalent — Add fails only on a counter closed meanwhile, and the closed check below then closes the set and returns ErrClosed too
 		_ = ws.Close()
 		return nil, err
 	}
