@@ -16,13 +16,20 @@ import (
 // and transport semantics as in the guest, with no VM.
 func openDevice(t testing.TB) *vfrdma.Device {
 	t.Helper()
-	m, err := pvsim.New(pvsim.Config{QEMU: true})
+	d, _ := openModel(t, pvsim.Config{QEMU: true})
+	return d
+}
+
+// openModel opens the driver on a new model of cfg; the test closes both.
+func openModel(t testing.TB, cfg pvsim.Config) (*vfrdma.Device, *pvsim.Device) {
+	t.Helper()
+	m, err := pvsim.New(cfg)
 	require.NoError(t, err)
 	d, err := vfrdma.OpenFunction(m, nil)
 	if err != nil {
 		m.Close()
 		require.NoError(t, err, "OpenFunction")
 	}
-	t.Cleanup(func() { d.Close() })
-	return d
+	t.Cleanup(func() { d.Close(); m.Close() })
+	return d, m
 }

@@ -22,15 +22,7 @@ func modelNodes(t *testing.T, n int, cfg pvsim.Config) ([]*vfrdma.Device, []*pvs
 	ds := make([]*vfrdma.Device, n)
 	ms := make([]*pvsim.Device, n)
 	for i := range n {
-		m, err := pvsim.New(cfg)
-		require.NoError(t, err)
-		d, err := vfrdma.OpenFunction(m, nil)
-		if err != nil {
-			m.Close()
-			require.NoError(t, err, "OpenFunction")
-		}
-		t.Cleanup(func() { d.Close(); m.Close() })
-		ds[i], ms[i] = d, m
+		ds[i], ms[i] = openModel(t, cfg)
 	}
 	return ds, ms
 }
