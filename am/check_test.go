@@ -446,3 +446,23 @@ func TestCloseReleasesItsWaiters(t *testing.T) {
 		assert.ErrorIs(t, <-errs, vfrdma.ErrClosed)
 	}
 }
+
+// A barrier message has one shape: one eager packet, an 8-byte user
+// header (the epoch) and no data. Each other shape is refused on its own:
+// data in an eager packet, a longer user header, none.
+func TestBarrierMessageOfAnyOtherShapeIsRefused(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		b    []byte
+	}{
+		{"eager with data", pkt(header{kind: kindEager, handler: barrierHandler, uhdrLen: 8, length: 8}, append(barrierUHdr(1), make([]byte, 8)...))},
+		{"a 16-byte user header", pkt(header{kind: kindEager, handler: barrierHandler, uhdrLen: 16}, append(barrierUHdr(1), barrierUHdr(1)...))},
+		{"no user header", pkt(header{kind: kindEager, handler: barrierHandler}, nil)},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			j := newPeerJob(t)
+			require.NotPanics(t, func() { j.send(t, 1, tc.b) })
+			j.refused(t, 1, errProtocol)
+		})
+	}
+}

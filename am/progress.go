@@ -154,7 +154,7 @@ func (c *Context) dead(err error) {
 	for _, cn := range c.conns {
 		c.fail(cn, err)
 	}
-	c.notify()
+	c.notify() // mutation: equivalent — each fail above notifies, unless its task had failed before, and then every waiter's condition (no message pending, a task failed) already holds
 }
 
 // sendDone frees a send's slot; a failed send purges its task (an RC send

@@ -170,3 +170,23 @@ func TestAQueueClosedUnderTheContextFailsIt(t *testing.T) {
 		assert.ErrorIs(t, cs[1].Fence(ctx), vfrdma.ErrClosed)
 	})
 }
+
+// A progress goroutine that can no longer sleep (its wait set failed)
+// fails the context rather than stop unnoticed: later calls return the
+// error, and nothing waits for a progress that will not come.
+func TestAProgressGoroutineThatCannotSleepFailsTheContext(t *testing.T) {
+	d := openDevice(t)
+	cs := newJob(t, d, 1, Config{})
+	c := cs[0]
+	require.NoError(t, c.SetHandler(1, func(*Arrival) Return { return Return{} }))
+	require.NoError(t, c.ws.Remove(c.cq))
+	require.NoError(t, c.ws.Close())
+	c.ws.Wake() // its next round: TryWait on a closed set
+	select {
+	case <-c.done:
+	case <-time.After(time.Minute):
+		t.Fatal("the progress goroutine went on")
+	}
+	assert.Error(t, c.Amsend(0, 1, nil, nil, Counters{}), "a context without progress took a message")
+	assert.Error(t, c.Fence(withTimeout(t, time.Minute)))
+}
