@@ -190,3 +190,31 @@ func TestAProgressGoroutineThatCannotSleepFailsTheContext(t *testing.T) {
 	assert.Error(t, c.Amsend(0, 1, nil, nil, Counters{}), "a context without progress took a message")
 	assert.Error(t, c.Fence(withTimeout(t, time.Minute)))
 }
+
+// Amsend's limits are inclusive where its doc says "at most": a user
+// header of exactly MaxUHdr bytes, handler indices 0 and MaxHandlers-1,
+// target counter MaxCounters-1 and the last task are all taken and
+// delivered.
+func TestAmsendTakesItsBoundaryValues(t *testing.T) {
+	d := openDevice(t)
+	cs := newJob(t, d, 2, Config{})
+	got := make(chan int, 8)
+	tgt := NewCounter()
+	for _, c := range cs {
+		for _, h := range []int{0, MaxHandlers - 1} {
+			require.NoError(t, c.SetHandler(h, func(a *Arrival) Return {
+				got <- len(a.UHdr)
+				return Return{}
+			}))
+		}
+		require.NoError(t, c.SetCounter(MaxCounters-1, tgt))
+	}
+	c := cs[0]
+	last := c.Tasks() - 1
+	require.NoError(t, c.Amsend(last, 0, make([]byte, c.MaxUHdr()), nil, Counters{}), "a user header of exactly MaxUHdr bytes, handler 0")
+	require.NoError(t, c.Amsend(last, MaxHandlers-1, nil, nil, Counters{Tgt: MaxCounters - 1}), "the last handler and counter")
+	require.NoError(t, c.Fence(withTimeout(t, time.Minute)))
+	assert.Equal(t, c.MaxUHdr(), <-got)
+	assert.Equal(t, 0, <-got)
+	assert.EqualValues(t, 1, tgt.Get())
+}
