@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vfrdma/vfrdma"
+	"github.com/vfrdma/vfrdma/pvsim"
 )
 
 // Amsend rings its doorbell before it returns: the packets it posted do
@@ -217,4 +218,24 @@ func TestAmsendTakesItsBoundaryValues(t *testing.T) {
 	assert.Equal(t, c.MaxUHdr(), <-got)
 	assert.Equal(t, 0, <-got)
 	assert.EqualValues(t, 1, tgt.Get())
+}
+
+// A post the QP refuses (a VMware device raised a QP error: the driver
+// moved the QP to ERR, and sends need RTS) purges the task it was for:
+// Fence returns ErrPurged rather than wait for a message that never left.
+func TestAPostRefusedByAQPInErrorPurgesItsTask(t *testing.T) {
+	d, m := openModel(t, pvsim.Config{Version: 20})
+	cs := newJob(t, d, 2, Config{})
+	for _, c := range cs {
+		require.NoError(t, c.SetHandler(1, func(*Arrival) Return { return Return{} }))
+	}
+	qp := cs[0].conns[1].out
+	info, ok := m.QPByNumber(qp.QPN())
+	require.True(t, ok)
+	require.NoError(t, m.ErrorQP(info.Handle))
+	require.Eventually(t, func() bool { return qp.State() == vfrdma.StateErr }, time.Minute, time.Millisecond, "the driver never took the QP error event")
+	ctx := withTimeout(t, time.Minute)
+	_ = cs[0].Amsend(1, 1, nil, make([]byte, 8), Counters{}) // taken or refused: it cannot leave
+	assert.ErrorIs(t, cs[0].Fence(ctx), ErrPurged)
+	assert.NoError(t, ctx.Err(), "Fence returned only when its context ended")
 }

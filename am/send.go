@@ -165,7 +165,7 @@ func (c *Context) postTagged(cn *conn, qp *vfrdma.QP, slot int32, n int, tag uin
 	if n == 0 {
 		c.wr[0].SGEs = nil
 	}
-	if _, err := qp.PostSend(c.wr[:], vfrdma.FlagDefer); err != nil { // mutation: equivalent — the one error a post can meet here is a queue closed under the context (the send queue is deeper than credits let fill it), and the flush that follows in the same call fails on it too and fails the task
+	if _, err := qp.PostSend(c.wr[:], vfrdma.FlagDefer); err != nil {
 		c.putSlot(slot)
 		return err
 	}
