@@ -180,6 +180,7 @@ type Context struct {
 	failed   []error     // failures since the last Fence
 	changed  chan struct{}
 	epoch    uint64
+	barriers int            // Barrier calls waiting for the tasks' messages
 	arrived  map[uint64]int // barrier messages per epoch
 	stats    Stats
 	wr       [1]vfrdma.SendWR

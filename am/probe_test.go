@@ -120,3 +120,22 @@ func TestDataPacketsCarryTheCreditsOwed(t *testing.T) {
 	require.NoError(t, cs[0].Fence(ctx))
 	require.NoError(t, cs[1].Fence(ctx))
 }
+
+// A task that dies while a Barrier waits for it makes the Barrier return
+// ErrPurged, not nil: the wait ends on the failure, and the failure is
+// what it returns.
+func TestABarrierWithATaskThatDiesDuringItReturnsErrPurged(t *testing.T) {
+	ds, ms := modelNodes(t, 2, pvsim.Config{QEMU: true})
+	cs := newJobOn(t, ds, Config{})
+	ctx := withTimeout(t, time.Minute)
+	done := make(chan error, 1)
+	go func() { done <- cs[0].Barrier(ctx) }() // task 1 never joins it
+	settle(t, cs[0], 1)                        // the barrier's message is out: Barrier waits
+	require.NoError(t, ms[1].SetPort(false))
+	select {
+	case err := <-done:
+		assert.ErrorIs(t, err, ErrPurged)
+	case <-ctx.Done():
+		t.Fatal("the Barrier outlived its context")
+	}
+}

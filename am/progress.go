@@ -423,7 +423,7 @@ func (c *Context) ticker(ctx context.Context) {
 			return
 		case <-t.C:
 			c.mu.Lock()
-			busy := c.pending > 0
+			busy := c.pending > 0 || c.barriers > 0
 			c.mu.Unlock()
 			if busy {
 				c.tick.Store(true)
@@ -433,17 +433,19 @@ func (c *Context) ticker(ctx context.Context) {
 	}
 }
 
-// probe sends a packet to a task that has messages of ours outstanding and
-// has said nothing since the last look, even without a credit: to a live
-// task it is one more buffer it returns like any other (an RNR at worst,
-// which the QP retries without end), to a task that is gone it is a send
-// that fails once the QP's retries run out, which purges the task. Without
-// it a task waiting for credits from a dead peer, with nothing in flight,
-// would wait forever. Under mu.
+// probe sends a packet to a task that owes this one something (messages
+// of ours outstanding, or its message for the Barrier we wait in) and has
+// said nothing since the last look, even without a credit: to a live task
+// it is one more buffer it returns like any other (an RNR at worst, which
+// the QP retries without end), to a task that is gone it is a send that
+// fails once the QP's retries run out, which purges the task. Without it a
+// task waiting for credits from a dead peer, with nothing in flight, or a
+// Barrier waiting for a dead task's message, would wait forever. Under mu.
 func (c *Context) probe(cn *conn) {
 	silent := cn.heard == cn.heardSeen
 	cn.heardSeen = cn.heard
-	if !silent || cn.probing || cn.err != nil || len(cn.sendq) == 0 && len(cn.sent) == 0 || len(c.free) == 0 {
+	owes := len(cn.sendq) > 0 || len(cn.sent) > 0 || c.barriers > 0 && cn.barrier < c.epoch
+	if !silent || cn.probing || cn.err != nil || !owes || len(c.free) == 0 {
 		return
 	}
 	slot := c.takeSlot()

@@ -305,7 +305,9 @@ func (c *Context) Fence(ctx context.Context) error {
 
 // Barrier waits until every task has called it (LAPI_Gfence): first this
 // task's Fence, then a message to every task, itself included, and their
-// messages back. A purged or failed task makes it return ErrPurged.
+// messages back. A purged or failed task makes it return ErrPurged, as
+// does one that dies while it waits (the tasks whose messages are missing
+// are probed when silent).
 func (c *Context) Barrier(ctx context.Context) error {
 	if err := c.Fence(ctx); err != nil {
 		return err
@@ -327,6 +329,9 @@ func (c *Context) Barrier(ctx context.Context) error {
 		}
 	}
 	var ferr error
+	c.mu.Lock()
+	c.barriers++ // the ticker probes the tasks whose messages are missing
+	c.mu.Unlock()
 	err := c.waitFor(ctx, func() bool {
 		for _, cn := range c.conns {
 			if cn.err != nil {
@@ -341,6 +346,7 @@ func (c *Context) Barrier(ctx context.Context) error {
 		return c.arrived[e] == c.cfg.Tasks
 	})
 	c.mu.Lock()
+	c.barriers--
 	delete(c.arrived, e)
 	c.mu.Unlock()
 	if err == nil {
