@@ -50,3 +50,24 @@ func TestALowWatermarkEqualToTheDepthIsAcceptedAndFiresAsTheFullQueueDrains(t *t
 	assert.Equal(t, want, r.events[len(r.events)-1], "re-armed at the depth: fires again")
 	assert.ErrorIs(t, r.q.SetLowWatermark(depth+1), wq.ErrInvalid, "above the depth")
 }
+
+// An empty post refused before any request is looked at (a closed SRQ, or
+// one that needs a member and has none) is an error, not a panic: there is
+// no first request to name.
+func TestAnEmptyPostToARefusingSRQIsAnErrorNotAPanic(t *testing.T) {
+	r := newRig(t, 16, 8, true) // needs a member, has none
+	var err error
+	require.NotPanics(t, func() { _, err = r.q.Post(nil, false) })
+	assert.Error(t, err)
+	r.q.Close()
+	require.NotPanics(t, func() { _, err = r.q.Post(nil, false) })
+	assert.ErrorIs(t, err, wq.ErrClosed)
+}
+
+// Resize takes any depth from 1 to the ring reserved at creation.
+func TestResizeTakesADepthOfOne(t *testing.T) {
+	r := newRig(t, 16, 8, false)
+	require.NoError(t, r.q.Resize(1))
+	assert.Equal(t, 1, r.q.Query().Depth)
+	assert.ErrorIs(t, r.q.Resize(0), wq.ErrInvalid)
+}

@@ -189,3 +189,21 @@ func TestAKeyOfZeroIsNotTakenForTheRememberedKey(t *testing.T) {
 	require.NotPanics(t, func() { _, err = c.Check([]wq.SGE{{Addr: 0x1000, Length: 1, LKey: 0}}) })
 	assert.ErrorIs(t, err, wq.ErrPrivileges)
 }
+
+// On a queue that is not selective (a receive queue, or every send
+// signaled), an error completion retires its request like any other.
+func TestAnErrorCompletionOnAQueueNotSelectiveRetiresItsRequest(t *testing.T) {
+	w, cons := newQueue(t, 8)
+	c := wq.NewSGEChecker(checkKeys(), 1, w.MaxSGE(), true)
+	n, err := postRecvs(w, &c, []wq.RecvWR{{WRID: 1}, {WRID: 2}})
+	require.NoError(t, err)
+	require.Equal(t, 2, n)
+	ready, err := cons.Ready()
+	require.NoError(t, err)
+	cons.Consume(ready)
+	var ok bool
+	require.NotPanics(t, func() { ok = w.CompleteErr(1) })
+	assert.True(t, ok)
+	w.PublishHead()
+	assert.Equal(t, 1, w.Outstanding())
+}
