@@ -4,6 +4,7 @@ package am
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -38,8 +39,35 @@ func TestAnIdleContextRingsNoDoorbell(t *testing.T) {
 	for _, c := range cs {
 		require.NoError(t, c.SetHandler(1, func(*Arrival) Return { return Return{} }))
 	}
-	// Traffic both ways, so that requests and acknowledgements have both
-	// been posted on every QP.
+	trafficBothWays(t, cs)
+	before := stillBells(cs)
+	time.Sleep(3 * probeEvery) // rounds of the progress goroutine, woken by its ticker
+	assert.Equal(t, before, bells(cs))
+}
+
+// Stats.Doorbells counts each doorbell the context rings, on its send
+// queues and on its SRQ, for requests and acknowledgements alike: after
+// traffic both ways the two contexts' counts add up to the send and SRQ
+// doorbells the device received. (Fault caught: the doorbell that sends
+// acknowledgements and credits counted down instead of up.)
+func TestStatsCountEveryDoorbellTheContextRings(t *testing.T) {
+	d, m := openModel(t, pvsim.Config{QEMU: true})
+	cs := newJob(t, d, 2, Config{})
+	for _, c := range cs {
+		require.NoError(t, c.SetHandler(1, func(*Arrival) Return { return Return{} }))
+	}
+	trafficBothWays(t, cs)
+	got := stillBells(cs)
+	st := m.Stats()
+	require.NotZero(t, cs[0].Stats().CtrlPackets+cs[1].Stats().CtrlPackets, "no control packet was sent")
+	assert.Equal(t, st.SQDoorbells+st.SRQDoorbells, got[0]+got[1], "device: %d send and %d SRQ doorbells", st.SQDoorbells, st.SRQDoorbells)
+}
+
+// trafficBothWays has each of two tasks send the other 20 messages, then
+// both meet in a Barrier and Fence: requests and acknowledgements have been
+// posted on every QP.
+func trafficBothWays(t *testing.T, cs []*Context) {
+	t.Helper()
 	runTasks(t, cs, time.Minute, func(ctx context.Context, c *Context) error {
 		for range 20 {
 			if err := c.Amsend(1-c.Self(), 1, nil, make([]byte, 8), Counters{}); err != nil {
@@ -51,18 +79,27 @@ func TestAnIdleContextRingsNoDoorbell(t *testing.T) {
 		}
 		return c.Fence(ctx) // the barrier's messages acknowledged
 	})
-	bells := func() []uint64 { return []uint64{cs[0].Stats().Doorbells, cs[1].Stats().Doorbells} }
-	// The last acknowledgements' buffers go back to the SRQ (a doorbell)
-	// just after the Fences return: wait until the counts hold still.
-	before := bells()
-	for deadline := time.Now().Add(time.Minute); ; before = bells() {
+}
+
+func bells(cs []*Context) []uint64 {
+	b := make([]uint64, len(cs))
+	for i, c := range cs {
+		b[i] = c.Stats().Doorbells
+	}
+	return b
+}
+
+// stillBells returns the contexts' doorbell counts once they hold still:
+// the last acknowledgements' buffers go back to the SRQ (a doorbell) just
+// after the Fences return.
+func stillBells(cs []*Context) []uint64 {
+	before := bells(cs)
+	for deadline := time.Now().Add(time.Minute); ; before = bells(cs) {
 		time.Sleep(20 * time.Millisecond)
-		if now := bells(); now[0] == before[0] && now[1] == before[1] || time.Now().After(deadline) {
-			break
+		if now := bells(cs); slices.Equal(now, before) || time.Now().After(deadline) {
+			return now
 		}
 	}
-	time.Sleep(3 * probeEvery) // rounds of the progress goroutine, woken by its ticker
-	assert.Equal(t, before, bells())
 }
 
 // stalledJob is a two-task job whose task 1 has taken one message from

@@ -177,6 +177,39 @@ func TestRemovingOneOfTwoMembersSharingASyncerStillWakesTheOther(t *testing.T) {
 	}
 }
 
+// Rule: a poll set syncs each Syncer exactly while at least one member
+// uses it: from its first member (a set whose only member is idle still
+// sees that member's event) until its last is removed (then the set never
+// syncs it again), and removing one Syncer's last member leaves the other
+// Syncers synced. (Faults caught: the Syncer listed only from its second
+// member; removing the last member's Syncer taking out the others and
+// keeping it.)
+func TestAPollSetSyncsEachSyncerWhileAMemberUsesIt(t *testing.T) {
+	sys := []*fakeSyncer{{}, {}}
+	fs := []*fakeSource{{syncer: sys[0]}, {syncer: sys[1]}}
+	ps := NewPollSet[int]()
+	ps.SetIdleAfter(1)
+	for i, f := range fs {
+		require.NoError(t, ps.Add(f, i))
+	}
+	assert.Empty(t, pollOnce(t, ps, 4))
+	require.EqualValues(t, 2, ps.Stats().Idled, "both members idle, armed")
+	for i, f := range fs {
+		f.produce(1) // its notification waits on its own syncer
+		assert.Equal(t, []int{i}, pollOnce(t, ps, 4), "the only member of syncer %d was not woken by its event", i)
+		f.drain()
+		assert.Empty(t, pollOnce(t, ps, 4)) // idle and armed again
+	}
+
+	require.NoError(t, ps.Remove(fs[0]))
+	syncs := sys[0].syncs.Load()
+	fs[1].produce(1)
+	assert.Equal(t, []int{1}, pollOnce(t, ps, 4), "removing syncer 0's last member stopped syncer 1")
+	assert.Equal(t, syncs, sys[0].syncs.Load(), "the set still syncs a syncer no member uses")
+	require.NoError(t, ps.Remove(fs[1]))
+	require.NoError(t, ps.Close())
+}
+
 // Rule: Remove takes out the member it names, wherever it was added: of
 // A, B and C, removing B leaves A and C members whose events count, and B
 // no longer watched or reported. (Fault caught: the member list cut at the
@@ -405,6 +438,58 @@ func TestACounterSeesAnEventBetweenItsProgressAndItsArming(t *testing.T) {
 		require.Nil(t, d.afterProgress, "the event did not land")
 		assert.EqualValues(t, 1, c.Value())
 		require.NoError(t, c.Close())
+	})
+}
+
+// Rule: a counter whose Wait has returned, by whichever way out (its
+// threshold met before it slept or after, its context ended, its arming
+// failed), has no waiter left: Count and Add, with nobody waiting, touch
+// no lock or channel. (Fault caught: the way out after the check that
+// follows the arming leaving the waiter counted, which makes every later
+// Count take the channel's lock.)
+func TestEveryWayOutOfACounterWaitLeavesNoWaiterBehind(t *testing.T) {
+	ctx := func(t *testing.T) context.Context {
+		ctx, cancel := context.WithTimeout(context.Background(), long) // a hang guard
+		t.Cleanup(cancel)
+		return ctx
+	}
+	t.Run("met-before-any-sleep", func(t *testing.T) {
+		c := NewCounter()
+		c.Count(1)
+		require.NoError(t, c.Wait(ctx(t), 1))
+		assert.Zero(t, c.nwait.Load())
+	})
+	t.Run("met-by-the-check-after-arming", func(t *testing.T) {
+		c := NewCounter()
+		d := &windowSource{fakeSource: &fakeSource{syncer: &fakeSyncer{}, counter: c}}
+		require.NoError(t, c.Drive(d))
+		d.afterProgress = func() { d.produce(1) }
+		require.NoError(t, c.Wait(ctx(t), 1))
+		require.Nil(t, d.afterProgress, "the event did not land in the window")
+		assert.Zero(t, c.nwait.Load())
+	})
+	t.Run("met-after-sleeping", func(t *testing.T) {
+		c := NewCounter()
+		done := make(chan error, 1)
+		go func() { done <- c.Wait(ctx(t), 1) }()
+		require.Eventually(t, func() bool { return c.nwait.Load() == 1 }, long, time.Millisecond)
+		c.Count(1)
+		require.NoError(t, <-done)
+		assert.Zero(t, c.nwait.Load())
+	})
+	t.Run("context-ended", func(t *testing.T) {
+		c := NewCounter()
+		cctx, cancel := context.WithCancel(ctx(t))
+		cancel()
+		assert.ErrorIs(t, c.Wait(cctx, 1), context.Canceled)
+		assert.Zero(t, c.nwait.Load())
+	})
+	t.Run("arming-failed", func(t *testing.T) {
+		c := NewCounter()
+		b := &brokenSource{fakeSource: &fakeSource{syncer: &fakeSyncer{}, counter: c}, armErr: errors.New("arming failed")}
+		require.NoError(t, c.Drive(b))
+		assert.Error(t, c.Wait(ctx(t), 1))
+		assert.Zero(t, c.nwait.Load())
 	})
 }
 
