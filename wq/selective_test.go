@@ -278,3 +278,29 @@ func TestCheckWriteNeedsLocalWrite(t *testing.T) {
 	_, err = c.Check([]wq.SGE{{Addr: 0x1000, Length: 8, LKey: 1}})
 	assert.NoError(t, err, "the checker reads again after a CheckWrite")
 }
+
+// Rule: PostRoom reads the device's consumer index once and refuses one out
+// of range as a device fault, with no room: a post call that went on would
+// write over WQEs the device has not read. (Fault caught: PostRoom
+// ignoring the index check and reporting the room it computed anyway.)
+func TestPostRoomRefusesAConsumerIndexOutOfRange(t *testing.T) {
+	reg, err := mmio.New(make([]byte, doorbell.PageSize))
+	require.NoError(t, err)
+	state := make([]byte, 8)
+	var w wq.Queue
+	stride := rings.SendStride(1)
+	require.NoError(t, w.Init("QP 1", reg, state, make([]byte, 4*stride), stride, 4, 1, doorbell.OffsetQP, doorbell.QPSend|1))
+	st, err := rings.NewState(state)
+	require.NoError(t, err)
+	for _, head := range []uint32{1 << 20, 3} { // beyond twice the ring; ahead of what was posted
+		st.SetConsHead(head)
+		room, err := w.PostRoom()
+		require.ErrorIs(t, err, rings.ErrDeviceFault, "cons_head %d", head)
+		assert.Zero(t, room)
+		assert.ErrorIs(t, w.CheckRing(), rings.ErrDeviceFault)
+	}
+	st.SetConsHead(0)
+	room, err := w.PostRoom()
+	require.NoError(t, err)
+	assert.Equal(t, 4, room)
+}
