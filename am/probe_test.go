@@ -139,3 +139,36 @@ func TestABarrierWithATaskThatDiesDuringItReturnsErrPurged(t *testing.T) {
 		t.Fatal("the Barrier outlived its context")
 	}
 }
+
+// Liveness rule, the other way: a silent task is probed only while it owes
+// this one something: an acknowledgement, credits for queued data, or its
+// message for a Barrier that waits. A missing barrier message with no
+// Barrier waiting (one that gave up), or a Barrier whose message from the
+// task is in, is no reason. (Faults caught: the Barrier condition widened
+// to any missing barrier message, which probes an idle peer at every tick
+// while anything else is outstanding; a message that is in taken as
+// missing.) The context has no device: a probe would post on a nil QP.
+func TestATaskThatOwesNothingIsNotProbed(t *testing.T) {
+	for _, tc := range []struct {
+		name                string
+		barriers            int    // Barriers waiting
+		epoch, taskBarriers uint64 // this task's barrier epoch; the last the task's message was for
+	}{
+		{"a barrier message missing, no Barrier waiting", 0, 1, 0},
+		{"a Barrier waiting, the task's message in", 1, 1, 1},
+		{"a Barrier waiting, the task already in the next", 1, 1, 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := hostContext(t, Config{Tasks: 2})
+			cn := c.conns[1]
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			c.barriers, c.epoch, cn.barrier = tc.barriers, tc.epoch, tc.taskBarriers
+			free := len(c.free)
+			require.NotPanics(t, func() { c.probe(cn) }, "probed: posted on the task's (nil) QP")
+			assert.False(t, cn.probing)
+			assert.Zero(t, c.stats.CtrlPackets)
+			assert.Len(t, c.free, free)
+		})
+	}
+}

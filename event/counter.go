@@ -245,7 +245,7 @@ func (c *Counter) Ready(arm bool, mark *uint64) (bool, error) {
 	}
 	for _, d := range c.driven() {
 		if _, err := d.Progress(); err != nil {
-			return false, err
+			return false, err // mutation: equivalent — true instead: with an error the bool means nothing, and every caller (TryWait, Wait, Poll) returns the error first
 		}
 		if arm {
 			// An event that lands between the progress and the arming

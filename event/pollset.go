@@ -240,7 +240,7 @@ func (ps *PollSet[C]) Poll(out []C) (int, error) {
 	n, idled := 0, false // mutation: equivalent — starting true only compacts a list with nothing idled: the same list, more work
 	h := len(ps.hot)
 	start := ps.cursor
-	if start >= h {
+	if start >= h { // mutation: equivalent — with > instead, a start of h wraps to slot k on the first step, as a start of 0 would
 		start = 0
 	}
 	for k := 0; k < h && n < len(out); k++ {

@@ -210,6 +210,24 @@ func TestAPollSetSyncsEachSyncerWhileAMemberUsesIt(t *testing.T) {
 	require.NoError(t, ps.Close())
 }
 
+// Rule: an Add that a source's Watch refuses leaves no slot behind: the
+// next Add takes the slot it would have taken. (Fault caught: the slot of a
+// refused Add never freed, so a source that keeps failing grows the set.)
+func TestARefusedAddLeavesNoSlotBehind(t *testing.T) {
+	ps := NewPollSet[int]()
+	closed := NewCounter()
+	require.NoError(t, closed.Close())
+	for range 100 {
+		require.Error(t, ps.Add(closed, 0), "Watch of a closed counter")
+	}
+	f := &fakeSource{syncer: &fakeSyncer{}}
+	require.NoError(t, ps.Add(f, 1))
+	assert.Len(t, ps.members, 1, "slots left behind by the refused Adds")
+	assert.Len(t, ps.words, 1)
+	require.NoError(t, ps.Remove(f))
+	require.NoError(t, ps.Close())
+}
+
 // Rule: Remove takes out the member it names, wherever it was added: of
 // A, B and C, removing B leaves A and C members whose events count, and B
 // no longer watched or reported. (Fault caught: the member list cut at the

@@ -64,6 +64,17 @@ func TestAnEmptyPostToARefusingSRQIsAnErrorNotAPanic(t *testing.T) {
 	assert.ErrorIs(t, err, wq.ErrClosed)
 }
 
+// New and Resize take any depth from 1 to the ring reserved at creation:
+// an SRQ of one buffer is made, holds one receive and refuses a second.
+// (Fault caught: New refusing a depth of 1.)
+func TestNewTakesADepthOfOne(t *testing.T) {
+	r := newRig(t, 1, 1, false)
+	assert.Equal(t, 1, r.q.Query().Depth)
+	post(t, r, 0)
+	_, err := r.q.Post([]wq.RecvWR{{WRID: 1, SGEs: []wq.SGE{r.sge(0, 8)}}}, false)
+	assert.ErrorIs(t, err, wq.ErrQueueFull, "a second receive in an SRQ of depth 1")
+}
+
 // Resize takes any depth from 1 to the ring reserved at creation.
 func TestResizeTakesADepthOfOne(t *testing.T) {
 	r := newRig(t, 16, 8, false)

@@ -74,10 +74,10 @@ func NewSGEChecker(keys *Keys, pd uint32, maxSGE int, write bool) SGEChecker {
 func (c *SGEChecker) Check(sges []SGE) (int, error) {
 	// The usual request, one SGE in the MR of the last, takes the short
 	// way: the key compared, the bounds checked, inlined into the post loop.
-	// mutation: equivalent — dropping c.maxSGE >= 1: c.r is set only by check,
-	// which refuses more than maxSGE SGEs before it resolves any, so c.r != nil
-	// implies maxSGE >= 1.
-	if len(sges) == 1 && c.r != nil && sges[0].LKey == c.key && c.maxSGE >= 1 && c.r.Contains(sges[0].Addr, sges[0].Length) {
+	// It needs no count check: c.r is set only by check, which refuses more
+	// than maxSGE SGEs before it resolves any, so a queue that takes none
+	// never has one.
+	if len(sges) == 1 && c.r != nil && sges[0].LKey == c.key && c.r.Contains(sges[0].Addr, sges[0].Length) {
 		return int(sges[0].Length), nil
 	}
 	return c.check(sges)
