@@ -3,9 +3,9 @@ package vfrdma
 import (
 	"context"
 	"fmt"
-	"github.com/vfrdma/vfrdma/internal/lifecycle"
 	"math"
 	"math/bits"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -13,6 +13,7 @@ import (
 	"github.com/vfrdma/vfrdma/doorbell"
 	"github.com/vfrdma/vfrdma/event"
 	"github.com/vfrdma/vfrdma/firmware"
+	"github.com/vfrdma/vfrdma/internal/lifecycle"
 	"github.com/vfrdma/vfrdma/rings"
 	"github.com/vfrdma/vfrdma/vfio"
 	"github.com/vfrdma/vfrdma/wq"
@@ -65,6 +66,8 @@ type CQ struct {
 	armed      atomic.Bool
 	arms       atomic.Uint64
 	interrupts atomic.Uint64 // Wait's wake-ups (Stats), counted outside the gate
+	spun       atomic.Uint64 // Waits the spin answered (Stats)
+	lastPoll   time.Time     // the last POLL doorbell of Poll (Options.PollPace); Poll's own
 	watchers   event.Watchers
 	driven     atomic.Bool
 	pmu        sync.Mutex
@@ -99,6 +102,7 @@ type CQStats struct {
 	Dropped    uint64 // device completions for requests already completed (late, after a flush) or unknown
 	Doorbells  uint64 // POLL and ARM doorbells rung
 	Interrupts uint64 // wake-ups by the CQ vector
+	Spun       uint64 // Waits a completion answered while they spun (Options.Spin): no arm, no sleep
 }
 
 // CreateCQ creates a completion queue of at least entries CQEs (rounded up
@@ -364,7 +368,7 @@ func (cq *CQ) poll(wcs []WC) (int, error) {
 	if err != nil {
 		return 0, cq.d.opErr("poll CQ", err)
 	}
-	if ready == 0 && cq.d.opt.PollDoorbell {
+	if ready == 0 && cq.d.opt.PollDoorbell && cq.pollDue() {
 		cq.stats.Doorbells++
 		if err := doorbell.Ring(cq.d.uar, doorbell.OffsetCQ, doorbell.CQPoll|cq.handle); err != nil {
 			return 0, cq.d.opErr("poll CQ", err)
@@ -608,6 +612,21 @@ func (cq *CQ) emitFlushes(wcs []WC) int {
 	return n
 }
 
+// pollDue reports whether an empty poll rings the POLL doorbell now: on
+// every one, or once per Options.PollPace.
+func (cq *CQ) pollDue() bool {
+	pace := cq.d.opt.PollPace
+	if pace <= 0 {
+		return true
+	}
+	now := time.Now()
+	if now.Sub(cq.lastPoll) < pace {
+		return false
+	}
+	cq.lastPoll = now
+	return true
+}
+
 // Stats returns the poller's counts. It is safe for concurrent use with
 // Poll, Wait and the rest: it holds the CQ's gate for the copy (a Poll
 // starting meanwhile waits that long), so the poll path pays nothing for
@@ -618,6 +637,7 @@ func (cq *CQ) Stats() CQStats {
 	cq.gate.Unhold()
 	st.Doorbells += cq.arms.Load()
 	st.Interrupts = cq.interrupts.Load()
+	st.Spun = cq.spun.Load()
 	return st
 }
 
@@ -650,14 +670,20 @@ func (cq *CQ) arm(solicitedOnly bool) error {
 	return cq.d.opErr("arm CQ", doorbell.Ring(cq.d.uar, doorbell.OffsetCQ, bits|cq.handle))
 }
 
-// Wait blocks until the CQ has a completion to poll or ctx is done, without
-// spinning: it re-checks the ring, arms the CQ, checks again (a completion
-// that raced the arming is not missed), and sleeps until the device's CQ
-// interrupt names this CQ. It returns nil when Poll has something; ctx's
-// error, wrapped, otherwise.
+// Wait blocks until the CQ has a completion to poll or ctx is done. It
+// first spins for Options.Spin, looking at the ring's counters and
+// yielding the processor between looks; then it arms the CQ, checks again
+// (a completion that raced the arming is not missed), and sleeps until the
+// device's CQ interrupt names this CQ. It returns nil when Poll has
+// something; ctx's error, wrapped, otherwise. The spin allocates nothing.
 func (cq *CQ) Wait(ctx context.Context) error {
 	if cq.pollOnly() {
 		return cq.pollWait(ctx)
+	}
+	if spin := cq.d.opt.Spin; spin > 0 {
+		if ok, err := cq.spin(ctx, spin); ok || err != nil {
+			return err
+		}
 	}
 	if err := cq.d.notify.start(); err != nil {
 		return cq.d.opErr("wait CQ", err)
@@ -674,6 +700,35 @@ func (cq *CQ) Wait(ctx context.Context) error {
 		case <-ctx.Done():
 			return cq.d.opErr("wait CQ", fmt.Errorf("waiting for a completion on CQ %d (MSI-X vector %d): %w", cq.handle, firmware.VectorCQ, ctx.Err()))
 		}
+	}
+}
+
+// spin looks at the ring until it holds something, for at most d: it
+// reports whether it does. It reads the clock and ctx once per 16 looks.
+func (cq *CQ) spin(ctx context.Context, d time.Duration) (bool, error) {
+	var deadline time.Time
+	for i := 0; ; i++ {
+		if !cq.enter() {
+			return false, cq.errClosed("wait CQ")
+		}
+		ok, _ := cq.ready()
+		cq.gate.Exit()
+		if ok {
+			cq.spun.Add(1)
+			return true, nil
+		}
+		if i%16 == 0 {
+			now := time.Now()
+			if i == 0 {
+				deadline = now.Add(d)
+			} else if now.After(deadline) {
+				return false, nil
+			}
+			if err := ctx.Err(); err != nil {
+				return false, cq.d.opErr("wait CQ", fmt.Errorf("spinning on CQ %d: %w", cq.handle, err))
+			}
+		}
+		runtime.Gosched()
 	}
 }
 

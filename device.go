@@ -62,6 +62,9 @@ const DefaultStateDir = "/run/vfrdma"
 // DefaultCommandTimeout bounds each device command.
 const DefaultCommandTimeout = 10 * time.Second
 
+// DefaultSpin is how long CQ.Wait polls before it sleeps (Options.Spin).
+const DefaultSpin = 200 * time.Microsecond
+
 // Caps are the device's capabilities as it reports them in the DSR.
 type Caps = firmware.Caps
 
@@ -98,6 +101,17 @@ type Options struct {
 	// never armed (CQ.Arm returns ErrNotSupported, CQ.Wait polls, wait sets
 	// cannot sleep on the device's CQs).
 	PollDoorbell bool
+	// PollPace, with PollDoorbell, rings the POLL doorbell on an empty
+	// poll at most once per PollPace per CQ (0: on every empty poll, as
+	// the reference provider does). A spinning poller then pays one exit
+	// per PollPace instead of one per look.
+	PollPace time.Duration
+	// Spin is how long CQ.Wait polls the ring before it arms the CQ and
+	// sleeps on the interrupt: a completion that comes within it costs no
+	// interrupt, no arm doorbell and no wake-up (Linux's busy polling does
+	// the same for sockets). Zero means DefaultSpin; a negative Spin never
+	// spins. A Wait that ends up sleeping has burned at most Spin of CPU.
+	Spin time.Duration
 	// Logger receives the driver's debug messages (default: none).
 	Logger *slog.Logger
 	// Ethernet tunes the slot's vmxnet3 function, which Open brings up
@@ -115,6 +129,20 @@ type Options struct {
 	NoEthernet bool
 }
 
+// check refuses options no device can take.
+func (o *Options) check() error {
+	if o == nil {
+		return nil
+	}
+	if o.PollPace < 0 {
+		return invalidf("Options.PollPace %v is negative", o.PollPace)
+	}
+	if o.CommandTimeout < 0 {
+		return invalidf("Options.CommandTimeout %v is negative", o.CommandTimeout)
+	}
+	return nil
+}
+
 func (o *Options) withDefaults() Options {
 	var c Options
 	if o != nil {
@@ -128,6 +156,9 @@ func (o *Options) withDefaults() Options {
 	}
 	if c.CommandTimeout == 0 {
 		c.CommandTimeout = DefaultCommandTimeout
+	}
+	if c.Spin == 0 {
+		c.Spin = DefaultSpin
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -214,6 +245,9 @@ type Device struct {
 // Open takes the pvrdma function at bdf ("0000:00:10.1") through VFIO and
 // brings the device up.
 func Open(bdf string, opts *Options) (_ *Device, err error) {
+	if err := opts.check(); err != nil {
+		return nil, &OpError{Op: "open", Dev: bdf, Err: err}
+	}
 	o := opts.withDefaults()
 	addr, err := pci.ParseAddr(bdf)
 	if err != nil {
@@ -251,6 +285,9 @@ func Open(bdf string, opts *Options) (_ *Device, err error) {
 func OpenFunction(fn hw.Function, opts *Options) (_ *Device, err error) {
 	if fn == nil {
 		return nil, &OpError{Op: "open", Err: invalidf("no function")}
+	}
+	if err := opts.check(); err != nil {
+		return nil, &OpError{Op: "open", Dev: fn.Name(), Err: err}
 	}
 	var o Options
 	if opts != nil {

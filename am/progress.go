@@ -21,6 +21,7 @@ func (c *Context) progress(ctx context.Context) {
 	wcs := make([]vfrdma.WC, 64)
 	reposts := make([]vfrdma.RecvWR, 0, len(wcs))
 	sges := make([]vfrdma.SGE, len(wcs))
+	var idleSince time.Time // when polls began to find nothing (Config.Spin)
 	for {
 		n, err := c.cq.Poll(wcs)
 		if err != nil {
@@ -70,6 +71,7 @@ func (c *Context) progress(ctx context.Context) {
 		}
 		c.mu.Unlock()
 		if n > 0 {
+			idleSince = time.Time{}
 			continue
 		}
 		if ctx.Err() != nil {
@@ -78,6 +80,19 @@ func (c *Context) progress(ctx context.Context) {
 		if c.cfg.Polling {
 			runtime.Gosched()
 			continue
+		}
+		if c.cfg.Spin > 0 {
+			// Keep polling for the spin: traffic that goes on within it
+			// costs no arming and no interrupt.
+			now := time.Now()
+			if idleSince.IsZero() {
+				idleSince = now
+			}
+			if now.Sub(idleSince) < c.cfg.Spin {
+				runtime.Gosched()
+				continue
+			}
+			idleSince = time.Time{}
 		}
 		// Sleep on the set's channel: TryWait arms the CQ and reports
 		// what is pending, the receive takes the signal, and nothing is

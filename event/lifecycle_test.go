@@ -27,6 +27,7 @@ func TestWaitNeverOutlivesItsCtxWhenALateWakeFillsTheChannel(t *testing.T) {
 		f := &fakeSource{syncer: &fakeSyncer{}}
 		ws, err := NewWaitSet(Chan)
 		require.NoError(t, err)
+		ws.SetSpin(0) // the hook is for TryWait's look, not the spin's
 		require.NoError(t, ws.Add(f))
 		late := make(chan struct{})
 		f.inReady = func(f *fakeSource, arm bool) {

@@ -7,7 +7,13 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 )
+
+// DefaultSpin is how long a wait set's Wait, and a CQ's, look for events
+// before they sleep: long enough that a stream's next completion usually
+// comes within it, short enough that an idle waiter burns little.
+const DefaultSpin = 200 * time.Microsecond
 
 // WaitSet is one wait object for many sources: it is signaled when any
 // member may have an event. Add, Remove and Close are safe for concurrent
@@ -26,6 +32,7 @@ type WaitSet struct {
 	mu      sync.Mutex
 	members atomic.Pointer[[]*wsMember]
 	closed  atomic.Bool
+	spin    atomic.Int64 // Wait's spin (SetSpin), in ns
 }
 
 type wsMember struct {
@@ -42,8 +49,14 @@ func NewWaitSet(kind Kind) (*WaitSet, error) {
 	}
 	ws := &WaitSet{sig: sig}
 	ws.members.Store(&[]*wsMember{})
+	ws.spin.Store(int64(DefaultSpin))
 	return ws, nil
 }
+
+// SetSpin sets how long Wait looks at the members, without arming them,
+// before it sleeps: an event within it costs no arming and no wake-up
+// (DefaultSpin unless set; zero or negative: Wait sleeps at once).
+func (ws *WaitSet) SetSpin(d time.Duration) { ws.spin.Store(int64(max(d, 0))) }
 
 // Kind returns the set's wait object kind.
 func (ws *WaitSet) Kind() Kind { return ws.sig.kind }
@@ -161,12 +174,19 @@ func (ws *WaitSet) TryWait() error {
 	return nil
 }
 
-// Wait blocks until a member may have events or ctx ends. It returns at
-// once when TryWait finds events pending; otherwise it sleeps on the wait
-// object (a Yield set checks the members in a loop instead). It returns
+// Wait blocks until a member may have events or ctx ends. It first spins
+// (SetSpin), looking at the members without arming them and yielding the
+// processor between looks; then it returns at once when TryWait finds
+// events pending, and otherwise sleeps on the wait object (a Yield set
+// checks the members in a loop instead). It returns
 // ctx's error, wrapped, when ctx ends first and ErrClosed when the set is
 // closed under it.
 func (ws *WaitSet) Wait(ctx context.Context) error {
+	if d := time.Duration(ws.spin.Load()); d > 0 && ws.sig.kind != Yield {
+		if ok, err := ws.spinFor(ctx, d); ok || err != nil {
+			return err
+		}
+	}
 	for {
 		err := ws.TryWait()
 		if err == ErrAgain {
@@ -202,4 +222,37 @@ func (ws *WaitSet) Close() error {
 	}
 	ws.closed.Store(true)
 	return ws.sig.close()
+}
+
+// spinFor looks at the members, unarmed, until one has events or d has
+// passed: it reports whether one has. It reads the clock and ctx once per
+// 16 rounds.
+func (ws *WaitSet) spinFor(ctx context.Context, d time.Duration) (bool, error) {
+	var deadline time.Time
+	for i := 0; ; i++ {
+		if ws.closed.Load() {
+			return false, fmt.Errorf("wait set: %w", ErrClosed)
+		}
+		for _, m := range *ws.members.Load() {
+			ok, err := m.src.Ready(false, &m.mark)
+			if err != nil {
+				return false, fmt.Errorf("wait set (%d members, %v): %w", ws.Len(), ws.sig.kind, err)
+			}
+			if ok {
+				return true, nil
+			}
+		}
+		if i%16 == 0 {
+			now := time.Now()
+			if i == 0 {
+				deadline = now.Add(d)
+			} else if now.After(deadline) {
+				return false, nil
+			}
+			if err := ctx.Err(); err != nil {
+				return false, fmt.Errorf("wait set (%d members, %v): %w", ws.Len(), ws.sig.kind, err)
+			}
+		}
+		runtime.Gosched()
+	}
 }
