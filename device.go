@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"github.com/vfrdma/vfrdma/internal/lifecycle"
 	"io"
 	"log/slog"
 	"net/netip"
@@ -15,8 +14,10 @@ import (
 	"time"
 
 	"github.com/vfrdma/vfrdma/doorbell"
+	"github.com/vfrdma/vfrdma/event"
 	"github.com/vfrdma/vfrdma/firmware"
 	"github.com/vfrdma/vfrdma/hw"
+	"github.com/vfrdma/vfrdma/internal/lifecycle"
 	"github.com/vfrdma/vfrdma/mmio"
 	"github.com/vfrdma/vfrdma/pci"
 	"github.com/vfrdma/vfrdma/vfio"
@@ -63,7 +64,7 @@ const DefaultStateDir = "/run/vfrdma"
 const DefaultCommandTimeout = 10 * time.Second
 
 // DefaultSpin is how long CQ.Wait polls before it sleeps (Options.Spin).
-const DefaultSpin = 200 * time.Microsecond
+const DefaultSpin = event.DefaultSpin
 
 // Caps are the device's capabilities as it reports them in the DSR.
 type Caps = firmware.Caps
