@@ -707,7 +707,7 @@ func (cq *CQ) Wait(ctx context.Context) error {
 // reports whether it does. It reads the clock and ctx once per 16 looks.
 func (cq *CQ) spin(ctx context.Context, d time.Duration) (bool, error) {
 	var deadline time.Time
-	for i := 0; ; i++ {
+	for i := 0; ; i++ { // mutation: equivalent — i-- instead: the clock is read at 0, -16, ... as at 0, 16, ...
 		if !cq.enter() {
 			return false, cq.errClosed("wait CQ")
 		}

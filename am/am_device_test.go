@@ -3,6 +3,7 @@ package am
 import (
 	"bytes"
 	"context"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -69,11 +70,16 @@ func TestCompletionHandlerRunsOnItsOwnGoroutineOrInlineWhenAsked(t *testing.T) {
 		assert.EqualValues(t, 2, ran.Load())
 	})
 	t.Run("inline", func(t *testing.T) {
-		var order []string // touched only on the progress goroutine
+		// Written on task 1's progress goroutine, read here after task 0's
+		// counter says the messages landed: that news comes through the
+		// device, which the race detector does not see, hence the lock.
+		var mu sync.Mutex
+		var order []string
+		note := func(s string) { mu.Lock(); order = append(order, s); mu.Unlock() }
 		require.NoError(t, cs[1].SetHandler(3, func(a *Arrival) Return {
 			i := string('0' + a.UHdr[0])
-			order = append(order, "header "+i)
-			return Return{Buf: make([]byte, a.Len), Inline: true, Completion: func() { order = append(order, "completion "+i) }}
+			note("header " + i)
+			return Return{Buf: make([]byte, a.Len), Inline: true, Completion: func() { note("completion " + i) }}
 		}))
 		require.NoError(t, cs[0].SetHandler(3, func(*Arrival) Return { return Return{} }))
 		cmpl := NewCounter()
@@ -82,6 +88,8 @@ func TestCompletionHandlerRunsOnItsOwnGoroutineOrInlineWhenAsked(t *testing.T) {
 		}
 		_, err := cmpl.Wait(ctx, 3)
 		require.NoError(t, err)
+		mu.Lock()
+		defer mu.Unlock()
 		assert.Equal(t, []string{"header 0", "completion 0", "header 1", "completion 1", "header 2", "completion 2"}, order)
 	})
 }

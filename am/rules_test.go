@@ -276,3 +276,31 @@ func TestAPostRefusedByAQPInErrorPurgesItsTask(t *testing.T) {
 	assert.ErrorIs(t, cs[0].Fence(ctx), ErrPurged)
 	assert.NoError(t, ctx.Err(), "Fence returned only when its context ended")
 }
+
+// The progress goroutine keeps polling for Config.Spin once its CQ goes
+// empty, and arms the CQ and sleeps only after it: traffic within the spin
+// costs no arm doorbell; with a negative Spin it arms as soon as a poll
+// finds nothing. (Faults caught: no spin; a spin that never ends.)
+func TestTheProgressGoroutineSpinsBeforeItSleeps(t *testing.T) {
+	arms := func(c *Context) uint64 { return c.cq.Stats().Doorbells } // the CQ's doorbells: its arms
+	for _, tc := range []struct {
+		spin  time.Duration
+		sleep bool
+	}{{time.Hour, false}, {time.Millisecond, true}, {-1, true}} {
+		t.Run(tc.spin.String(), func(t *testing.T) {
+			d := openDevice(t)
+			cs := newJob(t, d, 2, Config{Spin: tc.spin})
+			for _, c := range cs {
+				require.NoError(t, c.SetHandler(1, func(*Arrival) Return { return Return{} }))
+			}
+			trafficBothWays(t, cs)
+			if !tc.sleep {
+				time.Sleep(3 * probeEvery) // idle rounds: still within the spin
+				assert.Zero(t, arms(cs[0])+arms(cs[1]), "a CQ was armed within the spin")
+				return
+			}
+			require.Eventually(t, func() bool { return arms(cs[0]) > 0 && arms(cs[1]) > 0 }, time.Minute, time.Millisecond,
+				"the progress goroutines never armed their CQs to sleep")
+		})
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"runtime"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -825,4 +826,59 @@ func TestACounterRefusesASecondWatchByTheSameWaker(t *testing.T) {
 	assert.Error(t, c.Watch(funcWaker{func() {}}), "a waker that cannot be compared")
 	c.Unwatch(w)
 	assert.NoError(t, c.Close(), "no user left")
+}
+
+// Rule: a wait set's Wait spins first (SetSpin): it looks at its members
+// without arming them, so an event within the spin costs no arming and no
+// wake-up; a ctx that ends during the spin ends Wait; the spin is bounded,
+// after it Wait arms and sleeps; with no spin, Wait arms at once. (Faults
+// caught: no spin; a spin that arms; a spin that never ends; a spin deaf
+// to ctx.)
+func TestAWaitSetWaitSpinsUnarmedBeforeItSleeps(t *testing.T) {
+	for _, kind := range []Kind{FD, Chan} {
+		t.Run(kind.String(), func(t *testing.T) {
+			sy := &fakeSyncer{}
+			sy.startInterrupts(t)
+			f := &fakeSource{syncer: sy}
+			ws := newSetWith(t, kind, f)
+			settle(t, ws)
+			f.armed.Store(false)
+			ctx, cancel := context.WithTimeout(context.Background(), long)
+			defer cancel()
+			wait := func() <-chan error {
+				done := make(chan error, 1)
+				go func() { done <- ws.Wait(ctx) }()
+				return done
+			}
+
+			var arms atomic.Int64 // Ready calls that arm
+			f.inReady = func(_ *fakeSource, arm bool) {
+				if arm {
+					arms.Add(1)
+				}
+			}
+			ws.SetSpin(time.Hour)
+			done := wait()
+			f.produce(1)
+			require.NoError(t, <-done)
+			assert.Zero(t, arms.Load(), "the member was armed: Wait did not take the event in its spin")
+			f.drain()
+
+			short, cancelShort := context.WithTimeout(ctx, 10*time.Millisecond)
+			defer cancelShort()
+			assert.ErrorIs(t, ws.Wait(short), context.DeadlineExceeded)
+			assert.Zero(t, arms.Load(), "armed during a spin of an hour")
+
+			for _, spin := range []time.Duration{time.Millisecond, 0} {
+				ws.SetSpin(spin)
+				done := wait()
+				require.Eventually(t, f.armed.Load, long, 100*time.Microsecond, "spin %v: Wait never armed the member", spin)
+				f.produce(1) // a notification: the interrupt wakes the set
+				require.NoError(t, <-done, "spin %v", spin)
+				f.drain()
+				settle(t, ws)
+				f.armed.Store(false)
+			}
+		})
+	}
 }

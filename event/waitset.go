@@ -182,8 +182,8 @@ func (ws *WaitSet) TryWait() error {
 // ctx's error, wrapped, when ctx ends first and ErrClosed when the set is
 // closed under it.
 func (ws *WaitSet) Wait(ctx context.Context) error {
-	if d := time.Duration(ws.spin.Load()); d > 0 && ws.sig.kind != Yield {
-		if ok, err := ws.spinFor(ctx, d); ok || err != nil {
+	if ws.sig.kind != Yield { // a Yield set looks without arming anyway
+		if ok, err := ws.spinFor(ctx); ok || err != nil {
 			return err
 		}
 	}
@@ -224,12 +224,16 @@ func (ws *WaitSet) Close() error {
 	return ws.sig.close()
 }
 
-// spinFor looks at the members, unarmed, until one has events or d has
-// passed: it reports whether one has. It reads the clock and ctx once per
-// 16 rounds.
-func (ws *WaitSet) spinFor(ctx context.Context, d time.Duration) (bool, error) {
+// spinFor looks at the members, unarmed, until one has events or the spin
+// has passed: it reports whether one has. It reads the clock and ctx once
+// per 16 rounds.
+func (ws *WaitSet) spinFor(ctx context.Context) (bool, error) {
+	d := time.Duration(ws.spin.Load())
+	if d <= 0 { // mutation: equivalent — with < or a bound of 1 ns instead, a spin of 0 ends at its 16th look
+		return false, nil
+	}
 	var deadline time.Time
-	for i := 0; ; i++ {
+	for i := 0; ; i++ { // mutation: equivalent — i-- instead: the clock is read at 0, -16, ... as at 0, 16, ...
 		if ws.closed.Load() {
 			return false, fmt.Errorf("wait set: %w", ErrClosed)
 		}
