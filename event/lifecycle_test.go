@@ -47,13 +47,25 @@ func TestWaitNeverOutlivesItsCtxWhenALateWakeFillsTheChannel(t *testing.T) {
 		go func() { done <- ws.Wait(ctx) }()
 		select {
 		case err := <-done:
-			assert.NoError(t, err, "round %d: the set was signaled", round)
+			// The set was signaled; on a loaded machine the ctx may have
+			// ended by the time Wait looked, and either may win.
+			if err != nil {
+				assert.ErrorIs(t, err, context.DeadlineExceeded, "round %d", round)
+			}
 		case <-time.After(long):
 			cancel()
 			t.Fatalf("round %d: Wait still blocked %v after it began, with a ctx of 50ms", round, long)
 		}
 		cancel()
-		<-late
+		// A Wait that its ctx ended leaves the token in: take it, so that
+		// the late sender gets through.
+		for ok := true; ok; {
+			select {
+			case <-late:
+				ok = false
+			case <-ws.sig.ch:
+			}
+		}
 		require.NoError(t, ws.Remove(f))
 		require.NoError(t, ws.Close())
 	}
