@@ -4,6 +4,8 @@ package am
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -303,4 +305,35 @@ func TestTheProgressGoroutineSpinsBeforeItSleeps(t *testing.T) {
 				"the progress goroutines never armed their CQs to sleep")
 		})
 	}
+}
+
+// The first failed completion of a task still in the job, on a device that
+// is closing, names the close: the cause wraps vfrdma.ErrClosed (and so
+// ends the context at once) rather than the flush the close caused. A
+// later failure of a task already purged keeps its own cause, and the
+// device is not asked again. (Fault caught: the device never asked while
+// the context is alive, which purges the task with the bare flush and
+// leaves Amsend to it returning ErrPurged instead of ErrClosed.)
+func TestTheFirstFailedCompletionOnAClosingDeviceNamesTheClose(t *testing.T) {
+	d := openDevice(t)
+	cs := newJob(t, d, 2, Config{})
+	gone := openDevice(t)
+	require.NoError(t, gone.Close())
+	c := cs[0]
+	c.mu.Lock()
+	live, cn := c.d, c.conns[1]
+	c.d = gone // what closing() asks: a device that has closed
+	c.mu.Unlock()
+	t.Cleanup(func() { c.mu.Lock(); c.d = live; c.mu.Unlock() })
+	flush := errors.New("send completed with WR_FLUSH_ERR")
+
+	assert.ErrorIs(t, c.failedCompletion(cn, flush), vfrdma.ErrClosed, "the first failure on a closing device")
+	c.mu.Lock()
+	cn.err = fmt.Errorf("%w: task 1: earlier", ErrPurged)
+	c.mu.Unlock()
+	err := c.failedCompletion(cn, flush)
+	assert.Equal(t, flush, err, "a task already purged: its cause as it came")
+	c.mu.Lock()
+	cn.err = nil
+	c.mu.Unlock()
 }

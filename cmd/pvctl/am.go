@@ -240,7 +240,7 @@ func amRaw(ctx context.Context, t *trafficFlags, d *vfrdma.Device, sizes []int, 
 		a.msgSize = max(size, 1)
 		switch {
 		case x != nil && x.server():
-			row, err = benchReceive(ctx, a, messages, vfrdma.RC)
+			row, err = benchReceive(ctx, a, messages, vfrdma.RC, waitPoll)
 		default:
 			row, err = benchSend(ctx, a, b, messages, 32, sendOpts{}, x)
 		}

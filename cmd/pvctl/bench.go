@@ -80,18 +80,28 @@ func cmdBench(e *env, args []string) error {
 	fs.BoolVar(&wait, "wait", false, "the receiver sleeps on a wait set (event.WaitSet, kind FD) whenever its CQ is empty, instead of spinning; its CPU time is reported")
 	fs.IntVar(&messages, "messages", 20000, "messages per batch size")
 	fs.StringVar(&batchList, "batches", "1,8,32,256", "batch sizes (messages per doorbell)")
-	fs.BoolVar(&so.spin, "send-spin", false, "the sender never sleeps on the interrupt while completions are due: it polls, yielding the processor, as perftest does")
+	fs.BoolVar(&so.spin, "send-spin", true, "the sender never sleeps on the interrupt while completions are due: it polls, yielding the processor, as perftest does (the default; --events sleeps)")
 	fs.IntVar(&so.window, "window", 0, "messages in flight at most, whatever the batch, but at least one batch (default: four batches); perftest's ib_send_bw keeps 128 (its -t)")
 	t.registerOneSided(fs, "one-sided: RDMA WRITE into the other end's buffer (its slots checked after each batch); the other end posts nothing (RC only, not on QEMU)",
 		"one-sided: fetch-and-add of 1 on one 8-byte word of the other end (--size is 8), each value fetched checked, and the word's final value (RC only, not on QEMU)")
 	if err := t.parse(e, fs, args); err != nil {
 		return err
 	}
+	sendSpinGiven := false
+	fs.Visit(func(f *flag.Flag) { sendSpinGiven = sendSpinGiven || f.Name == "send-spin" })
+	if t.events {
+		if sendSpinGiven && so.spin {
+			return errors.New("--send-spin and --events exclude each other")
+		}
+		so.spin = false
+	}
+	t.spin = !t.events // the receiver's polls
 	if t.sided != "" && (spin || wait) {
 		return fmt.Errorf("--%s: the target posts nothing: no --spin or --wait", t.sided)
 	}
 	// Without --spin or --wait, the send bench: in loopback one loop polls
-	// both ends, between hosts the receiver polls and sleeps on CQ.Wait.
+	// both ends, between hosts the receiver polls, and with --events sleeps
+	// on CQ.Wait when its polls find nothing.
 	recvMode := recvInline
 	switch {
 	case spin && wait:
@@ -161,7 +171,7 @@ func cmdBench(e *env, args []string) error {
 			row.addReceiver(recvMode, r)
 			row.MessagesPerSec = row.ReceiverMsgPerSec
 		case res.Mode == "receiver":
-			row, err = benchReceive(ctx, a, messages, typ)
+			row, err = benchReceive(ctx, a, messages, typ, t.poller())
 			row.Batch = batch
 		case b != nil && recvMode != recvInline:
 			// Loopback with the receiver in a goroutine of its own.
@@ -197,6 +207,9 @@ func cmdBench(e *env, args []string) error {
 	w := tabwriter.NewWriter(e.out, 0, 4, 2, ' ', tabwriter.AlignRight)
 	if res.Mode == "receiver" {
 		fmt.Fprintf(e.out, "%s bench receiver, %d-byte messages (the sender reports rates and latency)\n", res.Transport, res.Size)
+		if recvMode == recvInline {
+			fmt.Fprintf(e.out, "receiver waits: %s\n", t.waitMode())
+		}
 		if recvMode != recvInline {
 			fmt.Fprintf(e.out, "receiver %s; CPU: %s\n", recvMode, cpuScopeNote(res.ReceiverCPU))
 			fmt.Fprintln(w, "batch\treceived\tmsg/s\treceiver\tCPU µs/msg\tCPU %\twake-ups/msg\t")
@@ -227,6 +240,8 @@ func cmdBench(e *env, args []string) error {
 	inFlight += " in flight"
 	if so.spin {
 		inFlight += ", the sender spinning"
+	} else {
+		inFlight += ", the sender sleeping on events"
 	}
 	fmt.Fprintf(e.out, "%s send bench, %d-byte messages, %s, at most %s; latency: %s\n", res.Transport, res.Size, res.Mode, inFlight, res.Latency)
 	fmt.Fprintln(w, "batch\tmessages\tmsg/s\tp50 µs\tp99 µs\tdoorbells/msg\tpost µs/msg\tpoll µs/msg\twait µs/msg\t")
@@ -391,7 +406,7 @@ func benchSend(ctx context.Context, a, b *endpoint, messages, batch int, so send
 
 // benchReceive keeps receives posted and counts messages until it has them
 // all (RC) or the sender goes quiet (UD may drop).
-func benchReceive(ctx context.Context, a *endpoint, messages int, typ vfrdma.QPType) (benchRow, error) {
+func benchReceive(ctx context.Context, a *endpoint, messages int, typ vfrdma.QPType, poll func(context.Context, *vfrdma.CQ, []vfrdma.WC) (int, error)) (benchRow, error) {
 	if err := a.fillRecvs(); err != nil {
 		return benchRow{}, err
 	}
@@ -400,7 +415,7 @@ func benchReceive(ctx context.Context, a *endpoint, messages int, typ vfrdma.QPT
 	start := time.Now()
 	for got < messages {
 		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		n, err := waitPoll(wctx, a.cq, wcs)
+		n, err := poll(wctx, a.cq, wcs)
 		cancel()
 		if err != nil {
 			if typ == vfrdma.UD {

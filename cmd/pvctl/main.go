@@ -16,6 +16,9 @@
 //	pvctl am [FLAGS] [BDF]           active messages: latency, rate beside raw PostSend, bandwidth
 //	pvctl eth [SUB] [FLAGS] [BDF]    vmxnet3 Ethernet: info, ping IP, serve, gen, sink
 //
+// pingpong and bench poll their CQs without sleeping, as rdma-core's tools
+// do; --events (-e) sleeps on the CQ's interrupt when polls find nothing.
+//
 // BDF defaults to the only pvrdma function present. --json prints one JSON
 // document instead of text.
 //

@@ -67,3 +67,31 @@ func TestRegsOnTheModel(t *testing.T) {
 		assert.Empty(t, out.String(), name)
 	}
 }
+
+// pingpong and bench poll without sleeping by default, as rdma-core's
+// tools do; --events (-e) sleeps on the interrupt. Each report says which.
+// --spin or --send-spin beside --events is refused before any device is
+// opened.
+func TestPingpongAndBenchSpinByDefaultAndSleepWithEvents(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		wait string
+	}{{nil, "spin"}, {[]string{"--events"}, "events"}, {[]string{"-e"}, "events"}, {[]string{"--spin=false"}, "events"}} {
+		var out bytes.Buffer
+		e := &env{out: &out, model: "qemu"}
+		require.NoError(t, cmdPingpong(e, append([]string{"--iters", "20", "--size", "64"}, tc.args...)), "%v", tc.args)
+		assert.Contains(t, out.String(), "waiting: "+tc.wait, "%v", tc.args)
+	}
+	for _, tc := range []struct {
+		args []string
+		text string
+	}{{nil, "the sender spinning"}, {[]string{"--events"}, "the sender sleeping on events"}} {
+		var out bytes.Buffer
+		e := &env{out: &out, model: "qemu"}
+		require.NoError(t, cmdBench(e, append([]string{"--messages", "200", "--batches", "1"}, tc.args...)), "%v", tc.args)
+		assert.Contains(t, out.String(), tc.text, "%v", tc.args)
+	}
+	e := &env{out: &bytes.Buffer{}, model: "qemu"}
+	assert.ErrorContains(t, cmdPingpong(e, []string{"--spin", "--events"}), "exclude each other")
+	assert.ErrorContains(t, cmdBench(e, []string{"--send-spin", "--events"}), "exclude each other")
+}

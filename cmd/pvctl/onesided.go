@@ -425,7 +425,7 @@ func readPingpong(ctx context.Context, e *env, t *trafficFlags, a *endpoint, x e
 			return err
 		}
 	}
-	r := pingpongResult{Transport: vfrdma.RC.String(), Operation: vfrdma.OpRDMARead.String(), Size: t.size}
+	r := pingpongResult{Transport: vfrdma.RC.String(), Operation: vfrdma.OpRDMARead.String(), Size: t.size, Wait: t.waitMode()}
 	if x != nil && x.server() {
 		r.Role = "target"
 	} else {
@@ -457,10 +457,7 @@ func readPingpong(ctx context.Context, e *env, t *trafficFlags, a *endpoint, x e
 // readLoop posts the READs one at a time and checks each.
 func readLoop(ctx context.Context, t *trafficFlags, a *endpoint, iters int, stall time.Duration) (time.Duration, error) {
 	op := newRemoteOp(a)
-	wait := waitPoll
-	if t.spin {
-		wait = spinPoll
-	}
+	wait := t.poller()
 	wcs := make([]vfrdma.WC, 1)
 	var wr [1]vfrdma.SendWR
 	var sge [1]vfrdma.SGE

@@ -37,17 +37,17 @@ func TestTrafficOnTheModel(t *testing.T) {
 			t.Run("pingpong", func(t *testing.T) {
 				var r pingpongResult
 				runJSON(t, spec, nil, cmdPingpong, []string{"--iters", "50", "--size", "1000"}, &r)
-				assert.Equal(t, pingpongResult{Transport: "RC", Size: 1000, Iters: iters, Checked: true}, stripTimes(r))
+				assert.Equal(t, pingpongResult{Transport: "RC", Size: 1000, Iters: iters, Checked: true, Wait: "spin"}, stripTimes(r))
 			})
 			t.Run("pingpong --write", func(t *testing.T) {
 				var r pingpongResult
 				runJSON(t, spec, nil, cmdPingpong, []string{"--write", "--iters", "50", "--size", "1000"}, &r)
-				assert.Equal(t, pingpongResult{Transport: "RC", Operation: "RDMA_WRITE_WITH_IMM", Size: 1000, Iters: iters, Checked: true}, stripTimes(r))
+				assert.Equal(t, pingpongResult{Transport: "RC", Operation: "RDMA_WRITE_WITH_IMM", Size: 1000, Iters: iters, Checked: true, Wait: "spin"}, stripTimes(r))
 			})
 			t.Run("pingpong --read", func(t *testing.T) {
 				var r pingpongResult
 				runJSON(t, spec, nil, cmdPingpong, []string{"--read", "--iters", "50", "--size", "1000"}, &r)
-				assert.Equal(t, pingpongResult{Transport: "RC", Operation: "RDMA_READ", Size: 1000, Iters: iters, Checked: true}, stripTimes(r))
+				assert.Equal(t, pingpongResult{Transport: "RC", Operation: "RDMA_READ", Size: 1000, Iters: iters, Checked: true, Wait: "spin"}, stripTimes(r))
 			})
 			t.Run("bench", func(t *testing.T) {
 				var r benchResult
@@ -250,7 +250,7 @@ func TestOneSidedBetweenTwoEnds(t *testing.T) {
 		require.NoError(t, e1)
 		require.NoError(t, e2)
 		for _, r := range []pingpongResult{srv, cli} {
-			assert.Equal(t, pingpongResult{Transport: "RC", Operation: "RDMA_WRITE_WITH_IMM", Size: 4096, Iters: 50, Checked: true}, stripTimes(r))
+			assert.Equal(t, pingpongResult{Transport: "RC", Operation: "RDMA_WRITE_WITH_IMM", Size: 4096, Iters: 50, Checked: true, Wait: "spin"}, stripTimes(r))
 		}
 	})
 	t.Run("pingpong --read", func(t *testing.T) {
@@ -260,7 +260,7 @@ func TestOneSidedBetweenTwoEnds(t *testing.T) {
 		require.NoError(t, e1)
 		require.NoError(t, e2)
 		assert.Equal(t, "target", srv.Role)
-		assert.Equal(t, pingpongResult{Transport: "RC", Operation: "RDMA_READ", Size: 4096, Iters: 50, Checked: true}, stripTimes(cli))
+		assert.Equal(t, pingpongResult{Transport: "RC", Operation: "RDMA_READ", Size: 4096, Iters: 50, Checked: true, Wait: "spin"}, stripTimes(cli))
 	})
 	// Ends that disagree on the mode, or on the size, say so.
 	t.Run("mismatch", func(t *testing.T) {

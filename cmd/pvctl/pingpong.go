@@ -17,7 +17,8 @@ type trafficFlags struct {
 	size         int
 	bdf          string
 	pollDoorbell bool
-	spin         bool // pingpong: poll without ever sleeping
+	spin         bool // pingpong: poll without ever sleeping (the default; --events clears it)
+	events       bool // sleep on the CQ's interrupt when polls find nothing (rdma-core's -e)
 	// The one-sided flags (onesided.go), and the mode they select: "",
 	// sideWrite, sideRead or sideAtomic.
 	write, read, atomic bool
@@ -33,7 +34,27 @@ func (t *trafficFlags) register(fs *flag.FlagSet, defSize int) {
 	fs.BoolVar(&t.vm, "vm", false, "the other end is the other VM of a two-VM bench run (VM 0 is the server)")
 	fs.StringVar(&t.tag, "tag", "pvctl", "rendezvous key prefix for --vm")
 	fs.BoolVar(&t.pollDoorbell, "poll-doorbell", false, "an empty CQ poll rings the CQ's POLL doorbell and looks again, as rdma-core's provider does (on QEMU the doorbell harvests the backend's completions at once)")
+	fs.BoolVar(&t.events, "events", false, "sleep on the CQ's interrupt when polls find nothing, after the driver's spin (rdma-core's -e); by default the ends poll without sleeping, as rdma-core's tools and perftest do")
+	fs.BoolVar(&t.events, "e", false, "short for --events")
 	fs.BoolVar(&t.rdmaCore, "rdma-core", false, "the other end is rdma-core's ibv_rc_pingpong / ibv_ud_pingpong: its exchange on --listen/--connect (port 18515), its buffer contents")
+}
+
+// poller is how the tool waits for completions: polling without sleeping
+// (spinPoll), or with --events, or pingpong --spin=false, sleeping on the
+// CQ's interrupt when polls find nothing (waitPoll).
+func (t *trafficFlags) poller() func(context.Context, *vfrdma.CQ, []vfrdma.WC) (int, error) {
+	if t.events || !t.spin {
+		return waitPoll
+	}
+	return spinPoll
+}
+
+// waitMode names the poller in the tools' output.
+func (t *trafficFlags) waitMode() string {
+	if t.events || !t.spin {
+		return "events"
+	}
+	return "spin"
 }
 
 func (t *trafficFlags) typ() (vfrdma.QPType, error) {
@@ -171,6 +192,9 @@ type pingpongResult struct {
 	RoundTripUS float64 `json:"round_trip_us"` // with --srq: per round
 	MbitPerSec  float64 `json:"mbit_per_s"`
 	Checked     bool    `json:"data_checked"`
+	// Wait is how the ends waited for completions: "spin" (polling, the
+	// default) or "events" (sleeping on the CQ's interrupt, --events).
+	Wait string `json:"wait"`
 	// SRQDoorbellsPerRecv is pingpong --srq's SRQ doorbells per receive
 	// consumed (below 1: receives reposted in chains).
 	SRQDoorbellsPerRecv float64 `json:"srq_doorbells_per_recv,omitempty"`
@@ -204,15 +228,24 @@ func cmdPingpong(e *env, args []string) error {
 	fs := flag.NewFlagSet("pingpong", flag.ContinueOnError)
 	t.register(fs, 4096)
 	fs.IntVar(&iters, "iters", 1000, "round trips")
-	fs.BoolVar(&t.spin, "spin", false, "poll the CQ without ever sleeping on it (as rdma-core's pingpongs do without -e)")
+	fs.BoolVar(&t.spin, "spin", true, "poll the CQ without ever sleeping on it, as rdma-core's pingpongs do without -e (the default; --events sleeps)")
 	fs.IntVar(&srqs, "srq", 0, "N RC connections per side whose receives come from one shared receive queue per side")
 	fs.DurationVar(&stall, "stall", 10*time.Second, "fail, with the queues' state, when no completion comes for this long (a lost message)")
 	t.registerOneSided(fs, "one-sided: each message is an RDMA WRITE WITH IMMEDIATE into the other end's buffer (like ib_write_lat), its receive completion and every byte checked (RC only, not on QEMU)", "")
 	if err := t.parse(e, fs, args); err != nil {
 		return err
 	}
-	srqGiven := false
-	fs.Visit(func(f *flag.Flag) { srqGiven = srqGiven || f.Name == "srq" })
+	srqGiven, spinGiven := false, false
+	fs.Visit(func(f *flag.Flag) {
+		srqGiven = srqGiven || f.Name == "srq"
+		spinGiven = spinGiven || f.Name == "spin"
+	})
+	if t.events {
+		if spinGiven && t.spin {
+			return errors.New("--spin and --events exclude each other")
+		}
+		t.spin = false
+	}
 	if err := checkSRQFlags(&t, srqs, srqGiven); err != nil {
 		return err
 	}
@@ -279,10 +312,7 @@ func cmdPingpong(e *env, args []string) error {
 	}
 	var pa, pb progress
 	step := func(ep *endpoint, p *progress) error {
-		wait := waitPoll
-		if t.spin {
-			wait = spinPoll
-		}
+		wait := t.poller()
 		sctx, scancel := context.WithTimeout(ctx, stall)
 		n, err := wait(sctx, ep.cq, wcs)
 		scancel()
@@ -384,7 +414,7 @@ func cmdPingpong(e *env, args []string) error {
 	typ, _ := t.typ()
 	r := pingpongResult{Transport: typ.String(), Size: t.size, Iters: iters, Seconds: el.Seconds(),
 		RoundTripUS: float64(el.Microseconds()) / float64(iters),
-		MbitPerSec:  float64(2*t.size*iters*8) / el.Seconds() / 1e6, Checked: true}
+		MbitPerSec:  float64(2*t.size*iters*8) / el.Seconds() / 1e6, Checked: true, Wait: t.waitMode()}
 	how := ""
 	if t.sided == sideWrite {
 		r.Operation = vfrdma.OpRDMAWriteWithImm.String()
@@ -393,8 +423,8 @@ func cmdPingpong(e *env, args []string) error {
 	if e.json {
 		return e.printJSON(r)
 	}
-	fmt.Fprintf(e.out, "%s pingpong%s: %d round trips of %d bytes in %.2f s: %.1f µs per round trip, %.2f Mbit/s, every byte checked\n",
-		r.Transport, how, iters, t.size, r.Seconds, r.RoundTripUS, r.MbitPerSec)
+	fmt.Fprintf(e.out, "%s pingpong%s: %d round trips of %d bytes in %.2f s: %.1f µs per round trip, %.2f Mbit/s, every byte checked; waiting: %s\n",
+		r.Transport, how, iters, t.size, r.Seconds, r.RoundTripUS, r.MbitPerSec, r.Wait)
 	return nil
 }
 

@@ -263,7 +263,7 @@ func srqPingpong(ctx context.Context, e *env, t *trafficFlags, d *vfrdma.Device,
 		doorbells += s.srq.DoorbellStats().Doorbells
 		sides++
 	}
-	r := pingpongResult{Transport: "RC", SRQQPs: n, Size: t.size, Iters: iters, Seconds: el.Seconds(),
+	r := pingpongResult{Transport: "RC", SRQQPs: n, Size: t.size, Iters: iters, Seconds: el.Seconds(), Wait: "events",
 		RoundTripUS: float64(el.Microseconds()) / float64(iters),
 		MbitPerSec:  float64(2*t.size*iters*n*8) / el.Seconds() / 1e6, Checked: true,
 		SRQDoorbellsPerRecv: float64(doorbells) / float64(sides*n*iters)}
