@@ -96,6 +96,11 @@ func cmdBench(e *env, args []string) error {
 		so.spin = false
 	}
 	t.spin = !t.events // the receiver's polls
+	if wait {
+		if err := t.noPollDoorbell(fs, "--wait"); err != nil {
+			return err
+		}
+	}
 	if t.sided != "" && (spin || wait) {
 		return fmt.Errorf("--%s: the target posts nothing: no --spin or --wait", t.sided)
 	}
