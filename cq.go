@@ -680,7 +680,7 @@ func (cq *CQ) Wait(ctx context.Context) error {
 	if cq.pollOnly() {
 		return cq.pollWait(ctx)
 	}
-	if spin := cq.d.opt.Spin; spin > 0 {
+	if spin := cq.d.waitSpin; spin > 0 {
 		if ok, err := cq.spin(ctx, spin); ok || err != nil {
 			return err
 		}
@@ -731,6 +731,11 @@ func (cq *CQ) spin(ctx context.Context, d time.Duration) (bool, error) {
 		runtime.Gosched()
 	}
 }
+
+// Spin returns how long Wait polls before it sleeps (Options.Spin, or its
+// default for the device): a wait set with the CQ as a member spins that
+// long too, unless told otherwise (event.WaitSet.SetSpin).
+func (cq *CQ) Spin() time.Duration { return cq.d.waitSpin }
 
 // readyOrArm is one round of Wait inside the gate: it re-checks the ring,
 // arms the CQ and checks again.

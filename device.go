@@ -63,7 +63,8 @@ const DefaultStateDir = "/run/vfrdma"
 // DefaultCommandTimeout bounds each device command.
 const DefaultCommandTimeout = 10 * time.Second
 
-// DefaultSpin is how long CQ.Wait polls before it sleeps (Options.Spin).
+// DefaultSpin is how long CQ.Wait polls before it sleeps on VMware's
+// device (Options.Spin).
 const DefaultSpin = event.DefaultSpin
 
 // Caps are the device's capabilities as it reports them in the DSR.
@@ -110,8 +111,12 @@ type Options struct {
 	// Spin is how long CQ.Wait polls the ring before it arms the CQ and
 	// sleeps on the interrupt: a completion that comes within it costs no
 	// interrupt, no arm doorbell and no wake-up (Linux's busy polling does
-	// the same for sockets). Zero means DefaultSpin; a negative Spin never
-	// spins. A Wait that ends up sleeping has burned at most Spin of CPU.
+	// the same for sockets). A Wait that ends up sleeping has burned at
+	// most Spin of CPU. Zero means the default: DefaultSpin on VMware's
+	// device, no spin on QEMU's, whose device work runs on the host cores
+	// a spinning guest takes (measured in docs/benchmarks.md: spinning
+	// lengthens the round trip there). A negative Spin never spins. Wait
+	// sets take their members' spin (CQ.Spin) unless set.
 	Spin time.Duration
 	// Logger receives the driver's debug messages (default: none).
 	Logger *slog.Logger
@@ -157,9 +162,6 @@ func (o *Options) withDefaults() Options {
 	}
 	if c.CommandTimeout == 0 {
 		c.CommandTimeout = DefaultCommandTimeout
-	}
-	if c.Spin == 0 {
-		c.Spin = DefaultSpin
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
@@ -234,6 +236,7 @@ type Device struct {
 
 	// Snapshots of the quirks the data path consults, fixed at Open.
 	emulated bool
+	waitSpin time.Duration // CQ.Wait's spin: Options.Spin, or its default for the device (0: none)
 	// drainSends: before it destroys a QP, wait for the device to have
 	// completed the QP's sends (QEMU 7.2, see QP.awaitSends).
 	drainSends bool
@@ -543,6 +546,11 @@ func (d *Device) start(ctx context.Context) error {
 	q := ch.Quirks()
 	d.emulated = q.Emulated
 	d.drainSends = q.Emulated
+	d.waitSpin = d.opt.Spin
+	if d.waitSpin == 0 && !q.Emulated {
+		d.waitSpin = DefaultSpin
+	}
+	d.waitSpin = max(d.waitSpin, 0)
 	d.cqArm = [2]uint32{q.CQArm(false), q.CQArm(true)}
 	return nil
 }

@@ -9,6 +9,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/vfrdma/vfrdma"
+	"github.com/vfrdma/vfrdma/event"
 	"github.com/vfrdma/vfrdma/pvsim"
 )
 
@@ -304,4 +305,42 @@ func TestModelDeviceSRQLimitIsTheWatermarkEventOnce(t *testing.T) {
 	require.NoError(t, m.Raise(vfrdma.EventSRQLimitReached, srq.Handle()))
 	next()
 	assert.Empty(t, srq.LowWatermarkEvents(), "disarmed: no second event")
+}
+
+// Rule: CQ.Wait's spin defaults by device: DefaultSpin on VMware's, none
+// on QEMU's (whose device work runs on the cores a spinning guest takes);
+// Options.Spin sets it, and a negative one turns it off. A CQ reports it
+// (CQ.Spin), and a wait set of CQs takes it unless told otherwise.
+func TestTheWaitSpinDefaultsByDevice(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cfg  pvsim.Config
+		spin time.Duration
+		want time.Duration
+	}{
+		{"VMware, default", vmware(20), 0, vfrdma.DefaultSpin},
+		{"QEMU, default", pvsim.Config{QEMU: true}, 0, 0},
+		{"VMware, set", vmware(18), 3 * time.Millisecond, 3 * time.Millisecond},
+		{"QEMU, set", pvsim.Config{QEMU: true}, time.Millisecond, time.Millisecond},
+		{"VMware, off", vmware(20), -1, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m, err := pvsim.New(tc.cfg)
+			require.NoError(t, err)
+			d, err := vfrdma.OpenFunction(m, &vfrdma.Options{Spin: tc.spin})
+			require.NoError(t, err)
+			t.Cleanup(func() { d.Close(); m.Close() })
+			cq, err := d.CreateCQ(t.Context(), 16)
+			require.NoError(t, err)
+			assert.Equal(t, tc.want, cq.Spin())
+			ws, err := event.NewWaitSet(event.Chan)
+			require.NoError(t, err)
+			require.NoError(t, ws.Add(cq))
+			assert.Equal(t, tc.want, ws.Spin(), "the wait set's spin")
+			ws.SetSpin(time.Second)
+			assert.Equal(t, time.Second, ws.Spin(), "set on the wait set")
+			require.NoError(t, ws.Remove(cq))
+			require.NoError(t, ws.Close())
+		})
+	}
 }

@@ -44,7 +44,7 @@ func TestWaitSpinsForOptionsSpinBeforeItArms(t *testing.T) {
 	defer cancel()
 
 	t.Run("a completion within the spin", func(t *testing.T) {
-		f.d.opt.Spin = time.Hour
+		f.d.waitSpin = time.Hour
 		done := wait(ctx)
 		send()
 		require.NoError(t, <-done)
@@ -56,15 +56,15 @@ func TestWaitSpinsForOptionsSpinBeforeItArms(t *testing.T) {
 		assert.False(t, cq.armed.Load())
 	})
 	t.Run("ctx ends during the spin", func(t *testing.T) {
-		f.d.opt.Spin = time.Hour
+		f.d.waitSpin = time.Hour
 		short, cancel := context.WithTimeout(ctx, 10*time.Millisecond)
 		defer cancel()
 		assert.ErrorIs(t, cq.Wait(short), context.DeadlineExceeded)
 		assert.False(t, cq.armed.Load(), "armed during a spin of an hour")
 	})
-	for _, spin := range []time.Duration{time.Millisecond, -1} {
+	for _, spin := range []time.Duration{time.Millisecond, 0} {
 		t.Run("spin "+spin.String()+" then sleep", func(t *testing.T) {
-			f.d.opt.Spin = spin
+			f.d.waitSpin = spin
 			before := cq.Stats()
 			done := wait(ctx)
 			require.Eventually(t, cq.armed.Load, long, 100*time.Microsecond, "Wait never armed the CQ")
@@ -114,7 +114,7 @@ func TestWaitThatSpinsAllocatesNothing(t *testing.T) {
 	f := newEventDevice(t, 1, 16)
 	qp := f.addQP(t, 0, 16, nil)
 	cq := f.cqs[0]
-	f.d.opt.Spin = time.Hour
+	f.d.waitSpin = time.Hour
 	wrs := []SendWR{{WRID: 1, SGEs: []SGE{f.mr.SGE(0, 8)}}}
 	wcs := make([]WC, 4)
 	ctx := context.Background()

@@ -73,7 +73,7 @@ type Config struct {
 	// sleeping on its interrupt when idle: lower latency, a CPU spent.
 	Polling bool
 	// Spin is how long the progress goroutine keeps polling a CQ that has
-	// gone empty before it arms it and sleeps (0: event.DefaultSpin;
+	// gone empty before it arms it and sleeps (0: the device's, CQ.Spin;
 	// negative: it sleeps at once). Traffic that goes on within it costs
 	// no interrupt; an idle context burns at most Spin each time it goes
 	// idle.
@@ -162,6 +162,7 @@ type Context struct {
 	bufs             int // receive buffers posted, Tasks × Credits
 	ws               *event.WaitSet
 	conns            []*conn
+	spin             time.Duration // Config.Spin, or the CQ's (negative: none)
 	qps              []*vfrdma.QP
 	byQPN            map[uint32]*conn
 
@@ -289,6 +290,10 @@ func New(ctx context.Context, d *vfrdma.Device, cfg Config) (_ *Context, err err
 	c.busy = make([]bool, slots)
 	if c.cq, err = d.CreateCQ(ctx, cfg.cqEntries()); err != nil {
 		return nil, err
+	}
+	c.spin = cfg.Spin
+	if c.spin == 0 {
+		c.spin = c.cq.Spin()
 	}
 	if c.srq, err = c.pd.CreateSRQ(ctx, &vfrdma.SRQConfig{Depth: c.bufs, CQ: c.cq}); err != nil {
 		return nil, err
@@ -433,9 +438,6 @@ func (cfg *Config) fill() error {
 	}
 	if cfg.MaxUHdr == 0 {
 		cfg.MaxUHdr = min(DefaultMaxUHdr, (cfg.PacketSize-headerSize)&^7)
-	}
-	if cfg.Spin == 0 {
-		cfg.Spin = event.DefaultSpin
 	}
 	switch {
 	case cfg.Tasks < 1 || cfg.Tasks > 1<<12:

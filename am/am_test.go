@@ -14,8 +14,6 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
-	"github.com/vfrdma/vfrdma/event"
 )
 
 // LAPI_Waitcntr: Wait blocks until the value reaches v, then takes v back
@@ -127,7 +125,7 @@ func TestPacketHeaderRoundTripsAndBadPacketsAreRefused(t *testing.T) {
 func TestConfigDefaultsAndBadConfigsAreRefused(t *testing.T) {
 	var cfg Config
 	require.NoError(t, cfg.fill())
-	assert.Equal(t, Config{Tasks: 1, PacketSize: DefaultPacketSize, Credits: DefaultCredits, MaxMessage: DefaultMaxMessage, MaxUHdr: DefaultMaxUHdr, Spin: event.DefaultSpin}, cfg)
+	assert.Equal(t, Config{Tasks: 1, PacketSize: DefaultPacketSize, Credits: DefaultCredits, MaxMessage: DefaultMaxMessage, MaxUHdr: DefaultMaxUHdr}, cfg)
 	assert.GreaterOrEqual(t, cfg.MaxMessage, 64<<20, "the maximum message is at least 64 MiB")
 	for _, bad := range []Config{
 		{Tasks: -1},

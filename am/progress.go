@@ -81,14 +81,14 @@ func (c *Context) progress(ctx context.Context) {
 			runtime.Gosched()
 			continue
 		}
-		if c.cfg.Spin > 0 {
+		if c.spin > 0 {
 			// Keep polling for the spin: traffic that goes on within it
 			// costs no arming and no interrupt.
 			now := time.Now()
 			if idleSince.IsZero() {
 				idleSince = now
 			}
-			if now.Sub(idleSince) < c.cfg.Spin {
+			if now.Sub(idleSince) < c.spin {
 				runtime.Gosched()
 				continue
 			}

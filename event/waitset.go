@@ -10,10 +10,18 @@ import (
 	"time"
 )
 
-// DefaultSpin is how long a wait set's Wait, and a CQ's, look for events
-// before they sleep: long enough that a stream's next completion usually
-// comes within it, short enough that an idle waiter burns little.
+// DefaultSpin is how long a CQ's Wait looks for events before it sleeps,
+// on a device whose work does not run on the waiter's cores: long enough
+// that a stream's next completion usually comes within it, short enough
+// that an idle waiter burns little.
 const DefaultSpin = 200 * time.Microsecond
+
+// Spinner is a Source that says how long a waiter should look at it before
+// sleeping (a CQ: its device's spin). A wait set spins as long as the
+// longest of its members asks, unless SetSpin says otherwise.
+type Spinner interface {
+	Spin() time.Duration
+}
 
 // WaitSet is one wait object for many sources: it is signaled when any
 // member may have an event. Add, Remove and Close are safe for concurrent
@@ -32,7 +40,7 @@ type WaitSet struct {
 	mu      sync.Mutex
 	members atomic.Pointer[[]*wsMember]
 	closed  atomic.Bool
-	spin    atomic.Int64 // Wait's spin (SetSpin), in ns
+	spin    atomic.Int64 // Wait's spin (SetSpin), in ns; negative: the members' (Spinner)
 }
 
 type wsMember struct {
@@ -49,14 +57,30 @@ func NewWaitSet(kind Kind) (*WaitSet, error) {
 	}
 	ws := &WaitSet{sig: sig}
 	ws.members.Store(&[]*wsMember{})
-	ws.spin.Store(int64(DefaultSpin))
+	ws.spin.Store(-1)
 	return ws, nil
 }
 
 // SetSpin sets how long Wait looks at the members, without arming them,
-// before it sleeps: an event within it costs no arming and no wake-up
-// (DefaultSpin unless set; zero or negative: Wait sleeps at once).
+// before it sleeps: an event within it costs no arming and no wake-up.
+// Unless set, it is the longest spin a member asks for (Spinner; a CQ
+// asks for its device's), and none if no member asks. Zero or negative:
+// Wait sleeps at once.
 func (ws *WaitSet) SetSpin(d time.Duration) { ws.spin.Store(int64(max(d, 0))) }
+
+// Spin returns how long Wait spins (SetSpin, or the members').
+func (ws *WaitSet) Spin() time.Duration {
+	if d := ws.spin.Load(); d >= 0 {
+		return time.Duration(d)
+	}
+	var d time.Duration
+	for _, m := range *ws.members.Load() {
+		if s, ok := m.src.(Spinner); ok {
+			d = max(d, s.Spin())
+		}
+	}
+	return d
+}
 
 // Kind returns the set's wait object kind.
 func (ws *WaitSet) Kind() Kind { return ws.sig.kind }
@@ -228,7 +252,7 @@ func (ws *WaitSet) Close() error {
 // has passed: it reports whether one has. It reads the clock and ctx once
 // per 16 rounds.
 func (ws *WaitSet) spinFor(ctx context.Context) (bool, error) {
-	d := time.Duration(ws.spin.Load())
+	d := ws.Spin()
 	if d <= 0 { // mutation: equivalent — with < or a bound of 1 ns instead, a spin of 0 ends at its 16th look
 		return false, nil
 	}
