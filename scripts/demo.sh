@@ -41,7 +41,7 @@ $GO run ./cmd/pvvm -vms 2 -- \
   eth gen --vm --sizes 64,1514 --batches 1,32 --frames 5000
 
 section "Side by side: the reference stack (Linux vmw_pvrdma + rdma-core, perftest) and vfrdma, same bench"
-bash scripts/sidebyside.sh
+bash scripts/sidebyside.sh 20000 1000 3   # medians of 3 here; docs/benchmarks.md has 5
 
 cat <<'TXT'
 
