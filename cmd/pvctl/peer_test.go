@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -88,4 +89,28 @@ func TestVMExchangeBarrierTimeout(t *testing.T) {
 	defer cancel()
 	x := &vmExchange{c: newMemRendezvous(), vm: 1, tag: "t"}
 	require.ErrorIs(t, x.barrier(ctx, "alone"), context.DeadlineExceeded)
+}
+
+// The pingpong's pattern is byte(seq + 13i) at every size, written and
+// checked a block at a time; a wrong byte anywhere is named by its index.
+func TestPatternIsTheFormulaAndCheckNamesTheWrongByte(t *testing.T) {
+	for _, size := range []int{0, 1, 255, 256, 257, 4096, 5000} {
+		for _, seq := range []int{0, 1, 7, 255, 1000} {
+			b := make([]byte, size)
+			pattern(b, seq)
+			for i := range b {
+				require.Equal(t, byte(seq+i*13), b[i], "size %d seq %d byte %d", size, seq, i)
+			}
+			require.NoError(t, checkPattern(b, seq))
+			if size == 0 {
+				continue
+			}
+			for _, at := range []int{0, size / 2, size - 1} {
+				b[at] ^= 0x40
+				assert.ErrorContains(t, checkPattern(b, seq), fmt.Sprintf("byte %d is", at), "size %d seq %d", size, seq)
+				b[at] ^= 0x40
+			}
+			assert.Error(t, checkPattern(b, seq+1), "the next message's pattern")
+		}
+	}
 }
