@@ -613,9 +613,9 @@ func (cq *CQ) emitFlushes(wcs []WC) int {
 }
 
 // pollDue reports whether an empty poll rings the POLL doorbell now: on
-// every one, or once per Options.PollPace.
+// every one, or once per the device's pace (Options.PollPace).
 func (cq *CQ) pollDue() bool {
-	pace := cq.d.opt.PollPace
+	pace := cq.d.pollPace
 	if pace <= 0 {
 		return true
 	}

@@ -307,6 +307,45 @@ func TestModelDeviceSRQLimitIsTheWatermarkEventOnce(t *testing.T) {
 	assert.Empty(t, srq.LowWatermarkEvents(), "disarmed: no second event")
 }
 
+// Rule: the POLL doorbell's pace defaults by device: DefaultPollPace on
+// QEMU's, none (every empty poll, as the reference provider) on VMware's;
+// Options.PollPace sets it, a negative one turns it off. Seen as the POLL
+// doorbells that a run of empty polls rings.
+func TestThePollPaceDefaultsByDevice(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		cfg   pvsim.Config
+		pace  time.Duration
+		paced bool
+	}{
+		{"QEMU, default", pvsim.Config{QEMU: true}, 0, true},
+		{"VMware, default", vmware(20), 0, false},
+		{"QEMU, off", pvsim.Config{QEMU: true}, -1, false},
+		{"VMware, set", vmware(20), time.Hour, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			m, err := pvsim.New(tc.cfg)
+			require.NoError(t, err)
+			d, err := vfrdma.OpenFunction(m, &vfrdma.Options{PollDoorbell: true, PollPace: tc.pace})
+			require.NoError(t, err)
+			t.Cleanup(func() { d.Close(); m.Close() })
+			cq, err := d.CreateCQ(t.Context(), 16)
+			require.NoError(t, err)
+			wcs := make([]vfrdma.WC, 4)
+			const polls = 200 // a paced poll is a few loads: 200 take far less than 50 µs a piece
+			for range polls {
+				_, err := cq.Poll(wcs)
+				require.NoError(t, err)
+			}
+			if tc.paced {
+				assert.Less(t, cq.Stats().Doorbells, uint64(polls/2), "paced: far fewer POLL doorbells than empty polls")
+			} else {
+				assert.EqualValues(t, polls, cq.Stats().Doorbells, "a POLL doorbell per empty poll")
+			}
+		})
+	}
+}
+
 // Rule: CQ.Wait's spin defaults by device: DefaultSpin on VMware's, none
 // on QEMU's (whose device work runs on the cores a spinning guest takes);
 // Options.Spin sets it, and a negative one turns it off. A CQ reports it

@@ -78,10 +78,10 @@ func TestWaitSpinsForOptionsSpinBeforeItArms(t *testing.T) {
 	}
 }
 
-// Rule: with Options.PollDoorbell and a PollPace, an empty poll rings the
-// POLL doorbell at most once per PollPace; with no pace, on every empty
-// poll. A negative PollPace is refused by Open. (Faults caught: the pace
-// ignored; the pace never letting a doorbell through.)
+// Rule: with Options.PollDoorbell and a pace, an empty poll rings the POLL
+// doorbell at most once per pace; with no pace, on every empty poll.
+// (Faults caught: the pace ignored; the pace never letting a doorbell
+// through.)
 func TestPollPaceRingsThePollDoorbellAtMostOncePerPace(t *testing.T) {
 	f := newFixture(t, RC, 16)
 	f.d.opt.PollDoorbell = true
@@ -96,17 +96,11 @@ func TestPollPaceRingsThePollDoorbellAtMostOncePerPace(t *testing.T) {
 		return f.cq.Stats().Doorbells - before
 	}
 	assert.EqualValues(t, 10, polls(10), "no pace: a doorbell per empty poll")
-	f.d.opt.PollPace = time.Hour
+	f.d.pollPace = time.Hour
 	assert.EqualValues(t, 1, polls(10), "a pace of an hour: one doorbell")
-	f.d.opt.PollPace = time.Millisecond
+	f.d.pollPace = time.Millisecond
 	f.cq.lastPoll = time.Now().Add(-time.Second)
 	assert.EqualValues(t, 1, polls(1), "the pace has passed: the next empty poll rings")
-
-	_, err := OpenFunction(nil, &Options{PollPace: -1})
-	assert.ErrorIs(t, err, ErrInvalid)
-	_, err = Open("0000:00:10.1", &Options{PollPace: -time.Millisecond})
-	assert.ErrorIs(t, err, ErrInvalid)
-	assert.ErrorContains(t, err, "PollPace")
 }
 
 // The spin of a Wait that a completion answers allocates nothing.

@@ -7,7 +7,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 GO=${GO:-go}
 R=${1:-3}
-CFG=("--events --wait-spin=-1ns" "--events" "--events --wait-spin=1ms" "" "--poll-pace=20us" "--poll-pace=100us")
+CFG=("--events --wait-spin=-1ns" "--events" "--events --wait-spin=1ms" "--poll-pace=-1ns" "--poll-pace=20us" "" "--poll-pace=200us")
 for ((r = 0; r < R; r++)); do
   for c in "${CFG[@]}"; do
     # shellcheck disable=SC2086 # the flags are words

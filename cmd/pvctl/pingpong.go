@@ -37,7 +37,7 @@ func (t *trafficFlags) register(fs *flag.FlagSet, defSize int) {
 	fs.BoolVar(&t.vm, "vm", false, "the other end is the other VM of a two-VM bench run (VM 0 is the server)")
 	fs.StringVar(&t.tag, "tag", "pvctl", "rendezvous key prefix for --vm")
 	fs.BoolVar(&t.pollDoorbell, "poll-doorbell", true, "an empty CQ poll rings the CQ's POLL doorbell and looks again, as rdma-core's provider does: the default unless --events (on QEMU the doorbell harvests the backend's completions at once, where a guest that spins without it starves the emulated device of CPU)")
-	fs.DurationVar(&t.pollPace, "poll-pace", 0, "ring the POLL doorbell at most once per this long per CQ (Options.PollPace; 0: on every empty poll)")
+	fs.DurationVar(&t.pollPace, "poll-pace", 0, "ring the POLL doorbell at most once per this long per CQ (Options.PollPace; 0: the driver's default, 50µs on QEMU, every empty poll on VMware's device; negative: every empty poll)")
 	fs.DurationVar(&t.waitSpin, "wait-spin", 0, "how long CQ.Wait polls before it sleeps, with --events (Options.Spin; 0: the driver's default; negative: never)")
 	fs.BoolVar(&t.events, "events", false, "sleep on the CQ's interrupt when polls find nothing, after the driver's spin (rdma-core's -e); by default the ends poll without sleeping, as rdma-core's tools and perftest do")
 	fs.BoolVar(&t.events, "e", false, "short for --events")
