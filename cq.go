@@ -2,10 +2,10 @@ package vfrdma
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"math/bits"
-	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -704,32 +704,25 @@ func (cq *CQ) Wait(ctx context.Context) error {
 }
 
 // spin looks at the ring until it holds something, for at most d: it
-// reports whether it does. It reads the clock and ctx once per 16 looks.
+// reports whether it does.
 func (cq *CQ) spin(ctx context.Context, d time.Duration) (bool, error) {
-	var deadline time.Time
-	for i := 0; ; i++ { // mutation: equivalent — i-- instead: the clock is read at 0, -16, ... as at 0, 16, ...
+	ok, err := event.Spin(ctx, d, func() (bool, error) {
 		if !cq.enter() {
-			return false, cq.errClosed("wait CQ")
+			return false, ErrClosed
 		}
 		ok, _ := cq.ready()
 		cq.gate.Exit()
-		if ok {
-			cq.spun.Add(1)
-			return true, nil
-		}
-		if i%16 == 0 {
-			now := time.Now()
-			if i == 0 {
-				deadline = now.Add(d)
-			} else if now.After(deadline) {
-				return false, nil
-			}
-			if err := ctx.Err(); err != nil {
-				return false, cq.d.opErr("wait CQ", fmt.Errorf("spinning on CQ %d: %w", cq.handle, err))
-			}
-		}
-		runtime.Gosched()
+		return ok, nil
+	})
+	switch {
+	case errors.Is(err, ErrClosed):
+		return false, cq.errClosed("wait CQ")
+	case err != nil:
+		return false, cq.d.opErr("wait CQ", fmt.Errorf("spinning on CQ %d: %w", cq.handle, err))
+	case ok:
+		cq.spun.Add(1)
 	}
+	return ok, nil
 }
 
 // Spin returns how long Wait polls before it sleeps (Options.Spin, or its

@@ -249,26 +249,37 @@ func (ws *WaitSet) Close() error {
 }
 
 // spinFor looks at the members, unarmed, until one has events or the spin
-// has passed: it reports whether one has. It reads the clock and ctx once
-// per 16 rounds.
+// has passed: it reports whether one has.
 func (ws *WaitSet) spinFor(ctx context.Context) (bool, error) {
-	d := ws.Spin()
+	ok, err := Spin(ctx, ws.Spin(), func() (bool, error) {
+		if ws.closed.Load() {
+			return false, ErrClosed
+		}
+		for _, m := range *ws.members.Load() {
+			if ok, err := m.src.Ready(false, &m.mark); ok || err != nil {
+				return ok, err
+			}
+		}
+		return false, nil
+	})
+	if err != nil {
+		return false, fmt.Errorf("wait set (%d members, %v): %w", ws.Len(), ws.sig.kind, err)
+	}
+	return ok, nil
+}
+
+// Spin calls look, yielding the processor between calls, until it reports
+// true or an error, or d has passed (then false), or ctx ends (ctx's
+// error). It reads the clock and ctx once per 16 looks, and allocates
+// nothing: the spin of CQ.Wait and of a wait set's Wait.
+func Spin(ctx context.Context, d time.Duration, look func() (bool, error)) (bool, error) {
 	if d <= 0 { // mutation: equivalent — with < or a bound of 1 ns instead, a spin of 0 ends at its 16th look
 		return false, nil
 	}
 	var deadline time.Time
 	for i := 0; ; i++ { // mutation: equivalent — i-- instead: the clock is read at 0, -16, ... as at 0, 16, ...
-		if ws.closed.Load() {
-			return false, fmt.Errorf("wait set: %w", ErrClosed)
-		}
-		for _, m := range *ws.members.Load() {
-			ok, err := m.src.Ready(false, &m.mark)
-			if err != nil {
-				return false, fmt.Errorf("wait set (%d members, %v): %w", ws.Len(), ws.sig.kind, err)
-			}
-			if ok {
-				return true, nil
-			}
+		if ok, err := look(); ok || err != nil {
+			return ok, err
 		}
 		if i%16 == 0 {
 			now := time.Now()
@@ -278,7 +289,7 @@ func (ws *WaitSet) spinFor(ctx context.Context) (bool, error) {
 				return false, nil
 			}
 			if err := ctx.Err(); err != nil {
-				return false, fmt.Errorf("wait set (%d members, %v): %w", ws.Len(), ws.sig.kind, err)
+				return false, err
 			}
 		}
 		runtime.Gosched()
