@@ -378,6 +378,8 @@ func TestTheWaitSpinDefaultsByDevice(t *testing.T) {
 			assert.Equal(t, tc.want, ws.Spin(), "the wait set's spin")
 			ws.SetSpin(time.Second)
 			assert.Equal(t, time.Second, ws.Spin(), "set on the wait set")
+			ws.SetSpin(0)
+			assert.Zero(t, ws.Spin(), "no spin, set on the wait set, whatever its members ask")
 			require.NoError(t, ws.Remove(cq))
 			require.NoError(t, ws.Close())
 		})
