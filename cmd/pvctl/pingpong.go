@@ -45,10 +45,10 @@ func (t *trafficFlags) register(fs *flag.FlagSet, defSize int) {
 }
 
 // poller is how the tool waits for completions: polling without sleeping
-// (spinPoll), or with --events, or pingpong --spin=false, sleeping on the
-// CQ's interrupt when polls find nothing (waitPoll).
+// (spinPoll), or with --events sleeping on the CQ's interrupt when polls
+// find nothing (waitPoll).
 func (t *trafficFlags) poller() func(context.Context, *vfrdma.CQ, []vfrdma.WC) (int, error) {
-	if t.events || !t.spin {
+	if t.events {
 		return waitPoll
 	}
 	return spinPoll
@@ -56,7 +56,7 @@ func (t *trafficFlags) poller() func(context.Context, *vfrdma.CQ, []vfrdma.WC) (
 
 // waitMode names the poller in the tools' output.
 func (t *trafficFlags) waitMode() string {
-	if t.events || !t.spin {
+	if t.events {
 		return "events"
 	}
 	return "spin"
@@ -291,6 +291,12 @@ func cmdPingpong(e *env, args []string) error {
 			return errors.New("--spin and --events exclude each other")
 		}
 		t.spin = false
+	}
+	if !t.spin && !t.events { // --spin=false is --events
+		t.events = true
+		if err := t.noPollDoorbell(fs, "--spin=false"); err != nil {
+			return err
+		}
 	}
 	if err := checkSRQFlags(&t, srqs, srqGiven); err != nil {
 		return err

@@ -29,10 +29,11 @@ type srqSide struct {
 	swr    [1]vfrdma.SendWR
 	sge    [1]vfrdma.SGE
 	onRecv func(conn, seq int) error
+	poll   func(context.Context, *vfrdma.CQ, []vfrdma.WC) (int, error) // spinPoll, or waitPoll with --events
 }
 
-func newSRQSide(ctx context.Context, d *vfrdma.Device, pd *vfrdma.PD, n, size int) (*srqSide, error) {
-	s := &srqSide{size: size, depth: max(16, 4*n), conn: map[uint32]int{}, recvs: make([]int, n)}
+func newSRQSide(ctx context.Context, d *vfrdma.Device, pd *vfrdma.PD, n int, t *trafficFlags) (*srqSide, error) {
+	s := &srqSide{size: t.size, depth: max(16, 4*n), conn: map[uint32]int{}, recvs: make([]int, n), poll: t.poller()}
 	var err error
 	if s.cq, err = d.CreateCQ(ctx, 2*s.depth+8*n); err != nil {
 		return nil, err
@@ -48,10 +49,10 @@ func newSRQSide(ctx context.Context, d *vfrdma.Device, pd *vfrdma.PD, n, size in
 		s.qps = append(s.qps, qp)
 		s.conn[qp.QPN()] = i
 	}
-	if s.send, err = pd.AllocMR(ctx, n*max(size, 1), vfrdma.AccessLocalWrite); err != nil {
+	if s.send, err = pd.AllocMR(ctx, n*max(s.size, 1), vfrdma.AccessLocalWrite); err != nil {
 		return nil, err
 	}
-	if s.recv, err = pd.AllocMR(ctx, s.depth*max(size, 1), vfrdma.AccessLocalWrite); err != nil {
+	if s.recv, err = pd.AllocMR(ctx, s.depth*max(s.size, 1), vfrdma.AccessLocalWrite); err != nil {
 		return nil, err
 	}
 	s.rwr = make([]vfrdma.RecvWR, 0, s.depth)
@@ -120,10 +121,10 @@ func (s *srqSide) sendMsg(c, seq int) error {
 // seq numbers message k of connection c among n.
 func seqOf(k, c, n int) int { return k*n + c }
 
-// step polls the CQ once (sleeping on it when idle) and checks each
+// step polls the CQ once (with --events sleeping on it when idle) and checks each
 // receive against its connection's next sequence number.
 func (s *srqSide) step(ctx context.Context) error {
-	n, err := waitPoll(ctx, s.cq, s.wcs)
+	n, err := s.poll(ctx, s.cq, s.wcs)
 	if err != nil {
 		return err
 	}
@@ -199,7 +200,7 @@ func srqPingpong(ctx context.Context, e *env, t *trafficFlags, d *vfrdma.Device,
 		return err
 	}
 	client, server, x, err := pair(ctx, &t.peerFlags, d, func() (*srqSide, error) {
-		return newSRQSide(ctx, d, pd, n, t.size)
+		return newSRQSide(ctx, d, pd, n, t)
 	})
 	if err != nil {
 		return err
@@ -263,7 +264,7 @@ func srqPingpong(ctx context.Context, e *env, t *trafficFlags, d *vfrdma.Device,
 		doorbells += s.srq.DoorbellStats().Doorbells
 		sides++
 	}
-	r := pingpongResult{Transport: "RC", SRQQPs: n, Size: t.size, Iters: iters, Seconds: el.Seconds(), Wait: "events",
+	r := pingpongResult{Transport: "RC", SRQQPs: n, Size: t.size, Iters: iters, Seconds: el.Seconds(), Wait: t.waitMode(),
 		RoundTripUS: float64(el.Microseconds()) / float64(iters),
 		MbitPerSec:  float64(2*t.size*iters*n*8) / el.Seconds() / 1e6, Checked: true,
 		SRQDoorbellsPerRecv: float64(doorbells) / float64(sides*n*iters)}
