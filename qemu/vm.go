@@ -65,6 +65,13 @@ type Options struct {
 	// VM's pvrdma received (QEMU's pvrdma_uar_write trace event, logged to
 	// a file of the run): VMResult.Doorbells.
 	TraceDoorbells bool
+	// Timeline records, on the device side and stamped with the host's
+	// clock, each doorbell and each CQE the device wrote (QEMU's
+	// pvrdma_uar_write and pvrdma_post_cqe trace events, and the thread
+	// that ran each): VMResult.Timeline. The VMs of a run share the host's
+	// clock, so one VM's send can be followed into the other's CQ.
+	// It implies TraceDoorbells.
+	Timeline bool
 	// Env is added to every QEMU process's environment (and so reaches the
 	// software backend: SOFTVERBS_DROP_UD=N, its test hook, for one).
 	Env []string
@@ -94,6 +101,10 @@ type VMResult struct {
 	// class and operation ("QP SEND", "QP RECV", "CQ ARM", "CQ POLL", ...),
 	// with Options.TraceDoorbells.
 	Doorbells map[string]int
+	// Timeline is the device's doorbells and CQEs in order, with
+	// Options.Timeline; TimelineErr says why it could not be read.
+	Timeline    []DeviceEvent
+	TimelineErr error
 	// Backend holds the VM's software-backend counters at the end of the
 	// run: its traffic and every message the fabric dropped, by reason.
 	Backend []fabric.Counter
@@ -317,10 +328,18 @@ func runVM(ctx context.Context, o *Options, idx, n int, work, ethSock, mgmtSock 
 
 	args := qemuArgs(o, idx, n, mx.Path(), ctl.path, ethSock)
 	tracePath := ""
-	if o.TraceDoorbells {
+	if o.TraceDoorbells || o.Timeline {
 		tracePath = filepath.Join(work, node+".trace")
 		args = append(args, "-trace", "pvrdma_uar_write", "-D", tracePath)
-		defer func() { v.Doorbells = countDoorbells(tracePath) }()
+		if o.Timeline {
+			args = append(args, "-trace", "pvrdma_post_cqe", "-msg", "timestamp=on")
+		}
+		defer func() {
+			v.Doorbells = countDoorbells(tracePath)
+			if o.Timeline {
+				v.Timeline, v.TimelineErr = readTimeline(tracePath)
+			}
+		}()
 	}
 	if mgmtSock != "" {
 		args = append(args,

@@ -43,8 +43,21 @@ dbpm() {
 kinds() { echo "$out" | sed -n "s/^\(vm[01]\): device-side doorbells (QEMU's pvrdma_uar_write):/\1/p" | tr '\n' ';'; }
 # benchrate BATCH: the sender's (VM 1) msg/s of that batch.
 benchrate() { echo "$out" | awk -v b="$1" '$1 == "vm1:" && $2 == b && NF == 10 { print $4 }'; }
-# halfrtt: half of pvctl pingpong's round trip (VM 0).
-halfrtt() { echo "$out" | awk '$1 == "vm0:" && /per round trip/ { for (i = 1; i <= NF; i++) if ($i == "µs") { printf "%.2f\n", $(i-1) / 2; break } }'; }
+# halfrtt: half of pvctl pingpong's median round trip (VM 0), as
+# ib_send_lat's t_typical is half its median; halfmean: half the mean,
+# beside ib_send_lat's t_avg.
+halfrtt() { echo "$out" | awk '$1 == "vm0:" && /per round trip/ { for (i = 1; i < NF; i++) if ($i == "(median") { printf "%.2f\n", $(i+1) / 2; break } }'; }
+halfmean() { echo "$out" | awk '$1 == "vm0:" && /per round trip/ { for (i = 1; i <= NF; i++) if ($i == "µs") { printf "%.2f\n", $(i-1) / 2; break } }'; }
+# spans KEY: a -timeline run's round trip broken down (pvvm's medians):
+# transit to the server, its turnaround, transit back, the client's
+# turnaround, and the round trip.
+spans() {
+  local i=0 v
+  for v in $(echo "$out" | awk '/^  medians µs:/ { print $4, $6, $8, $10, $12 }'); do
+    add "$1,$i" "$v"
+    i=$((i + 1))
+  done
+}
 
 # The configurations: a key, pvctl's flags, and the row's name.
 # No flags: the ends spin, and an empty poll rings the POLL doorbell, as
@@ -69,8 +82,10 @@ for ((rep = 0; rep < REPS; rep++)); do
     add "rate,ref,$size" "$(echo "$out" | awk -v s="$size" '$1 == "vm1:" && $2 == s && NF == 6 { printf "%.0f\n", $6 * 1e6 }')"
     add "db,ref,$size" "$(dbpm "$MSGS")"
     notes[ref,$size]=$(kinds)
-    run "reference ib_send_lat $size B" -ref 2 -- @0 ib_send_lat -x 1 -n "$ITERS" -s "$size" + @1 retry ib_send_lat -x 1 -n "$ITERS" -s "$size" 192.168.100.1
+    run "reference ib_send_lat $size B" -timeline -ref 2 -- @0 ib_send_lat -x 1 -n "$ITERS" -s "$size" + @1 retry ib_send_lat -x 1 -n "$ITERS" -s "$size" 192.168.100.1
     add "lat,ref,$size" "$(echo "$out" | awk -v s="$size" '$1 == "vm1:" && $2 == s && NF >= 10 { print $6 }')"
+    add "mean,ref,$size" "$(echo "$out" | awk -v s="$size" '$1 == "vm1:" && $2 == s && NF >= 10 { print $7 }')"
+    spans "rt,ref,$size"
 
     # vfrdma: pvctl bench (VM 1 sends, VM 0 receives and reposts its
     # receives in chains), one doorbell per message (batch 1) and per 32,
@@ -85,8 +100,10 @@ for ((rep = 0; rep < REPS; rep++)); do
         notes[$k$batch,$size]=$(kinds)
       done
       # shellcheck disable=SC2086
-      run "vfrdma $k pingpong $size B" -- pingpong --vm --tag p$rep --rc --size "$size" --iters "$ITERS" ${VF_FLAGS[$k]}
+      run "vfrdma $k pingpong $size B" -timeline -- pingpong --vm --tag p$rep --rc --size "$size" --iters "$ITERS" ${VF_FLAGS[$k]}
       add "lat,$k,$size" "$(halfrtt)"
+      add "mean,$k,$size" "$(halfmean)"
+      spans "rt,$k,$size"
     done
   done
 done
@@ -100,20 +117,36 @@ cell() { # KEY FORMAT: "median (min–max)"
   [ "$m" = - ] && { echo -; return; }
   printf "%s (%s)" "$( [ "$2" = .0f ] && int "$m" || echo "$m")" "$(rng "$1" "$2")"
 }
-row() { printf "| %-6s | %-44s | %-26s | %-22s | %13s | %-10s |\n" "$@"; }
+row() { printf "| %-6s | %-44s | %-26s | %-22s | %-22s | %13s | %-10s |\n" "$@"; }
 echo
 echo "RC SEND between two guests on the same bench (QEMU 7.2 pvrdma under TCG, the softverbs backend)"
 echo "medians of $REPS interleaved runs (range in brackets): $MSGS messages per rate run, $WINDOW in flight; $ITERS iterations per latency run;"
+echo "one-way latency: half the median round trip (ib_send_lat's t_typical), and half the mean (its t_avg);"
 echo "doorbells: every kind both devices received in the rate runs (QEMU's pvrdma_uar_write), per message"
 echo
-row size stack "msg/s" "one-way latency µs" "doorbells/msg" "vfrdma/ref"
-printf "|%s|%s|%s|%s|%s|%s|\n" -------- ---------------------------------------------- ---------------------------- ------------------------ --------------- ------------
+row size stack "msg/s" "one-way µs, median" "one-way µs, mean" "doorbells/msg" "vfrdma/ref"
+printf "|%s|%s|%s|%s|%s|%s|%s|\n" -------- ---------------------------------------------- ---------------------------- ------------------------ ------------------------ --------------- ------------
 for size in 64 4096; do
   r=$(med "rate,ref,$size")
-  row "$size" "reference: ib_send_bw / ib_send_lat" "$(cell "rate,ref,$size" .0f)" "$(cell "lat,ref,$size" .1f)" "$(med "db,ref,$size")" ""
+  row "$size" "reference: ib_send_bw / ib_send_lat" "$(cell "rate,ref,$size" .0f)" "$(cell "lat,ref,$size" .1f)" "$(cell "mean,ref,$size" .1f)" "$(med "db,ref,$size")" ""
   for k in "${VF_KEYS[@]}"; do
-    row "$size" "${VF_NAME[$k]}: batch 1 / pingpong" "$(cell "rate,${k}1,$size" .0f)" "$(cell "lat,$k,$size" .1f)" "$(med "db,${k}1,$size")" "$(ratio "$(med "rate,${k}1,$size")" "$r")"
-    row "$size" "${VF_NAME[$k]}: batch 32" "$(cell "rate,${k}32,$size" .0f)" "" "$(med "db,${k}32,$size")" "$(ratio "$(med "rate,${k}32,$size")" "$r")"
+    row "$size" "${VF_NAME[$k]}: batch 1 / pingpong" "$(cell "rate,${k}1,$size" .0f)" "$(cell "lat,$k,$size" .1f)" "$(cell "mean,$k,$size" .1f)" "$(med "db,${k}1,$size")" "$(ratio "$(med "rate,${k}1,$size")" "$r")"
+    row "$size" "${VF_NAME[$k]}: batch 32" "$(cell "rate,${k}32,$size" .0f)" "" "" "$(med "db,${k}32,$size")" "$(ratio "$(med "rate,${k}32,$size")" "$r")"
+  done
+done
+echo
+echo "One round trip broken down from the two devices' timelines (pvvm -timeline: the host's clock in"
+echo "QEMU's trace of each doorbell and CQE; a transit is SEND doorbell → receive CQE in the peer's ring,"
+echo "a turnaround is CQE → the guest's next SEND doorbell); µs, medians of the runs' medians (range):"
+echo
+brow() { printf "| %-6s | %-30s | %-20s | %-20s | %-20s | %-20s | %-20s |\n" "$@"; }
+brow size stack "transit to server" "server turnaround" "transit to client" "client turnaround" "round trip"
+printf "|%s|%s|%s|%s|%s|%s|%s|\n" -------- -------------------------------- ---------------------- ---------------------- ---------------------- ---------------------- ----------------------
+for size in 64 4096; do
+  for k in ref "${VF_KEYS[@]}"; do
+    name=reference
+    [ "$k" != ref ] && name=${VF_NAME[$k]}
+    brow "$size" "$name" "$(cell "rt,$k,$size,0" .1f)" "$(cell "rt,$k,$size,1" .1f)" "$(cell "rt,$k,$size,2" .1f)" "$(cell "rt,$k,$size,3" .1f)" "$(cell "rt,$k,$size,4" .1f)"
   done
 done
 echo

@@ -96,7 +96,7 @@ func TestTrafficOnTheModel(t *testing.T) {
 
 // stripTimes zeroes what a run measures, leaving what it did.
 func stripTimes(r pingpongResult) pingpongResult {
-	r.Seconds, r.RoundTripUS, r.MbitPerSec = 0, 0, 0
+	r.Seconds, r.RoundTripUS, r.MbitPerSec, r.MedianUS, r.P99US = 0, 0, 0, 0, 0
 	return r
 }
 
@@ -275,4 +275,35 @@ func TestOneSidedBetweenTwoEnds(t *testing.T) {
 			assert.Contains(t, err.Error(), "give both ends the same --size")
 		}
 	})
+}
+
+// A ping-pong times each round trip and reports their median and 99th
+// percentile beside the mean (ib_send_lat's t_typical is a median): the
+// tail is at least the median, and both are measured, not zero.
+func TestPingpongReportsTheMedianAndTheTailOfItsRoundTrips(t *testing.T) {
+	var r pingpongResult
+	runJSON(t, "qemu", nil, cmdPingpong, []string{"--iters", "200", "--size", "64"}, &r)
+	assert.Positive(t, r.MedianUS)
+	assert.GreaterOrEqual(t, r.P99US, r.MedianUS)
+	var out bytes.Buffer
+	require.NoError(t, cmdPingpong(&env{out: &out, model: "qemu"}, []string{"--iters", "20", "--size", "64"}))
+	assert.Regexp(t, `µs per round trip \(median [0-9.]+ µs, 99th percentile [0-9.]+ µs\)`, out.String())
+}
+
+// quantiles takes the nearest rank: of 1..100 µs the median is 50 and
+// the 99th percentile 99; one sample is both.
+func TestQuantilesAreNearestRank(t *testing.T) {
+	d := make([]time.Duration, 100)
+	for i := range d {
+		d[i] = time.Duration(100-i) * time.Microsecond // unsorted
+	}
+	med, p99 := quantiles(d)
+	assert.Equal(t, 50*time.Microsecond, med)
+	assert.Equal(t, 99*time.Microsecond, p99)
+	med, p99 = quantiles([]time.Duration{7})
+	assert.Equal(t, time.Duration(7), med)
+	assert.Equal(t, time.Duration(7), p99)
+	med, p99 = quantiles(nil)
+	assert.Zero(t, med)
+	assert.Zero(t, p99)
 }

@@ -338,13 +338,29 @@ func waitPoll(ctx context.Context, cq *vfrdma.CQ, wcs []vfrdma.WC) (int, error) 
 // spinPoll polls until it gets completions, never sleeping; it yields the
 // processor between polls (one vCPU may carry both ends) and watches ctx.
 func spinPoll(ctx context.Context, cq *vfrdma.CQ, wcs []vfrdma.WC) (int, error) {
-	for {
+	return spinPollFor(ctx, cq, wcs, 0)
+}
+
+// spinPollFor is spinPoll that also gives up, with
+// context.DeadlineExceeded, when limit (if positive) passes without a
+// completion: a deadline kept by reading the clock every 64 empty polls
+// rather than by a context's timer, which a ping-pong would otherwise arm
+// and stop on every step.
+func spinPollFor(ctx context.Context, cq *vfrdma.CQ, wcs []vfrdma.WC, limit time.Duration) (int, error) {
+	var start time.Time
+	if limit > 0 {
+		start = time.Now()
+	}
+	for i := 1; ; i++ {
 		n, err := cq.Poll(wcs)
 		if n > 0 || err != nil {
 			return n, err
 		}
 		if err := ctx.Err(); err != nil {
 			return 0, err
+		}
+		if limit > 0 && i%64 == 0 && time.Since(start) > limit {
+			return 0, context.DeadlineExceeded
 		}
 		runtime.Gosched()
 	}

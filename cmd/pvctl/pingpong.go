@@ -6,6 +6,9 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"math"
+	"slices"
+	"sync"
 	"time"
 
 	"github.com/vfrdma/vfrdma"
@@ -190,29 +193,32 @@ func pair[E end](ctx context.Context, p *peerFlags, d *vfrdma.Device, mk func() 
 }
 
 // Message seq's byte i is byte(seq + 13i). As 13·256 is a multiple of
-// 256, the bytes repeat every 256: pattern and checkPattern build that
-// block once and copy or compare it whole (memmove and memequal), not a
-// byte at a time. In a TCG guest that is most of a 4 KiB message's cost in
-// the tool: a byte loop there costs several ns a byte, twice a message.
+// 256, the bytes repeat every 256, and the block depends on seq only
+// modulo 256: the 256 blocks are made once, and pattern and checkPattern
+// copy or compare the one they need whole (memmove and memequal). In a
+// TCG guest a byte loop costs several ns a byte: building even one block
+// per message was several µs of a 64-byte ping-pong's turnaround.
 const patternPeriod = 256
 
-func patternBlock(blk *[patternPeriod]byte, seq int) {
-	for i := range blk {
-		blk[i] = byte(seq + i*13)
+var patternBlocks = sync.OnceValue(func() *[patternPeriod][patternPeriod]byte {
+	var t [patternPeriod][patternPeriod]byte
+	for s := range t {
+		for i := range t[s] {
+			t[s][i] = byte(s + i*13)
+		}
 	}
-}
+	return &t
+})
 
 func pattern(b []byte, seq int) {
-	var blk [patternPeriod]byte
-	patternBlock(&blk, seq)
+	blk := &patternBlocks()[byte(seq)]
 	for off := 0; off < len(b); off += patternPeriod {
 		copy(b[off:], blk[:])
 	}
 }
 
 func checkPattern(b []byte, seq int) error {
-	var blk [patternPeriod]byte
-	patternBlock(&blk, seq)
+	blk := &patternBlocks()[byte(seq)]
 	for off := 0; off < len(b); off += patternPeriod {
 		chunk := b[off:min(off+patternPeriod, len(b))]
 		if bytes.Equal(chunk, blk[:len(chunk)]) {
@@ -236,6 +242,11 @@ type pingpongResult struct {
 	Iters       int     `json:"iters"` // with --srq: rounds of srq_qps round trips at once
 	Seconds     float64 `json:"seconds"`
 	RoundTripUS float64 `json:"round_trip_us"` // with --srq: per round
+	// The median and 99th percentile of the round trips, each timed on
+	// its own (ib_send_lat's t_typical is the median's half); a plain
+	// ping-pong only.
+	MedianUS float64 `json:"round_trip_median_us,omitempty"`
+	P99US    float64 `json:"round_trip_p99_us,omitempty"`
 	MbitPerSec  float64 `json:"mbit_per_s"`
 	Checked     bool    `json:"data_checked"`
 	// Wait is how the ends waited for completions: "spin" (polling, the
@@ -364,10 +375,15 @@ func cmdPingpong(e *env, args []string) error {
 	}
 	var pa, pb progress
 	step := func(ep *endpoint, p *progress) error {
-		wait := t.poller()
-		sctx, scancel := context.WithTimeout(ctx, stall)
-		n, err := wait(sctx, ep.cq, wcs)
-		scancel()
+		var n int
+		var err error
+		if t.events {
+			sctx, scancel := context.WithTimeout(ctx, stall)
+			n, err = waitPoll(sctx, ep.cq, wcs)
+			scancel()
+		} else {
+			n, err = spinPollFor(ctx, ep.cq, wcs, stall)
+		}
 		if err != nil && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
 			return stalled(ep, stall, p.sends, p.recvs, pa.recvs)
 		}
@@ -421,7 +437,13 @@ func cmdPingpong(e *env, args []string) error {
 			return err
 		}
 	}
+	// Each round trip is timed on its own (into a slice made before the
+	// loop, so the timing allocates nothing in it): the server's from one
+	// message's arrival to the next's, the client's from one send to the
+	// next.
+	rtts := make([]time.Duration, iters)
 	start := time.Now()
+	last := start
 	for i := 0; i < iters; i++ {
 		switch {
 		case b != nil: // loopback: a pings, b pongs
@@ -452,6 +474,8 @@ func cmdPingpong(e *env, args []string) error {
 				return err
 			}
 		}
+		now := time.Now()
+		rtts[i], last = now.Sub(last), now
 	}
 	// The echoes' send completions.
 	if err := until(a, &pa, func() bool { return pa.sends >= iters }); err != nil {
@@ -467,6 +491,8 @@ func cmdPingpong(e *env, args []string) error {
 	r := pingpongResult{Transport: typ.String(), Size: t.size, Iters: iters, Seconds: el.Seconds(),
 		RoundTripUS: float64(el.Microseconds()) / float64(iters),
 		MbitPerSec:  float64(2*t.size*iters*8) / el.Seconds() / 1e6, Checked: true, Wait: t.waitMode()}
+	med, p99 := quantiles(rtts)
+	r.MedianUS, r.P99US = us(med), us(p99)
 	how := ""
 	if t.sided == sideWrite {
 		r.Operation = vfrdma.OpRDMAWriteWithImm.String()
@@ -475,9 +501,23 @@ func cmdPingpong(e *env, args []string) error {
 	if e.json {
 		return e.printJSON(r)
 	}
-	fmt.Fprintf(e.out, "%s pingpong%s: %d round trips of %d bytes in %.2f s: %.1f µs per round trip, %.2f Mbit/s, every byte checked; waiting: %s\n",
-		r.Transport, how, iters, t.size, r.Seconds, r.RoundTripUS, r.MbitPerSec, r.Wait)
+	fmt.Fprintf(e.out, "%s pingpong%s: %d round trips of %d bytes in %.2f s: %.1f µs per round trip (median %.1f µs, 99th percentile %.1f µs), %.2f Mbit/s, every byte checked; waiting: %s\n",
+		r.Transport, how, iters, t.size, r.Seconds, r.RoundTripUS, r.MedianUS, r.P99US, r.MbitPerSec, r.Wait)
 	return nil
+}
+
+// quantiles returns the median and the 99th percentile of d (sorted in
+// place; nearest rank).
+func quantiles(d []time.Duration) (median, p99 time.Duration) {
+	if len(d) == 0 {
+		return 0, 0
+	}
+	slices.Sort(d)
+	rank := func(q float64) time.Duration {
+		i := int(math.Ceil(q*float64(len(d)))) - 1
+		return d[max(0, min(i, len(d)-1))]
+	}
+	return rank(0.5), rank(0.99)
 }
 
 // isRecv reports a receive's completion opcode.

@@ -60,6 +60,7 @@ type config struct {
 	pvctlArgs []string
 	ref       int               // the last ref VMs run the reference stack
 	doorbells bool              // count the doorbells each device received
+	timeline  bool              // break a two-VM ping-pong's round trips down from the devices' timelines
 	cmds      []command         // pvctl commands for the vfrdma VMs
 	refCmds   []command         // programs for the reference VMs
 	progs     map[string]string // a program's name in the image → its command line
@@ -110,6 +111,7 @@ func main() {
 	flag.BoolVar(&c.keep, "keep", false, "keep the built image in build/pvvm")
 	flag.BoolVar(&c.debug, "debug", false, "log the bench's own steps to stderr")
 	flag.BoolVar(&c.doorbells, "doorbells", false, "count, on the device side, the doorbells each VM's pvrdma received (QEMU's trace)")
+	flag.BoolVar(&c.timeline, "timeline", false, "record each device's doorbells and CQEs on the host's clock (QEMU's trace) and break a two-VM ping-pong's round trips down: each transit and each end's turnaround (implies -doorbells)")
 	flag.IntVar(&c.ref, "ref", 0, "the last N VMs run the reference stack (Linux vmw_pvrdma + rdma-core) and rdma-core's or perftest's programs instead of pvctl")
 	flag.Usage = func() {
 		fmt.Fprintf(os.Stderr, "usage: pvvm [flags] -- PVCTL-ARGS... [+ PVCTL-ARGS...]\n       pvvm [flags] -test PKGS\n       pvvm -vms 2 -ref 1 -- [@VM] PVCTL-ARGS + [@VM] PROGRAM ARGS...\n\n"+
@@ -158,7 +160,8 @@ func run(ctx context.Context, c *config) (int, error) {
 		BackendDir:     filepath.Join(root, "build", "softverbs"),
 		Kernel:         kernel.Image(),
 		Timeout:        c.timeout,
-		TraceDoorbells: c.doorbells,
+		TraceDoorbells: c.doorbells || c.timeline,
+		Timeline:       c.timeline,
 	}
 	if c.dropUD != "" {
 		opt.Env = append(opt.Env, "SOFTVERBS_DROP_UD="+c.dropUD)

@@ -72,13 +72,18 @@ func runPvctl(ctx context.Context, c *config, opt *qemu.Options) (int, error) {
 			fmt.Println(l)
 		}
 	}
-	if err == nil && c.doorbells {
+	if err == nil && (c.doorbells || c.timeline) {
 		for _, vm := range res.VMs {
 			fmt.Printf("vm%d: device-side doorbells (QEMU's pvrdma_uar_write):%s\n", vm.Index, doorbellText(vm.Doorbells))
 		}
 	}
 	if err != nil {
 		return 1, err
+	}
+	if c.timeline {
+		if err := printBreakdown(os.Stdout, res); err != nil {
+			return 1, err
+		}
 	}
 	if c.counters {
 		for _, vm := range res.VMs {

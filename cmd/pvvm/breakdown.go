@@ -1,0 +1,205 @@
+package main
+
+import (
+	"fmt"
+	"io"
+	"slices"
+	"time"
+
+	"github.com/vfrdma/vfrdma/qemu"
+)
+
+// A ping-pong's round trip, seen from the two devices (pvvm -timeline):
+// the client's SEND doorbell, the receive's CQE in the server's CQ, the
+// server's SEND doorbell, the receive's CQE in the client's CQ, and the
+// client's next SEND doorbell. The two QEMU processes stamp their traces
+// with one host clock, so the spans between them are comparable: a
+// transit is the emulated device, the backend and the fabric moving one
+// message (from the doorbell to the CQE in the peer's ring); a turnaround
+// is the guest's own time (from the CQE in its ring to its next SEND
+// doorbell: noticing the CQE, checking and reposting, posting the reply).
+
+// roundTrips is the breakdown of every round trip of a ping-pong between
+// two VMs' timelines.
+type roundTrips struct {
+	client, server int // VM indexes
+	n              int // round trips broken down
+	skipped        int // round trips whose events were out of order
+	// Each round trip's spans, in order: transit client→server,
+	// turnaround at the server, transit server→client, turnaround at the
+	// client, and the whole round trip.
+	spans [5][]time.Duration
+	// notice[i]: from a receive's CQE to the first doorbell other than a
+	// POLL that the VM (server 0, client 1) rang after it.
+	notice [2][]time.Duration
+	// Receive CQEs the VM's vCPU thread wrote (a POLL doorbell harvested
+	// the backend) and all of them, per VM (server 0, client 1).
+	byVCPU, cqes [2]int
+	// POLL doorbells per VM over the round trips broken down.
+	polls [2]int
+	// The transit to and the turnaround at each VM (server 0, client 1),
+	// split by who wrote the receive's CQE: [vm][0] its vCPU (a POLL
+	// doorbell's harvest), [vm][1] the device's completion thread.
+	transitBy, turnBy [2][2][]time.Duration
+}
+
+// breakDown pairs the k-th SEND doorbell of one VM with the k-th receive
+// CQE of the other. The client is the VM whose first SEND came first.
+// A ping-pong rings one SEND doorbell per message and receives into one
+// QP, so the k-th of each is the k-th message; with anything else in the
+// run the pairs are wrong, and breakDown says so when the counts differ.
+func breakDown(vms [2][]qemu.DeviceEvent) (*roundTrips, error) {
+	var sends, recvs [2][]qemu.DeviceEvent
+	var vcpu [2]int
+	for v, evs := range vms {
+		for _, ev := range evs {
+			switch {
+			case ev.Kind == "QP SEND":
+				sends[v] = append(sends[v], ev)
+				vcpu[v] = ev.Thread
+			case ev.Kind == qemu.CQEKind && ev.Opcode == qemu.CQERecv && ev.Status == 0:
+				recvs[v] = append(recvs[v], ev)
+			}
+		}
+	}
+	for v := range sends {
+		if len(sends[v]) == 0 {
+			return nil, fmt.Errorf("vm%d rang no SEND doorbell: no ping-pong to break down", v)
+		}
+	}
+	c, s := 0, 1
+	if sends[1][0].At.Before(sends[0][0].At) {
+		c, s = 1, 0
+	}
+	// Round trip k: the client's send k and the server's echo k, then the
+	// client's send k+1.
+	n := min(len(sends[c])-1, len(recvs[s]), len(sends[s]), len(recvs[c]))
+	if n < 1 || len(sends[c]) != len(recvs[s]) || len(sends[s]) != len(recvs[c]) {
+		return nil, fmt.Errorf("the SEND doorbells and receive CQEs do not pair up as a ping-pong's: vm%d sent %d and vm%d received %d; vm%d sent %d and vm%d received %d",
+			c, len(sends[c]), s, len(recvs[s]), s, len(sends[s]), c, len(recvs[c]))
+	}
+	r := &roundTrips{client: c, server: s}
+	role := [2]int{} // VM index → 0 server, 1 client
+	role[c], role[s] = 1, 0
+	for k := 0; k < n; k++ {
+		t := [5]time.Time{sends[c][k].At, recvs[s][k].At, sends[s][k].At, recvs[c][k].At, sends[c][k+1].At}
+		ordered := true
+		for i := 1; i < len(t); i++ {
+			ordered = ordered && !t[i].Before(t[i-1])
+		}
+		if !ordered {
+			r.skipped++
+			continue
+		}
+		r.n++
+		for i := 0; i < 4; i++ {
+			r.spans[i] = append(r.spans[i], t[i+1].Sub(t[i]))
+		}
+		r.spans[4] = append(r.spans[4], t[4].Sub(t[0]))
+		for rv, cqe := range [2]qemu.DeviceEvent{recvs[s][k], recvs[c][k]} {
+			h := 1
+			if cqe.Thread == vcpu[[2]int{s, c}[rv]] {
+				h = 0
+			}
+			r.transitBy[rv][h] = append(r.transitBy[rv][h], t[2*rv+1].Sub(t[2*rv]))
+			r.turnBy[rv][h] = append(r.turnBy[rv][h], t[2*rv+2].Sub(t[2*rv+1]))
+		}
+	}
+	first, last := sends[c][0].At, sends[c][n].At
+	for v, evs := range vms {
+		rv := role[v]
+		for i, ev := range evs {
+			if ev.At.Before(first) || ev.At.After(last) {
+				continue
+			}
+			switch {
+			case ev.Kind == "CQ POLL":
+				r.polls[rv]++
+			case ev.Kind == qemu.CQEKind && ev.Opcode == qemu.CQERecv && ev.Status == 0:
+				r.cqes[rv]++
+				if ev.Thread == vcpu[v] {
+					r.byVCPU[rv]++
+				}
+				for _, next := range evs[i+1:] {
+					if next.Kind != qemu.CQEKind && next.Kind != "CQ POLL" {
+						r.notice[rv] = append(r.notice[rv], next.At.Sub(ev.At))
+						break
+					}
+				}
+			}
+		}
+	}
+	return r, nil
+}
+
+// median of d (sorted in place), nearest rank; 0 if empty.
+func median(d []time.Duration) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	slices.Sort(d)
+	return d[(len(d)-1)/2]
+}
+
+// print writes the breakdown: the medians of each span, and how the
+// receives' CQEs were harvested.
+func (r *roundTrips) print(w io.Writer) {
+	us := func(d time.Duration) string { return fmt.Sprintf("%7.1f", float64(d)/1e3) }
+	c, s := r.client, r.server
+	fmt.Fprintf(w, "round trips broken down (device timelines, pvvm -timeline): %d", r.n)
+	if r.skipped > 0 {
+		fmt.Fprintf(w, " (%d more out of order, left out)", r.skipped)
+	}
+	fmt.Fprintf(w, "; vm%d is the client; medians in µs:\n", c)
+	sum := time.Duration(0)
+	meds := [5]time.Duration{}
+	for i := range r.spans {
+		meds[i] = median(r.spans[i])
+		if i < 4 {
+			sum += meds[i]
+		}
+	}
+	fmt.Fprintf(w, "  transit vm%d→vm%d (SEND doorbell → receive CQE)   %s\n", c, s, us(meds[0]))
+	fmt.Fprintf(w, "  turnaround at vm%d (CQE → SEND doorbell)          %s  (CQE → its next doorbell but POLL: %s)\n", s, us(meds[1]), us(median(r.notice[0])))
+	fmt.Fprintf(w, "  transit vm%d→vm%d                                 %s\n", s, c, us(meds[2]))
+	fmt.Fprintf(w, "  turnaround at vm%d                                %s  (CQE → its next doorbell but POLL: %s)\n", c, us(meds[3]), us(median(r.notice[1])))
+	fmt.Fprintf(w, "  round trip                                      %s  (the four medians add up to %s)\n", us(meds[4]), us(sum))
+	fmt.Fprintf(w, "  medians µs: to-server %.1f server %.1f to-client %.1f client %.1f round-trip %.1f\n",
+		float64(meds[0])/1e3, float64(meds[1])/1e3, float64(meds[2])/1e3, float64(meds[3])/1e3, float64(meds[4])/1e3)
+	for rv, v := range [2]int{s, c} {
+		pct := 0.0
+		if r.cqes[rv] > 0 {
+			pct = 100 * float64(r.byVCPU[rv]) / float64(r.cqes[rv])
+		}
+		per := 0.0
+		if r.n > 0 {
+			per = float64(r.polls[rv]) / float64(r.n)
+		}
+		fmt.Fprintf(w, "  vm%d: %.1f POLL doorbells per round trip; %.0f%% of its receive CQEs written by its vCPU (a POLL doorbell's harvest), the rest by the device's completion thread\n", v, per, pct)
+		for h, who := range []string{"its vCPU", "the completion thread"} {
+			if n := len(r.transitBy[rv][h]); n > 0 {
+				fmt.Fprintf(w, "    CQE written by %s (%d): transit to vm%d %s, turnaround %s\n", who, n, v, us(median(r.transitBy[rv][h])), us(median(r.turnBy[rv][h])))
+			}
+		}
+	}
+}
+
+// printBreakdown breaks a two-VM run's ping-pong down.
+func printBreakdown(w io.Writer, res *qemu.Result) error {
+	if len(res.VMs) != 2 {
+		return fmt.Errorf("-timeline: a round trip is broken down between two VMs, not %d", len(res.VMs))
+	}
+	var tl [2][]qemu.DeviceEvent
+	for i, vm := range res.VMs {
+		if vm.TimelineErr != nil {
+			return fmt.Errorf("-timeline: vm%d: %w", i, vm.TimelineErr)
+		}
+		tl[i] = vm.Timeline
+	}
+	r, err := breakDown(tl)
+	if err != nil {
+		return fmt.Errorf("-timeline: %w", err)
+	}
+	r.print(w)
+	return nil
+}

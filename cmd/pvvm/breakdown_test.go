@@ -1,0 +1,77 @@
+package main
+
+import (
+	"bytes"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/vfrdma/vfrdma/qemu"
+)
+
+// pingpongTimelines makes two VMs' timelines of n round trips: vm1 sends
+// first; each transit takes 100 µs (to vm0) and 120 µs (to vm1), vm0
+// turns around in 30 µs and vm1 in 50 µs; vm0's vCPU harvests every
+// other receive with a POLL doorbell, vm1's completion thread all of its.
+func pingpongTimelines(n int) [2][]qemu.DeviceEvent {
+	const vcpu0, comp0, vcpu1, comp1 = 10, 11, 20, 21
+	t := time.Unix(1000, 0)
+	at := func(us int) time.Time { return t.Add(time.Duration(us) * time.Microsecond) }
+	var vm [2][]qemu.DeviceEvent
+	for k, base := 0, 0; k < n; k, base = k+1, base+300 {
+		vm[1] = append(vm[1], qemu.DeviceEvent{At: at(base), Thread: vcpu1, Kind: "QP SEND"})
+		harvester := comp0
+		if k%2 == 0 {
+			vm[0] = append(vm[0], qemu.DeviceEvent{At: at(base + 99), Thread: vcpu0, Kind: "CQ POLL"})
+			harvester = vcpu0
+		}
+		vm[0] = append(vm[0],
+			qemu.DeviceEvent{At: at(base + 100), Thread: harvester, Kind: qemu.CQEKind, Opcode: qemu.CQERecv},
+			qemu.DeviceEvent{At: at(base + 120), Thread: vcpu0, Kind: "QP RECV"},
+			qemu.DeviceEvent{At: at(base + 130), Thread: vcpu0, Kind: "QP SEND"})
+		vm[1] = append(vm[1],
+			qemu.DeviceEvent{At: at(base + 200), Thread: comp1, Kind: qemu.CQEKind, Opcode: qemu.CQESend},
+			qemu.DeviceEvent{At: at(base + 250), Thread: comp1, Kind: qemu.CQEKind, Opcode: qemu.CQERecv})
+	}
+	return vm
+}
+
+// A round trip is split into the two transits and the two turnarounds
+// from the devices' events alone, the client found by who sent first,
+// and each receive's CQE told by the thread that wrote it. Ten messages
+// each way are nine round trips (the last has no next send to end it).
+func TestTheBreakdownSplitsARoundTripIntoTransitsAndTurnarounds(t *testing.T) {
+	r, err := breakDown(pingpongTimelines(10))
+	require.NoError(t, err)
+	assert.Equal(t, 1, r.client)
+	assert.Equal(t, 0, r.server)
+	assert.Equal(t, 9, r.n)
+	us := func(n int) time.Duration { return time.Duration(n) * time.Microsecond }
+	for i, want := range []time.Duration{us(100), us(30), us(120), us(50), us(300)} {
+		assert.Equal(t, want, median(r.spans[i]), "span %d", i)
+	}
+	assert.Equal(t, us(20), median(r.notice[0]), "vm0: CQE → its RECV doorbell")
+	assert.Equal(t, [2]int{5, 0}, r.byVCPU)
+	assert.Equal(t, [2]int{9, 9}, r.cqes)
+	assert.Equal(t, 5, r.polls[0])
+	assert.Len(t, r.turnBy[0][0], 5)
+	assert.Len(t, r.turnBy[0][1], 4)
+	assert.Len(t, r.turnBy[1][1], 9)
+	var out bytes.Buffer
+	r.print(&out)
+	assert.Contains(t, out.String(), "vm1 is the client")
+	assert.Contains(t, out.String(), "56% of its receive CQEs written by its vCPU")
+}
+
+// Events that are not a ping-pong's are refused, not broken down wrongly:
+// a VM that never sent, and counts that do not pair up.
+func TestTheBreakdownRefusesWhatIsNotAPingPong(t *testing.T) {
+	tl := pingpongTimelines(4)
+	_, err := breakDown([2][]qemu.DeviceEvent{tl[0], nil})
+	assert.ErrorContains(t, err, "rang no SEND doorbell")
+	tl[0] = tl[0][:len(tl[0])-1] // vm0's last echo never sent
+	_, err = breakDown(tl)
+	assert.ErrorContains(t, err, "do not pair up")
+}
