@@ -245,10 +245,10 @@ type pingpongResult struct {
 	// The median and 99th percentile of the round trips, each timed on
 	// its own (ib_send_lat's t_typical is the median's half); a plain
 	// ping-pong only.
-	MedianUS float64 `json:"round_trip_median_us,omitempty"`
-	P99US    float64 `json:"round_trip_p99_us,omitempty"`
-	MbitPerSec  float64 `json:"mbit_per_s"`
-	Checked     bool    `json:"data_checked"`
+	MedianUS   float64 `json:"round_trip_median_us,omitempty"`
+	P99US      float64 `json:"round_trip_p99_us,omitempty"`
+	MbitPerSec float64 `json:"mbit_per_s"`
+	Checked    bool    `json:"data_checked"`
 	// Wait is how the ends waited for completions: "spin" (polling, the
 	// default) or "events" (sleeping on the CQ's interrupt, --events).
 	Wait string `json:"wait"`
