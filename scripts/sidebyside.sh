@@ -115,7 +115,8 @@ int() { [ "$1" = - ] && echo - || printf "%.0f" "$1"; }
 cell() { # KEY FORMAT: "median (min–max)"
   local m; m=$(med "$1")
   [ "$m" = - ] && { echo -; return; }
-  printf "%s (%s)" "$( [ "$2" = .0f ] && int "$m" || echo "$m")" "$(rng "$1" "$2")"
+  local r; r=$(rng "$1" "$2")
+  printf "%s%s" "$( [ "$2" = .0f ] && int "$m" || echo "$m")" "${r:+ ($r)}"
 }
 row() { printf "| %-6s | %-44s | %-26s | %-22s | %-22s | %13s | %-10s |\n" "$@"; }
 echo

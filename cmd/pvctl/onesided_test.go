@@ -307,3 +307,34 @@ func TestQuantilesAreNearestRank(t *testing.T) {
 	assert.Zero(t, med)
 	assert.Zero(t, p99)
 }
+
+// Every message a ping-pong receives is checked, at each end, the last
+// ones too (a receive's check waits for the end's next send, and the
+// last has none), in order, over RC and UD.
+func TestEveryPingpongMessageIsCheckedTheLastToo(t *testing.T) {
+	for _, tr := range []string{"--rc", "--ud"} {
+		var seen []int
+		checkMessage = func(b []byte, seq int) error {
+			seen = append(seen, seq)
+			return checkPattern(b, seq)
+		}
+		var out bytes.Buffer
+		err := cmdPingpong(&env{out: &out, model: "qemu"}, []string{tr, "--iters", "20", "--size", "300"})
+		checkMessage = checkPattern
+		require.NoError(t, err, tr)
+		require.Len(t, seen, 40, "%s: 20 messages each way", tr)
+		for i := 0; i < 20; i++ {
+			assert.Equal(t, 2, occurrences(seen, i), "%s: message %d checked at both ends", tr, i)
+		}
+	}
+}
+
+func occurrences(xs []int, x int) int {
+	n := 0
+	for _, v := range xs {
+		if v == x {
+			n++
+		}
+	}
+	return n
+}

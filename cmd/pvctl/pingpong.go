@@ -233,6 +233,10 @@ func checkPattern(b []byte, seq int) error {
 	return nil
 }
 
+// checkMessage is how pingpong checks a received message (a test watches
+// it to see every message checked).
+var checkMessage = checkPattern
+
 type pingpongResult struct {
 	Transport   string  `json:"transport"`
 	Operation   string  `json:"operation,omitempty"` // --write: RDMA_WRITE_WITH_IMM; --read: RDMA_READ (then Iters counts READs, RoundTripUS is per READ)
@@ -346,14 +350,25 @@ func cmdPingpong(e *env, args []string) error {
 		hdr = vfrdma.UDHeaderRoom
 	}
 	// Each end counts its completed sends and receives; a receive is
-	// checked against its own sequence number whenever it arrives (one
-	// CQ carries both kinds, so the next message may come before the
-	// last echo's send completion).
-	type progress struct{ sends, recvs int }
+	// checked against its own sequence number (one CQ carries both kinds,
+	// so the next message may come before the last echo's send
+	// completion). A consumed receive is owed: its bytes are checked and
+	// it is posted again right after this end's next send, off the path
+	// from a message's arrival to its reply, as perftest's latency tests
+	// repost theirs off that path. Each end keeps two receives posted, in
+	// two slots, so one is always waiting and the next message cannot land
+	// in a slot not yet checked. (A --write lands in slot 0 whatever
+	// receive it consumes: it is checked on arrival.)
+	type progress struct {
+		sends, recvs int
+		owed         []vfrdma.WC // receives consumed, to check and post again
+		owedSeq      []int       // the message each carried
+	}
+	deferCheck := t.sided != sideWrite
 	wcs := make([]vfrdma.WC, 4)
 	var wr [1]vfrdma.SendWR
 	var sge [1]vfrdma.SGE
-	fill, check := pattern, checkPattern
+	fill, check := pattern, checkMessage
 	if t.rdmaCore {
 		fill, check = fillRdmaCore, checkRdmaCore
 	}
@@ -364,16 +379,37 @@ func cmdPingpong(e *env, args []string) error {
 	if t.sided == sideWrite {
 		recvOp = vfrdma.WCRecvRDMAWithImm
 	}
-	send := func(ep *endpoint, seq int) error {
+	var settle func(*endpoint, *progress, bool) error
+	send := func(ep *endpoint, p *progress, seq int) error {
 		fill(ep.send.Bytes()[:t.size], seq)
 		ep.sendWR(&wr[0], sge[:], uint64(seq), 0, t.size)
 		if t.sided == sideWrite {
 			wr[0].Opcode, wr[0].Imm, wr[0].RemoteAddr, wr[0].RKey = vfrdma.OpRDMAWriteWithImm, uint32(seq), ep.peer.Addr, ep.peer.RKey
 		}
-		_, err := ep.qp.PostSend(wr[:], 0)
-		return err
+		if _, err := ep.qp.PostSend(wr[:], 0); err != nil {
+			return err
+		}
+		return settle(ep, p, true)
 	}
 	var pa, pb progress
+	// settle checks the owed receives' bytes and, with repost, posts them
+	// again (one chain, one doorbell).
+	settle = func(ep *endpoint, p *progress, repost bool) error {
+		for i, wc := range p.owed {
+			if !deferCheck {
+				break
+			}
+			if err := check(ep.recv.Bytes()[int(wc.WRID)*ep.slot+hdr:][:t.size], p.owedSeq[i]); err != nil {
+				return err
+			}
+		}
+		var err error
+		if repost {
+			err = ep.repost(p.owed)
+		}
+		p.owed, p.owedSeq = p.owed[:0], p.owedSeq[:0]
+		return err
+	}
 	step := func(ep *endpoint, p *progress) error {
 		var n int
 		var err error
@@ -407,13 +443,13 @@ func cmdPingpong(e *env, args []string) error {
 			if int(wc.ByteLen) != t.size+hdr {
 				return fmt.Errorf("message %d: received %d bytes, want %d", p.recvs, int(wc.ByteLen)-hdr, t.size)
 			}
-			if err := check(ep.recv.Bytes()[hdr:hdr+t.size], p.recvs); err != nil {
-				return err
+			if !deferCheck {
+				if err := check(ep.recv.Bytes()[hdr:][:t.size], p.recvs); err != nil {
+					return err
+				}
 			}
+			p.owed, p.owedSeq = append(p.owed, wc), append(p.owedSeq, p.recvs)
 			p.recvs++
-			if err := ep.postRecv(0); err != nil {
-				return err
-			}
 		}
 		return nil
 	}
@@ -426,11 +462,14 @@ func cmdPingpong(e *env, args []string) error {
 		return nil
 	}
 	for _, ep := range []*endpoint{a, b} {
-		if ep != nil {
-			if err := ep.postRecv(0); err != nil {
+		for slot := 0; ep != nil && slot < 2; slot++ {
+			if err := ep.postRecv(slot); err != nil {
 				return err
 			}
 		}
+	}
+	for _, p := range []*progress{&pa, &pb} {
+		p.owed, p.owedSeq = make([]vfrdma.WC, 0, 2), make([]int, 0, 2)
 	}
 	if x != nil {
 		if err := x.barrier(ctx, "pingpong-ready"); err != nil {
@@ -447,13 +486,13 @@ func cmdPingpong(e *env, args []string) error {
 	for i := 0; i < iters; i++ {
 		switch {
 		case b != nil: // loopback: a pings, b pongs
-			if err := send(a, i); err != nil {
+			if err := send(a, &pa, i); err != nil {
 				return err
 			}
 			if err := until(b, &pb, func() bool { return pb.recvs > i }); err != nil {
 				return err
 			}
-			if err := send(b, i); err != nil {
+			if err := send(b, &pb, i); err != nil {
 				return err
 			}
 			if err := until(a, &pa, func() bool { return pa.recvs > i && pa.sends > i }); err != nil {
@@ -463,11 +502,11 @@ func cmdPingpong(e *env, args []string) error {
 			if err := until(a, &pa, func() bool { return pa.recvs > i }); err != nil {
 				return err
 			}
-			if err := send(a, i); err != nil {
+			if err := send(a, &pa, i); err != nil {
 				return err
 			}
 		default:
-			if err := send(a, i); err != nil {
+			if err := send(a, &pa, i); err != nil {
 				return err
 			}
 			if err := until(a, &pa, func() bool { return pa.recvs > i && pa.sends > i }); err != nil {
@@ -477,7 +516,15 @@ func cmdPingpong(e *env, args []string) error {
 		now := time.Now()
 		rtts[i], last = now.Sub(last), now
 	}
-	// The echoes' send completions.
+	// The last messages' checks, and the echoes' send completions.
+	if err := settle(a, &pa, false); err != nil {
+		return err
+	}
+	if b != nil {
+		if err := settle(b, &pb, false); err != nil {
+			return err
+		}
+	}
 	if err := until(a, &pa, func() bool { return pa.sends >= iters }); err != nil {
 		return err
 	}
