@@ -363,6 +363,7 @@ func cmdPingpong(e *env, args []string) error {
 		sends, recvs int
 		owed         []vfrdma.WC // receives consumed, to check and post again
 		owedSeq      []int       // the message each carried
+		ready        int         // 1 + the message already written into its send slot (0: none)
 	}
 	deferCheck := t.sided != sideWrite
 	wcs := make([]vfrdma.WC, 4)
@@ -380,16 +381,30 @@ func cmdPingpong(e *env, args []string) error {
 		recvOp = vfrdma.WCRecvRDMAWithImm
 	}
 	var settle func(*endpoint, *progress, bool) error
+	// Messages go out of two send slots in turn. Message seq+1 is written
+	// into its slot right after message seq is posted (off the round
+	// trip, as the reply to come cannot be sent before then) when the
+	// slot's last send, seq-1, has completed; otherwise when it is sent.
+	sendBuf := func(ep *endpoint, seq int) []byte { return ep.send.Bytes()[(seq%2)*ep.slot:][:t.size] }
 	send := func(ep *endpoint, p *progress, seq int) error {
-		fill(ep.send.Bytes()[:t.size], seq)
-		ep.sendWR(&wr[0], sge[:], uint64(seq), 0, t.size)
+		if p.ready != seq+1 {
+			fill(sendBuf(ep, seq), seq)
+		}
+		ep.sendWR(&wr[0], sge[:], uint64(seq), seq%2, t.size)
 		if t.sided == sideWrite {
 			wr[0].Opcode, wr[0].Imm, wr[0].RemoteAddr, wr[0].RKey = vfrdma.OpRDMAWriteWithImm, uint32(seq), ep.peer.Addr, ep.peer.RKey
 		}
 		if _, err := ep.qp.PostSend(wr[:], 0); err != nil {
 			return err
 		}
-		return settle(ep, p, true)
+		if err := settle(ep, p, true); err != nil {
+			return err
+		}
+		if p.sends >= seq && seq+1 < iters {
+			fill(sendBuf(ep, seq+1), seq+1)
+			p.ready = seq + 2
+		}
+		return nil
 	}
 	var pa, pb progress
 	// settle checks the owed receives' bytes and, with repost, posts them
