@@ -23,7 +23,10 @@ pkgs=(
 
 die() { echo "setup: $*" >&2; exit 1; }
 [ "$(id -u)" = 0 ] || die "must run as root (apt-get, VFIO and QEMU need it); run: sudo make setup"
-command -v go >/dev/null || die "go is not on PATH: install Go 1.26 or newer (go.mod needs it)"
+# Go: at least the version go.mod names; Debian 12's own is too old.
+# shellcheck source=gocheck.sh
+source "$top/scripts/gocheck.sh"
+check_go "$top" || exit 1
 
 # install_missing WHY PKG...: installs those of the packages that are not.
 install_missing() {

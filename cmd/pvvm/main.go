@@ -8,10 +8,19 @@
 //	                              list of package directories, or "all") and
 //	                              run them in the VM(s)
 //
+// A command's standard output goes to pvvm's, its standard error to pvvm's
+// (so `pvvm -- info --json > info.json` holds the JSON alone). With
+// several VMs each line starts "vmN: " and each VM's lines come as a block
+// once the run is over. A run of more than one command (counting each VM
+// a command runs in) ends with a summary on stderr: each command, its VM,
+// how it ended and how long it took. An empty command ("+" with nothing
+// before or after it) is refused before anything is built.
+//
 // With -vms N the VMs share one software RDMA fabric and a control channel
-// each, so tests can exchange QP addresses. Tests whose names start with
-// TestMultiVM need several VMs: a one-VM run leaves them out, and a
-// several-VM run runs only them unless -run says otherwise.
+// each, so tests can exchange QP addresses, and a management network
+// (virtio-net, 192.168.100.N+1) for TCP between them. Tests whose names
+// start with TestMultiVM need several VMs: a one-VM run leaves them out,
+// and a several-VM run runs only them unless -run says otherwise.
 //
 // Under -test the last line is "pvvm: N passed, N failed". A skipped test
 // counts as failed unless -allow-skip is given: on the bench every in-guest
@@ -30,6 +39,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -64,6 +74,24 @@ type config struct {
 	cmds      []command         // pvctl commands for the vfrdma VMs
 	refCmds   []command         // programs for the reference VMs
 	progs     map[string]string // a program's name in the image → its command line
+	programs  []program         // the images' programs, in order
+
+	stdout, stderr io.Writer // pvvm's own (os.Stdout, os.Stderr)
+}
+
+// program is one command of a run as the images hold it.
+type program struct {
+	name string // its name in the image (proto.Record.Prog)
+	only []int  // the VMs that run it; none: every VM of its kind
+	ref  bool   // a reference VM's program, not pvctl
+}
+
+// runsIn reports whether VM vm runs p.
+func (c *config) runsIn(p program, vm int) bool {
+	if c.isRefVM(vm) != p.ref {
+		return false
+	}
+	return len(p.only) == 0 || slices.Contains(p.only, vm)
 }
 
 // commandLine is the command line a program of the image runs.
@@ -75,11 +103,13 @@ func (c *config) commandLine(prog string) string {
 }
 
 // nameProgram records the command line behind a program of the image, as
-// it was given (with its @VM and retry prefixes), for messages.
+// it was given (with its @VM and retry prefixes), for messages; bin is ""
+// for a reference VM's program.
 func (c *config) nameProgram(prog, bin string, cmd command) {
 	if c.progs == nil {
 		c.progs = map[string]string{}
 	}
+	c.programs = append(c.programs, program{name: prog, only: cmd.only, ref: bin == ""})
 	var words []string
 	if len(cmd.only) > 0 {
 		vms := make([]string, len(cmd.only))
@@ -98,7 +128,7 @@ func (c *config) nameProgram(prog, bin string, cmd command) {
 }
 
 func main() {
-	var c config
+	c := config{stdout: os.Stdout, stderr: os.Stderr}
 	flag.IntVar(&c.vms, "vms", 1, "number of VMs on one shared fabric")
 	flag.StringVar(&c.tests, "test", "", `run in-guest tests of these packages (comma-separated directories, or "all")`)
 	flag.StringVar(&c.run, "run", "", "only tests matching this regexp (-test.run)")
@@ -126,6 +156,10 @@ func main() {
 	c.pvctlArgs = flag.Args()
 	if (c.tests == "") == (len(c.pvctlArgs) == 0) {
 		flag.Usage()
+		os.Exit(2)
+	}
+	if err := c.plan(); err != nil {
+		fmt.Fprintln(os.Stderr, "pvvm:", err)
 		os.Exit(2)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
@@ -179,30 +213,6 @@ func run(ctx context.Context, c *config) (int, error) {
 		return 1, err
 	}
 
-	if c.ref < 0 || c.ref > c.vms {
-		return 2, fmt.Errorf("-ref %d: want 0 to -vms (%d)", c.ref, c.vms)
-	}
-	if c.ref > 0 && c.tests != "" {
-		return 2, errors.New("-ref runs programs, not in-guest tests: give them after --")
-	}
-	if c.tests == "" {
-		cmds, err := parseCommands(c.pvctlArgs, c.vms)
-		if err != nil {
-			return 2, err
-		}
-		for _, cmd := range cmds {
-			ref, err := c.forRef(cmd)
-			if err != nil {
-				return 2, err
-			}
-			if ref {
-				c.refCmds = append(c.refCmds, cmd)
-			} else {
-				c.cmds = append(c.cmds, cmd)
-			}
-		}
-	}
-
 	out := filepath.Join(root, "build", "pvvm")
 	if err := os.MkdirAll(out, 0o755); err != nil {
 		return 1, err
@@ -219,26 +229,14 @@ func run(ctx context.Context, c *config) (int, error) {
 	if err != nil {
 		return 1, err
 	}
+	if err := c.withMgmt(&spec, kernel); err != nil {
+		return 1, err
+	}
 	opt.Initrd = filepath.Join(img, "initramfs.cpio")
 	if err := guest.WriteInitramfs(opt.Initrd, spec); err != nil {
 		return 1, err
 	}
 	if c.ref > 0 {
-		if c.ref < c.vms {
-			// A mixed run: the vfrdma guests reach the reference guests
-			// over the management network too (rdma-core's programs
-			// exchange QP addresses by TCP).
-			mods, err := kernel.MgmtModules()
-			if err != nil {
-				return 1, err
-			}
-			k := *kernel
-			k.Modules = append(append([]string(nil), kernel.Modules...), mods...)
-			spec.Kernel, spec.Net = &k, []string{proto.NetMgmt}
-			if err := guest.WriteInitramfs(opt.Initrd, spec); err != nil {
-				return 1, err
-			}
-		}
 		rspec, err := refSpec(ctx, c, spec.Init, kernel, c.refCmds)
 		if err != nil {
 			return 1, err
@@ -263,6 +261,59 @@ func run(ctx context.Context, c *config) (int, error) {
 	return runPvctl(ctx, c, opt)
 }
 
+// plan checks the flags against each other and reads the command lines
+// after "--" into c.cmds and c.refCmds: everything that can be refused is
+// refused here, before anything is built or booted.
+func (c *config) plan() error {
+	if c.ref < 0 || c.ref > c.vms {
+		return fmt.Errorf("-ref %d: want 0 to -vms (%d)", c.ref, c.vms)
+	}
+	if c.ref > 0 && c.tests != "" {
+		return errors.New("-ref runs programs, not in-guest tests: give them after --")
+	}
+	if c.tests != "" {
+		return nil
+	}
+	cmds, err := parseCommands(c.pvctlArgs, c.vms)
+	if err != nil {
+		return err
+	}
+	for _, cmd := range cmds {
+		ref, err := c.forRef(cmd)
+		if err != nil {
+			return err
+		}
+		if ref {
+			c.refCmds = append(c.refCmds, cmd)
+		} else {
+			c.cmds = append(c.cmds, cmd)
+		}
+	}
+	return nil
+}
+
+// withMgmt puts the management network into the vfrdma guests' image when
+// the run has several VMs: the modules of its virtio-net NIC (from the
+// reference modules `make setup` builds) and the interface up at
+// 192.168.100.N+1. Every run of several VMs has it, so the vfrdma guests
+// reach each other (pvctl --listen/--connect) and the reference guests
+// (rdma-core's programs exchange QP addresses by TCP) over it; the
+// reference image brings it up itself (refSpec).
+func (c *config) withMgmt(spec *guest.Spec, kernel *guest.Kernel) error {
+	if c.vms < 2 || c.ref == c.vms {
+		return nil
+	}
+	mods, err := kernel.MgmtModules()
+	if err != nil {
+		return err
+	}
+	k := *kernel
+	k.Modules = append(append([]string(nil), kernel.Modules...), mods...)
+	spec.Kernel = &k
+	spec.Net = append(spec.Net, proto.NetMgmt)
+	return nil
+}
+
 // buildSpec builds the init and the programs into dir.
 func buildSpec(ctx context.Context, c *config, root, dir string, kernel *guest.Kernel) (guest.Spec, error) {
 	spec := guest.Spec{Init: filepath.Join(dir, "init"), Kernel: kernel, BindPVRDMA: true}
@@ -277,17 +328,7 @@ func buildSpec(ctx context.Context, c *config, root, dir string, kernel *guest.K
 			return guest.BuildProgram(ctx, filepath.Join(root, "cmd", "pvctl"), bin)
 		}})
 		for i, cmd := range c.cmds {
-			name := "pvctl"
-			if i > 0 {
-				name = fmt.Sprintf("pvctl-%d", i+1)
-			}
-			// The image holds one copy per name; they are a few MB each.
-			p := guest.Program{Name: name, HostPath: bin, Args: cmd.args, Kind: guest.KindCmd, Timeout: c.cmdLimit(), Only: cmd.only}
-			if cmd.retry {
-				p.Retry = retryFor
-			}
-			c.nameProgram(name, "pvctl", cmd)
-			jobs = append(jobs, job{prog: p})
+			jobs = append(jobs, job{prog: c.pvctlProgram(i, cmd, bin)})
 		}
 	} else {
 		pkgs, err := guestTestPackages(root, c.tests)
@@ -337,6 +378,23 @@ func buildSpec(ctx context.Context, c *config, root, dir string, kernel *guest.K
 	return spec, nil
 }
 
+// pvctlProgram is the program of the vfrdma image that runs the i-th
+// pvctl command, bin: "pvctl", then "pvctl-2", ... (the image holds one
+// copy per name; they are a few MB each). It records the command's line
+// for messages and the summary.
+func (c *config) pvctlProgram(i int, cmd command, bin string) guest.Program {
+	name := "pvctl"
+	if i > 0 {
+		name = fmt.Sprintf("pvctl-%d", i+1)
+	}
+	p := guest.Program{Name: name, HostPath: bin, Args: cmd.args, Kind: guest.KindCmd, Timeout: c.cmdLimit(), Only: cmd.only}
+	if cmd.retry {
+		p.Retry = retryFor
+	}
+	c.nameProgram(name, "pvctl", cmd)
+	return p
+}
+
 // cmdLimit is the time limit of one command of a run.
 func (c *config) cmdLimit() time.Duration {
 	if c.limit > 0 && c.limit < c.timeout {
@@ -346,24 +404,45 @@ func (c *config) cmdLimit() time.Duration {
 }
 
 // splitCommands splits pvctl arguments at lone "+" into several command
-// lines run one after the other in the same VM.
-func splitCommands(args []string) [][]string {
-	var out [][]string
-	cur := []string{}
+// lines run one after the other in the same VM. Each "+" goes between two
+// commands: an empty command (a "+" first, last or after another) is an
+// error, as a run with none would boot a VM for nothing.
+func splitCommands(args []string) ([][]string, error) {
+	out := [][]string{{}}
 	for _, a := range args {
 		if a == "+" {
-			if len(cur) > 0 {
-				out = append(out, cur)
-			}
-			cur = []string{}
+			out = append(out, []string{})
 			continue
 		}
-		cur = append(cur, a)
+		out[len(out)-1] = append(out[len(out)-1], a)
 	}
-	if len(cur) > 0 {
-		out = append(out, cur)
+	nonEmpty := func(cmds [][]string) int {
+		n := 0
+		for _, cmd := range cmds {
+			if len(cmd) > 0 {
+				n++
+			}
+		}
+		return n
 	}
-	return out
+	if nonEmpty(out) == 0 {
+		return nil, errors.New(`no command after "--": give pvctl's arguments (pvvm -- info), or -test PKGS`)
+	}
+	for i, cmd := range out {
+		if len(cmd) > 0 {
+			continue
+		}
+		before := nonEmpty(out[:i])
+		where := fmt.Sprintf("between commands %d and %d", before, before+1)
+		switch {
+		case before == 0:
+			where = "before the first command"
+		case nonEmpty(out[i:]) == 0:
+			where = "after the last command"
+		}
+		return nil, fmt.Errorf("an empty command %s in %q: each \"+\" goes between two commands (pvvm -- list + info)", where, strings.Join(args, " "))
+	}
+	return out, nil
 }
 
 func testArgs(c *config) []string {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/vfrdma/vfrdma/qemu"
 	"github.com/vfrdma/vfrdma/qemu/fabric"
@@ -17,11 +18,48 @@ import (
 )
 
 func TestSplitCommands(t *testing.T) {
-	got := splitCommands([]string{"list", "--json", "+", "regs", "+", "+"})
-	want := [][]string{{"list", "--json"}, {"regs"}}
-	if !reflect.DeepEqual(got, want) {
-		t.Fatalf("splitCommands = %q, want %q", got, want)
+	got, err := splitCommands([]string{"list", "--json", "+", "regs"})
+	require.NoError(t, err)
+	assert.Equal(t, [][]string{{"list", "--json"}, {"regs"}}, got)
+}
+
+// An empty command is refused before anything is built or booted: a "+"
+// first, last or after another, or "+" alone (which booted a VM for
+// nothing), each with where it is.
+func TestEmptyCommandsAreRefusedBeforeBooting(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"+"}, `no command after "--"`},
+		{[]string{"+", "+"}, `no command after "--"`},
+		{[]string{"list", "+", "+"}, "after the last command"},
+		{[]string{"list", "+"}, "after the last command"},
+		{[]string{"+", "list"}, "before the first command"},
+		{[]string{"list", "+", "+", "regs"}, "between commands 1 and 2"},
+		{[]string{"@0", "+", "list"}, `"@0": no command after it`},
+		{[]string{"list", "+", "retry"}, `"retry": no command after it`},
+	} {
+		c := config{vms: 2, pvctlArgs: tc.args}
+		err := c.plan()
+		require.Error(t, err, "%q", tc.args)
+		assert.Contains(t, err.Error(), tc.want, "%q", tc.args)
+		assert.Empty(t, c.cmds, "%q", tc.args)
 	}
+	c := config{vms: 1, pvctlArgs: []string{"list", "+", "regs", "--json"}}
+	require.NoError(t, c.plan())
+	assert.Equal(t, []command{{args: []string{"list"}}, {args: []string{"regs", "--json"}}}, c.cmds)
+}
+
+// plan refuses what the flags cannot mean together, also before anything
+// is built.
+func TestPlanRefusesFlagsThatDoNotGoTogether(t *testing.T) {
+	c := config{vms: 1, ref: 2, pvctlArgs: []string{"info"}}
+	assert.ErrorContains(t, c.plan(), "-ref 2: want 0 to -vms (1)")
+	c = config{vms: 2, ref: 1, tests: "all"}
+	assert.ErrorContains(t, c.plan(), "-ref runs programs, not in-guest tests")
+	c = config{vms: 2, pvctlArgs: []string{"@2", "info"}}
+	assert.ErrorContains(t, c.plan(), `"@2": want @VM with VM from 0 to 1`)
 }
 
 func TestTestArgs(t *testing.T) {

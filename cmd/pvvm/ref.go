@@ -47,8 +47,12 @@ const retryFor = 30 * time.Second
 // parseCommands splits the arguments at lone "+" and reads an "@N" (or
 // "@N,M") prefix: that command runs only in those VMs.
 func parseCommands(args []string, vms int) ([]command, error) {
+	lines, err := splitCommands(args)
+	if err != nil {
+		return nil, err
+	}
 	var out []command
-	for _, line := range splitCommands(args) {
+	for _, line := range lines {
 		c := command{args: line}
 		if strings.HasPrefix(line[0], "@") {
 			for _, f := range strings.Split(line[0][1:], ",") {

@@ -4,10 +4,10 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"os"
 	"sort"
 	"strings"
 	"sync"
+	"text/tabwriter"
 	"time"
 
 	"github.com/vfrdma/vfrdma/qemu"
@@ -22,12 +22,14 @@ import (
 const stopGrace = 3 * time.Second
 
 // runPvctl boots the VM(s) running pvctl, prints its output as it comes
-// (prefixed by the VM when there are several) and returns the first
-// non-zero exit status. In a run of several VMs, a command that fails (or
+// (prefixed by the VM when there are several), a command's stdout on
+// c.stdout and its stderr on c.stderr, and returns the first non-zero
+// exit status. In a run of several VMs, a command that fails (or
 // is killed at its -limit) stops the whole run stopGrace later: its peer in
 // another VM would wait for it until the run's -timeout. A failed run ends
 // with a post-mortem of every VM: its commands' exits, its backend's
-// counters (what the fabric dropped, by reason) and its console's tail.
+// counters (what the fabric dropped, by reason) and its console's tail. A
+// run of more than one command ends with a summary of them (summary).
 func runPvctl(ctx context.Context, c *config, opt *qemu.Options) (int, error) {
 	ctx, stop := context.WithCancelCause(ctx)
 	defer stop(nil)
@@ -35,7 +37,7 @@ func runPvctl(ctx context.Context, c *config, opt *qemu.Options) (int, error) {
 	var stopping *time.Timer
 	// One VM: its output as it comes. Several: each VM's output as a block
 	// once they are done, so the reports do not interleave.
-	held := make([][]string, c.vms)
+	held := make([][]heldLine, c.vms)
 	opt.OnRecord = func(vm int, r proto.Record) {
 		mu.Lock()
 		defer mu.Unlock()
@@ -49,17 +51,17 @@ func runPvctl(ctx context.Context, c *config, opt *qemu.Options) (int, error) {
 		}
 		switch {
 		case r.Event == proto.EventOut && isPvctl(r.Prog) && c.vms > 1:
-			held[vm] = append(held[vm], prefix+r.Line)
+			held[vm] = append(held[vm], heldLine{r.Stream, prefix + r.Line})
 		case r.Event == proto.EventOut && isPvctl(r.Prog):
-			fmt.Println(prefix + r.Line)
+			fmt.Fprintln(c.streamOut(r.Stream), prefix+r.Line)
 		case r.Event == proto.EventError:
-			fmt.Fprintf(os.Stderr, "pvvm: %sguest init: %s\n", prefix, r.Msg)
+			fmt.Fprintf(c.stderr, "pvvm: %sguest init: %s\n", prefix, r.Msg)
 		case c.verbose && r.Event == proto.EventOut:
-			fmt.Fprintf(os.Stderr, "%s[%s] %s\n", prefix, r.Prog, r.Line)
+			fmt.Fprintf(c.stderr, "%s[%s] %s\n", prefix, r.Prog, r.Line)
 		}
 	}
 	if c.verbose {
-		opt.OnConsole = func(vm int, line string) { fmt.Fprintf(os.Stderr, "vm%d console: %s\n", vm, line) }
+		opt.OnConsole = func(vm int, line string) { fmt.Fprintf(c.stderr, "vm%d console: %s\n", vm, line) }
 	}
 	res, err := qemu.Run(ctx, c.vms, opt)
 	mu.Lock()
@@ -69,32 +71,94 @@ func runPvctl(ctx context.Context, c *config, opt *qemu.Options) (int, error) {
 	mu.Unlock()
 	for _, lines := range held {
 		for _, l := range lines {
-			fmt.Println(l)
+			fmt.Fprintln(c.streamOut(l.stream), l.line)
 		}
 	}
 	if err == nil && (c.doorbells || c.timeline) {
 		for _, vm := range res.VMs {
-			fmt.Printf("vm%d: device-side doorbells (QEMU's pvrdma_uar_write):%s\n", vm.Index, doorbellText(vm.Doorbells))
+			fmt.Fprintf(c.stdout, "vm%d: device-side doorbells (QEMU's pvrdma_uar_write):%s\n", vm.Index, doorbellText(vm.Doorbells))
 		}
 	}
 	if err != nil {
 		return 1, err
 	}
 	if c.timeline {
-		if err := printBreakdown(os.Stdout, res); err != nil {
+		if err := printBreakdown(c.stdout, res); err != nil {
 			return 1, err
 		}
 	}
 	if c.counters {
 		for _, vm := range res.VMs {
-			fmt.Printf("vm%d: backend: %s\n", vm.Index, fabric.FormatCounters(vm.Backend))
+			fmt.Fprintf(c.stdout, "vm%d: backend: %s\n", vm.Index, fabric.FormatCounters(vm.Backend))
 		}
 	}
 	code, err := pvctlVerdict(res)
 	if err != nil || code != 0 {
-		postMortem(os.Stderr, c, res, context.Cause(ctx))
+		postMortem(c.stderr, c, res, context.Cause(ctx))
 	}
+	summary(c.stderr, c, res)
 	return code, err
+}
+
+// heldLine is a line of a command's output kept until its run is over.
+type heldLine struct {
+	stream string // proto.StreamStdout or proto.StreamStderr
+	line   string
+}
+
+// streamOut is where pvvm prints a line a command wrote on stream: its
+// stderr on pvvm's stderr, the rest on pvvm's stdout.
+func (c *config) streamOut(stream string) io.Writer {
+	if stream == proto.StreamStderr {
+		return c.stderr
+	}
+	return c.stdout
+}
+
+// summary writes, after a run of more than one command (counting each VM
+// a command runs in), one line per command and VM, in the order the VMs
+// ran them: the VM, the command as given, how it ended (ok, its exit
+// status, "did not finish" for one the run stopped, "not run" for one its
+// VM never reached) and how long it took.
+func summary(w io.Writer, c *config, res *qemu.Result) {
+	type row struct{ vm, cmd, end, took string }
+	var rows []row
+	for _, vm := range res.VMs {
+		exits := map[string]proto.Record{}
+		for _, e := range vm.Exits() {
+			exits[e.Prog] = e
+		}
+		started := map[string]bool{}
+		for _, r := range vm.Records {
+			if r.Event == proto.EventStart {
+				started[r.Prog] = true
+			}
+		}
+		for _, p := range c.programs {
+			if !c.runsIn(p, vm.Index) {
+				continue
+			}
+			r := row{vm: fmt.Sprintf("vm%d", vm.Index), cmd: c.commandLine(p.name)}
+			switch e, ok := exits[p.name]; {
+			case ok:
+				r.end, r.took = exitText(e), fmt.Sprintf("%.1fs", e.Elapsed)
+			case started[p.name]:
+				r.end = "did not finish"
+			default:
+				r.end = "not run"
+			}
+			rows = append(rows, r)
+		}
+	}
+	if len(rows) < 2 {
+		return
+	}
+	fmt.Fprintf(w, "pvvm: %d commands:\n", len(rows))
+	tw := tabwriter.NewWriter(w, 0, 0, 2, ' ', 0)
+	for _, r := range rows {
+		fmt.Fprintf(tw, "pvvm:   %s\t%s\t%s\t%s\n", r.vm, r.took, r.end, r.cmd)
+	}
+	tw.Flush()
 }
 
 // pvctlVerdict is a run's exit status: the first error, else the first

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"fmt"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -11,6 +12,9 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
 	"github.com/vfrdma/vfrdma/qemu/guest"
 	"github.com/vfrdma/vfrdma/qemu/proto"
@@ -139,9 +143,10 @@ func TestRunCmd(t *testing.T) {
 		timeout time.Duration
 		code    int
 		msg     string
-		lines   []string
+		lines   []string // stdout's
+		errs    []string // stderr's
 	}{
-		{name: "ok", body: `echo "$VFRDMA_GUEST $EXTRA"; echo err >&2; printf tail`, code: 0, lines: []string{"1 x", "err", "tail"}},
+		{name: "ok", body: `echo "$VFRDMA_GUEST $EXTRA"; echo err >&2; printf tail`, code: 0, lines: []string{"1 x", "tail"}, errs: []string{"err"}},
 		{name: "exit code", body: "exit 3", code: 3},
 		{name: "signal", body: "kill -SEGV $$", code: -1, msg: "killed by signal: segmentation fault"},
 		{name: "timeout", body: "echo started; sleep 100", timeout: 300 * time.Millisecond, code: -1, msg: "killed: timeout after 300ms", lines: []string{"started"}},
@@ -157,14 +162,17 @@ func TestRunCmd(t *testing.T) {
 			if d := time.Since(t0); d > tc.timeout+outputGrace+time.Second {
 				t.Errorf("took %v", d)
 			}
-			var lines []string
+			var lines, errs []string
 			for _, r := range recs {
-				if r.Event == proto.EventOut {
+				switch {
+				case r.Event == proto.EventOut && r.Stream == proto.StreamStderr:
+					errs = append(errs, r.Line)
+				case r.Event == proto.EventOut:
 					lines = append(lines, r.Line)
 				}
 			}
-			if !reflect.DeepEqual(lines, tc.lines) {
-				t.Errorf("lines %q, want %q", lines, tc.lines)
+			if !reflect.DeepEqual(lines, tc.lines) || !reflect.DeepEqual(errs, tc.errs) {
+				t.Errorf("stdout %q, stderr %q; want %q, %q", lines, errs, tc.lines, tc.errs)
 			}
 			exit := recs[len(recs)-1]
 			if exit.Code != tc.code || exit.Msg != tc.msg || ok != (tc.code == 0) {
@@ -172,6 +180,46 @@ func TestRunCmd(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A plain program's stderr reaches the host apart from its stdout, each
+// stream's lines in the order written: pvvm prints the one on its stdout
+// and the other on its stderr.
+func TestAProgramsStderrIsReportedApartFromItsStdout(t *testing.T) {
+	body := `for i in 1 2 3 4 5 6 7 8; do echo "out $i"; echo "err $i" >&2; done; printf 'out last'; printf 'err last' >&2`
+	recs, ok := runOne(t, guest.Step{Name: "p", Path: script(t, body), Kind: guest.KindCmd, Timeout: 10 * time.Second})
+	require.True(t, ok)
+	var out, errs []string
+	for _, r := range recs {
+		if r.Event != proto.EventOut {
+			continue
+		}
+		switch r.Stream {
+		case proto.StreamStdout:
+			out = append(out, r.Line)
+		case proto.StreamStderr:
+			errs = append(errs, r.Line)
+		default:
+			t.Errorf("stream %q", r.Stream)
+		}
+	}
+	var wantOut, wantErr []string
+	for i := 1; i <= 8; i++ {
+		wantOut = append(wantOut, fmt.Sprintf("out %d", i))
+		wantErr = append(wantErr, fmt.Sprintf("err %d", i))
+	}
+	assert.Equal(t, append(wantOut, "out last"), out)
+	assert.Equal(t, append(wantErr, "err last"), errs)
+}
+
+// The exchange's line and the step's OKIfOutput count on either stream,
+// now that the two are read apart (perftest's are in
+// TestOKIfOutputAfterTheExchange; here the other way round).
+func TestOKIfOutputCountsOnEitherStream(t *testing.T) {
+	body := `echo " remote address: LID 0000 QPN 0x0013" >&2; echo "Can't produce a report"; exit 1`
+	recs, ok := runOne(t, guest.Step{Name: "p", Path: script(t, body), Kind: guest.KindCmd, Timeout: 5 * time.Second, OKIfOutput: "Can't produce a report"})
+	require.True(t, ok, "%+v", recs)
+	assert.Equal(t, 0, recs[len(recs)-1].Code)
 }
 
 func TestRunMissing(t *testing.T) {
@@ -229,6 +277,11 @@ func TestRunGoTest(t *testing.T) {
 					}
 					if r.Line == "to stderr" {
 						stderr++
+						// One stream for a test binary: the parser reads
+						// its stderr in order with its stdout.
+						if r.Stream != proto.StreamStdout {
+							t.Errorf("a test binary's stderr line reported on stream %q", r.Stream)
+						}
 					}
 				}
 			}

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"slices"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 	"unicode/utf8"
@@ -108,61 +109,96 @@ func execStep(rep *reporter, s guest.Step, args, env []string) stepResult {
 	exit := func(code int, msg string) stepResult {
 		return stepResult{rec: proto.Record{Event: proto.EventExit, Prog: s.Name, Code: code, Msg: msg}}
 	}
-	pr, pw, err := os.Pipe()
-	if err != nil {
-		return exit(-1, fmt.Sprintf("not run: %v", err))
+	// A plain program's stdout and stderr go through pipes of their own,
+	// so the host can keep them apart (pvvm prints a guest's stderr on its
+	// own stderr). A test binary's go through one: the test parser reads
+	// them as one stream, in the order written (a panic's stack on stderr
+	// after the test's lines on stdout).
+	streams := []string{proto.StreamStdout}
+	if s.Kind != guest.KindGoTest {
+		streams = append(streams, proto.StreamStderr)
 	}
-	defer pr.Close()
+	readers := make([]*os.File, 0, len(streams))
+	writers := make([]*os.File, 0, len(streams))
+	closeAll := func(fs []*os.File) {
+		for _, f := range fs {
+			f.Close()
+		}
+	}
+	for range streams {
+		pr, pw, err := os.Pipe()
+		if err != nil {
+			closeAll(readers)
+			closeAll(writers)
+			return exit(-1, fmt.Sprintf("not run: %v", err))
+		}
+		readers, writers = append(readers, pr), append(writers, pw)
+	}
+	defer closeAll(readers)
 	cmd := exec.Command(s.Path, args...)
 	cmd.Env = append(slices.Clip(env), s.Env...)
 	cmd.Dir = "/tmp"
-	cmd.Stdout = pw // one pipe for both keeps their lines in order
-	cmd.Stderr = pw
+	cmd.Stdout = writers[0]
+	cmd.Stderr = writers[len(writers)-1]
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if _, err := os.Stat(cmd.Dir); err != nil {
 		cmd.Dir = ""
 	}
-	err = cmd.Start()
-	pw.Close()
+	err := cmd.Start()
+	closeAll(writers)
 	if err != nil {
 		return exit(-1, fmt.Sprintf("not run: %v", err))
 	}
 	pgid := cmd.Process.Pid
 
-	// The reader owns the parser until it closes outDone.
+	// The readers share the parser and what the lines showed, under mu,
+	// until outDone is closed.
+	var mu sync.Mutex
 	var parser guest.TestParser
 	var testFailed bool
 	var exchangedLine, okLine string
+	onLine := func(stream, line string) {
+		mu.Lock()
+		defer mu.Unlock()
+		rep.emit(proto.Record{Event: proto.EventOut, Prog: s.Name, Line: line, Stream: stream})
+		if exchangedLine == "" && exchangedWith(line) {
+			exchangedLine = strings.TrimSpace(line)
+		}
+		// In either order: a program's stdout is block-buffered in
+		// the pipe and its stderr is not, so perftest's "Can't
+		// produce a report" (stderr, at the end) can come before its
+		// "remote address" (stdout, flushed at exit).
+		if okLine == "" && s.OKIfOutput != "" && strings.Contains(line, s.OKIfOutput) {
+			okLine = strings.TrimSpace(line)
+		}
+		if s.Kind != guest.KindGoTest {
+			return
+		}
+		if r, ok := parser.Line(line); ok {
+			testFailed = testFailed || r.Status == proto.StatusFail
+			rep.emit(testRecord(s.Name, r))
+		}
+	}
+	var reading sync.WaitGroup
+	for i, pr := range readers {
+		stream := streams[i]
+		reading.Add(1)
+		go func() {
+			defer reading.Done()
+			defer func() {
+				if v := recover(); v != nil {
+					rep.errorf(s.Name, "init: output reader panicked: %v", v)
+				}
+			}()
+			sp := lineSplitter{max: maxLine, emit: func(line string) { onLine(stream, line) }}
+			io.Copy(&sp, pr)
+			sp.flush()
+		}()
+	}
 	outDone := make(chan struct{})
 	go func() {
-		defer close(outDone)
-		defer func() {
-			if v := recover(); v != nil {
-				rep.errorf(s.Name, "init: output reader panicked: %v", v)
-			}
-		}()
-		sp := lineSplitter{max: maxLine, emit: func(line string) {
-			rep.emit(proto.Record{Event: proto.EventOut, Prog: s.Name, Line: line})
-			if exchangedLine == "" && exchangedWith(line) {
-				exchangedLine = strings.TrimSpace(line)
-			}
-			// In either order: a program's stdout is block-buffered in
-			// the pipe and its stderr is not, so perftest's "Can't
-			// produce a report" (stderr, at the end) can come before its
-			// "remote address" (stdout, flushed at exit).
-			if okLine == "" && s.OKIfOutput != "" && strings.Contains(line, s.OKIfOutput) {
-				okLine = strings.TrimSpace(line)
-			}
-			if s.Kind != guest.KindGoTest {
-				return
-			}
-			if r, ok := parser.Line(line); ok {
-				testFailed = testFailed || r.Status == proto.StatusFail
-				rep.emit(testRecord(s.Name, r))
-			}
-		}}
-		io.Copy(&sp, pr)
-		sp.flush()
+		reading.Wait()
+		close(outDone)
 	}()
 
 	waitDone := make(chan error, 1)
@@ -195,7 +231,7 @@ func execStep(rep *reporter, s guest.Step, args, env []string) stepResult {
 	select {
 	case <-outDone:
 	case <-time.After(outputGrace):
-		pr.Close() // the pipe is in the poller: this ends the read
+		closeAll(readers) // the pipes are in the poller: this ends the reads
 		select {
 		case <-outDone:
 		case <-time.After(outputGrace):

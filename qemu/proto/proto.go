@@ -42,11 +42,21 @@ const (
 	StatusSkip = "skip"
 )
 
+// Output streams of an EventOut record. A plain program's stdout and stderr
+// reach the host apart, each in its own order (the order between the two
+// is not kept); a Go test binary's two streams are read as one, in the
+// order written, and reported as stdout.
+const (
+	StreamStdout = ""       // the program's standard output
+	StreamStderr = "stderr" // its standard error
+)
+
 // Record is one line the guest init writes on the console.
 type Record struct {
 	Event   string  `json:"event"`
 	Prog    string  `json:"prog,omitempty"`
 	Line    string  `json:"line,omitempty"`    // EventOut
+	Stream  string  `json:"stream,omitempty"`  // EventOut: StreamStdout or StreamStderr
 	Test    string  `json:"test,omitempty"`    // EventTest
 	Status  string  `json:"status,omitempty"`  // EventTest
 	Elapsed float64 `json:"elapsed,omitempty"` // EventTest, EventExit: seconds

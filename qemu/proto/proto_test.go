@@ -1,6 +1,11 @@
 package proto
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
 
 func TestRecordRoundTrip(t *testing.T) {
 	in := Record{Event: EventTest, Prog: "vfio.test", Test: "TestSmoke", Status: StatusPass, Elapsed: 0.25}
@@ -35,4 +40,20 @@ func TestParse(t *testing.T) {
 			t.Errorf("Parse(%q).Event = %q, want %q", tc.line, r.Event, tc.event)
 		}
 	}
+}
+
+// A line a program wrote to stderr says so; one written to stdout carries
+// no stream field at all (records of older inits decode the same).
+func TestOutputRecordsNameTheirStream(t *testing.T) {
+	errLine := Record{Event: EventOut, Prog: "pvctl", Line: "pvctl: no device", Stream: StreamStderr}
+	out, ok, err := Parse(errLine.Encode())
+	require.True(t, ok)
+	require.NoError(t, err)
+	assert.Equal(t, StreamStderr, out.Stream)
+
+	outLine := Record{Event: EventOut, Prog: "pvctl", Line: "{}"}
+	assert.NotContains(t, string(outLine.Encode()), "stream")
+	out, _, err = Parse([]byte(Prefix + `{"event":"out","prog":"pvctl","line":"{}","code":0}`))
+	require.NoError(t, err)
+	assert.Equal(t, StreamStdout, out.Stream)
 }
