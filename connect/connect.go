@@ -303,7 +303,7 @@ func (l *Listener) Close() error {
 }
 
 // Conn is one end of an exchange: Exchange, then Ready, then any Barriers
-// (native format), then Close. It is single-owner; Close may be called
+// and further Exchanges (native format), then Close. It is single-owner; Close may be called
 // from any goroutine and ends the step under way.
 type Conn struct {
 	c      net.Conn
@@ -382,16 +382,21 @@ func (c *Conn) run(ctx context.Context, op string, step func() error) error {
 
 // Exchange sends this end's Info and returns the peer's. The client sends
 // first; in the rdma-core formats the server sends its own at Ready
-// instead, once its QPs are connected, as rdma-core's server does. The
+// instead, once its QPs are connected, as rdma-core's server does (so the
+// client's Exchange returns once the server called Ready). The
 // peer's Info is checked: the fields are in range, the counts and lengths
 // within the bounds, and in the rdma-core formats every message is
 // well-formed and names a GID.
+//
+// In the native format Exchange may run again, before or after Ready (a
+// second set of QPs over the same connection: a Barrier is then their
+// Ready); the rdma-core formats exchange once.
 func (c *Conn) Exchange(ctx context.Context, mine Info) (Info, error) {
 	if c.err != nil {
 		return Info{}, c.err
 	}
-	if c.step != stepNew {
-		return Info{}, c.misuse("exchange", "Exchange runs once per Conn")
+	if c.step != stepNew && c.o.Format != Native {
+		return Info{}, c.misuse("exchange", "the %v exchange runs once per Conn", c.o.Format)
 	}
 	if err := c.o.Format.checkMine(mine); err != nil {
 		return Info{}, c.misuse("exchange", "this end's Info: %v", err)
@@ -409,7 +414,7 @@ func (c *Conn) Exchange(ctx context.Context, mine Info) (Info, error) {
 	if err != nil {
 		return Info{}, err
 	}
-	c.step = stepExchanged
+	c.step = max(c.step, stepExchanged)
 	return peer, nil
 }
 

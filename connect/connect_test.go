@@ -303,8 +303,6 @@ func TestMisuseIsRefusedAndLeavesTheConnWhole(t *testing.T) {
 	})
 	require.NoError(t, srvErr)
 	require.NoError(t, cliErr)
-	_, err := cli.Exchange(ctx, connect.Info{})
-	assert.ErrorIs(t, err, vfrdma.ErrInvalid, "Exchange twice")
 	assert.ErrorIs(t, cli.Barrier(ctx, string(make([]byte, connect.MaxBarrierName+1))), vfrdma.ErrInvalid)
 
 	for _, f := range []connect.Format{connect.RDMACore, connect.RDMACoreSRQ} {
@@ -316,9 +314,54 @@ func TestMisuseIsRefusedAndLeavesTheConnWhole(t *testing.T) {
 		assert.ErrorIs(t, rcli.Barrier(ctx, "x"), vfrdma.ErrNotSupported, "%v: Barrier", f)
 		assert.ErrorIs(t, rsrv.Ready(ctx), vfrdma.ErrInvalid, "%v: Ready before Exchange", f)
 	}
-	rcli := func() *connect.Conn { _, c := pair(t, ctx, &connect.Options{Format: connect.RDMACore}); return c }()
-	_, err = rcli.Exchange(ctx, connect.Info{Endpoints: []connect.Endpoint{{QPN: 1, GID: gidA}, {QPN: 2, GID: gidA}}})
+	rsrv, rcli := pair(t, ctx, &connect.Options{Format: connect.RDMACore})
+	_, err := rcli.Exchange(ctx, connect.Info{Endpoints: []connect.Endpoint{{QPN: 1, GID: gidA}, {QPN: 2, GID: gidA}}})
 	assert.ErrorIs(t, err, vfrdma.ErrInvalid, "rc/ud pingpong: one endpoint")
+	one := connect.Info{Endpoints: []connect.Endpoint{{QPN: 1, GID: gidA}}}
+	srvErr, cliErr = both(func() error {
+		if _, err := rsrv.Exchange(ctx, one); err != nil {
+			return err
+		}
+		return rsrv.Ready(ctx) // its address goes out here
+	}, func() error {
+		if _, err := rcli.Exchange(ctx, one); err != nil {
+			return err
+		}
+		return rcli.Ready(ctx)
+	})
+	require.NoError(t, srvErr)
+	require.NoError(t, cliErr)
+	_, err = rcli.Exchange(ctx, one)
+	assert.ErrorIs(t, err, vfrdma.ErrInvalid, "rdma-core: Exchange twice")
+}
+
+// In the native format a second Exchange swaps a second set of endpoints,
+// after Ready too, with a Barrier as its Ready.
+func TestNativeExchangeRunsAgain(t *testing.T) {
+	ctx := withTimeout(t, 10*time.Second)
+	srv, cli := pair(t, ctx, nil)
+	var got [2][2]connect.Info
+	side := func(c *connect.Conn, qpn uint32, got *[2]connect.Info) func() error {
+		return func() (err error) {
+			if got[0], err = c.Exchange(ctx, connect.Info{Endpoints: []connect.Endpoint{{QPN: qpn, GID: gidA}}}); err != nil {
+				return err
+			}
+			if err = c.Ready(ctx); err != nil {
+				return err
+			}
+			if got[1], err = c.Exchange(ctx, connect.Info{Data: []byte{byte(qpn)}}); err != nil {
+				return err
+			}
+			return c.Barrier(ctx, "second set ready")
+		}
+	}
+	srvErr, cliErr := both(side(srv, 1, &got[0]), side(cli, 2, &got[1]))
+	require.NoError(t, srvErr)
+	require.NoError(t, cliErr)
+	assert.EqualValues(t, 2, got[0][0].Endpoints[0].QPN)
+	assert.Equal(t, []byte{2}, got[0][1].Data)
+	assert.EqualValues(t, 1, got[1][0].Endpoints[0].QPN)
+	assert.Equal(t, []byte{1}, got[1][1].Data)
 }
 
 // A barrier with another name than the peer's fails at both ends: the end
