@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"net/netip"
 	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -176,8 +177,50 @@ func (o *Options) withDefaults() Options {
 // GID is a 16-byte RoCE global identifier in network byte order.
 type GID [16]byte
 
-// String returns the GID in IPv6 notation.
+// String returns the GID in IPv6 notation ("fe80::5054:ff:fe12:3456"),
+// the form ParseGID reads back.
 func (g GID) String() string { return netip.AddrFrom16(g).String() }
+
+// ParseGID parses a GID written in IPv6 notation: String's form, or the
+// full colon form the kernel's sysfs gids files show
+// ("fe80:0000:0000:0000:5054:00ff:fe12:3456"). A RoCE v2 GID of an IPv4
+// address is written IPv4-mapped ("::ffff:10.0.0.2"); bare IPv4 text, a
+// zone ("%eth0") or anything else is refused with ErrInvalid.
+func ParseGID(s string) (GID, error) {
+	a, err := netip.ParseAddr(s)
+	switch {
+	case err != nil:
+		return GID{}, invalidf("GID %s is not IPv6 notation", quoteShort(s))
+	case a.Is4():
+		return GID{}, invalidf("GID %s is an IPv4 address: write it IPv4-mapped, ::ffff:%s", quoteShort(s), s)
+	case a.Zone() != "":
+		return GID{}, invalidf("GID %s has a zone: a GID has none", quoteShort(s))
+	}
+	return GID(a.As16()), nil
+}
+
+// MarshalText writes the GID as String does (encoding.TextMarshaler: JSON
+// and other text encodings carry a GID as its IPv6 notation).
+func (g GID) MarshalText() ([]byte, error) { return netip.AddrFrom16(g).AppendTo(nil), nil }
+
+// UnmarshalText reads a GID as ParseGID does (encoding.TextUnmarshaler).
+func (g *GID) UnmarshalText(b []byte) error {
+	v, err := ParseGID(string(b))
+	if err != nil {
+		return err
+	}
+	*g = v
+	return nil
+}
+
+// quoteShort quotes s for an error message, cut to 64 bytes: what it quotes
+// may have come from the network.
+func quoteShort(s string) string {
+	if len(s) > 64 {
+		return strconv.Quote(s[:64]) + "..."
+	}
+	return strconv.Quote(s)
+}
 
 // Device is an open pvrdma function. It is safe for concurrent use, Close
 // included, and follows the lifecycle rule (doc.go): after Close its

@@ -11,6 +11,8 @@ import (
 	"net"
 	"sync"
 	"time"
+
+	"github.com/vfrdma/vfrdma/connect"
 )
 
 // Exchanger publishes this task's address and returns every task's: an
@@ -243,18 +245,10 @@ func (x *TCPExchanger) readHead(r io.Reader) error {
 }
 
 func (x *TCPExchanger) join(ctx context.Context, mine []byte) ([][]byte, error) {
-	var d net.Dialer
-	var c net.Conn
-	for {
-		var err error
-		if c, err = d.DialContext(ctx, "tcp", x.Addr); err == nil {
-			break
-		}
-		select {
-		case <-ctx.Done():
-			return nil, fmt.Errorf("address exchange: task 0 at %s: %w (last: %v)", x.Addr, ctx.Err(), err)
-		case <-time.After(50 * time.Millisecond):
-		}
+	// Task 0 may not listen yet: connect retries while it is not up.
+	c, err := connect.DialTCP(ctx, x.Addr, &connect.Options{Retry: 50 * time.Millisecond})
+	if err != nil {
+		return nil, fmt.Errorf("address exchange: task 0: %w", err)
 	}
 	defer c.Close()
 	stop := context.AfterFunc(ctx, func() { c.Close() })
@@ -296,23 +290,12 @@ func setDeadline(ctx context.Context, c net.Conn) {
 	}
 }
 
-func writeBlob(w io.Writer, b []byte) {
-	_ = binary.Write(w, binary.LittleEndian, uint32(len(b)))
-	_, _ = w.Write(b)
-}
+// A blob goes as a frame of package connect (a 4-byte little-endian
+// length, then the bytes); writes go to a bufio.Writer, whose Flush
+// reports their failure.
+func writeBlob(w io.Writer, b []byte) { _ = connect.WriteFrame(w, b) }
 
-func readBlob(r io.Reader) ([]byte, error) {
-	var n uint32
-	if err := binary.Read(r, binary.LittleEndian, &n); err != nil {
-		return nil, err
-	}
-	if n > maxBlob {
-		return nil, errors.New("blob too large")
-	}
-	b := make([]byte, n)
-	_, err := io.ReadFull(r, b)
-	return b, err
-}
+func readBlob(r io.Reader) ([]byte, error) { return connect.ReadFrame(r, maxBlob) }
 
 // LocalExchangers returns n Exchangers that gather among themselves, one
 // per task of a job whose tasks all run in this process (tests, a

@@ -1,0 +1,75 @@
+// Package connect sets up connections between queue pairs of two
+// processes: it exchanges what each end's QPs need of the other's (QP
+// number, GID, first PSN, path MTU, Q_Key; a list of them for several QPs)
+// over TCP, and then holds both ends at a barrier until each has posted
+// its receives.
+//
+// # Use
+//
+// One end listens, the other dials; then both run the same steps:
+//
+//	ln, err := connect.Listen(ctx, ":7471", nil)   // the server
+//	c, err := ln.Accept(ctx)
+//
+//	c, err := connect.Dial(ctx, "host:7471", nil)  // the client: retries until the server is up
+//
+//	mine := connect.Endpoint{QPN: qp.QPN(), GID: dev.GID(), PSN: connect.RandomPSN()}
+//	peer, err := c.Exchange(ctx, connect.Info{Endpoints: []connect.Endpoint{mine}})
+//	err = qp.Connect(ctx, peer.Endpoints[0].Remote(), mine.PSN)
+//	qp.PostRecv(recvs, 0)                          // receives first,
+//	err = c.Ready(ctx)                             // then the barrier:
+//	qp.PostSend(sends, 0)                          // the peer's receives are posted
+//
+// Ready is what makes the first send safe. A peer that sends before the
+// other end posted its receives gets RNR NAKs on RC (and retries, or fails
+// with RNR_RETRY_EXC_ERR) and loses the datagram on UD, silently. Ready
+// returns once both ends called it, so a caller that posts its receives
+// before Ready and sends only after it never meets either. Barrier holds
+// the two ends at further named points (native format).
+//
+// # Formats
+//
+// Native (the default) is this package's own: a versioned binary message
+// each way carrying any number of endpoints with their path MTU and Q_Key,
+// and optional application bytes (Info.Data); named barriers; and a
+// refusal that tells the peer what was wrong with what it sent.
+//
+// RDMACore and RDMACoreSRQ speak the exchange of rdma-core's example
+// programs, so that a vfrdma end runs against ibv_rc_pingpong,
+// ibv_ud_pingpong (RDMACore) or ibv_srq_pingpong (RDMACoreSRQ) on another
+// machine. Each QP's address is one 52-byte text message: LID, QPN and PSN
+// in hex (4, 6 and 6 digits), the GID's 16 bytes in order as 32 hex
+// digits, colon-separated, NUL-terminated. The client writes its
+// message(s) first; the server reads them, connects its QPs, writes its
+// own; the client answers "done" (NUL-terminated). ibv_srq_pingpong
+// writes 256 messages each way, whatever its QP count: its QPs' first,
+// zeros after. The server here writes its messages at Ready, not at
+// Exchange, for an rdma-core client sends as soon as it has read them.
+// These formats carry no MTU, Q_Key or data; the Q_Key of the endpoints
+// they return is RDMACoreQKey, the one ibv_ud_pingpong uses. Their port is
+// RDMACorePort, which Listen and Dial add to an address given without one.
+//
+// # Errors
+//
+// Every error of a Conn, Listener, Dial or DialTCP is an *Error naming the
+// step and the peer's address. What the peer sent is input: a message
+// that is not the exchange (wrong magic or version, a count or length out
+// of bounds, a truncated message, a bad GID or number) is an error
+// wrapping ErrProtocol, never a panic, and no length read from the network
+// allocates more than what arrived (plus a bounded chunk). A misused call
+// (Ready before Exchange, an endpoint that is not 24-bit) wraps
+// vfrdma.ErrInvalid. After an error of the exchange itself the Conn is
+// broken: later calls return the same error.
+//
+// # Concurrency and lifecycle
+//
+// A Conn is single-owner: one goroutine runs its steps, in order; Close
+// may be called from any goroutine and ends a step under way. A Listener's
+// Accept takes one caller at a time; Close is safe at any time. Close both
+// when done: the QPs outlive the connection, which is only for setup.
+// Every wait takes a context; a context's deadline bounds the reads and
+// writes under way, and its cancellation ends them.
+//
+// The package never prints or logs; Options.Progress reports dial retries
+// to a caller that wants to.
+package connect

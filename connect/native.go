@@ -1,0 +1,254 @@
+package connect
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+)
+
+// The native format. Every message is a 12-byte header (the magic, the
+// version, the kind; little-endian) and a frame (frame.go) holding its
+// payload:
+//
+//	hello    a count (u32), that many 32-byte endpoints, then Info.Data
+//	barrier  the barrier's name
+//	refusal  why the sender refuses what it received (text)
+//
+// An endpoint is QPN, PSN, Q_Key (u32 each), LID, MTU (u16 each) and the
+// GID's 16 bytes. The client writes its hello, the server answers with its
+// own; at a barrier likewise. An end that finds the peer's message wrong
+// answers with a refusal before it gives up, so that the peer's error says
+// what was wrong.
+const (
+	nativeMagic   = "vfrdmaCX"
+	nativeVersion = 1
+	headerLen     = 12
+	endpointLen   = 32
+
+	kindHello   = 1
+	kindBarrier = 2
+	kindRefusal = 3
+
+	maxRefusal = 1024
+	maxHello   = 4 + endpointLen*MaxEndpoints + MaxData
+
+	readyName = "ready" // the barrier Ready is
+)
+
+// errNotNative marks a peer that does not speak the native format at all:
+// no refusal goes to it.
+var errNotNative = errors.New("not vfrdma's exchange")
+
+func kindName(k uint16) string {
+	switch k {
+	case kindHello:
+		return "hello"
+	case kindBarrier:
+		return "barrier"
+	case kindRefusal:
+		return "refusal"
+	}
+	return fmt.Sprintf("kind %d", k)
+}
+
+// appendMessage appends a message of kind with payload p.
+func appendMessage(b []byte, kind uint16, p []byte) []byte {
+	b = append(b, nativeMagic...)
+	b = binary.LittleEndian.AppendUint16(b, nativeVersion)
+	b = binary.LittleEndian.AppendUint16(b, kind)
+	w := bytes.NewBuffer(b)
+	_ = WriteFrame(w, p) // a bytes.Buffer takes it all
+	return w.Bytes()
+}
+
+// encodeHello returns a hello's payload.
+func encodeHello(in Info) []byte {
+	b := make([]byte, 0, 4+endpointLen*len(in.Endpoints)+len(in.Data))
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(in.Endpoints)))
+	for _, e := range in.Endpoints {
+		b = binary.LittleEndian.AppendUint32(b, e.QPN)
+		b = binary.LittleEndian.AppendUint32(b, e.PSN)
+		b = binary.LittleEndian.AppendUint32(b, e.QKey)
+		b = binary.LittleEndian.AppendUint16(b, e.LID)
+		b = binary.LittleEndian.AppendUint16(b, uint16(e.MTU))
+		b = append(b, e.GID[:]...)
+	}
+	return append(b, in.Data...)
+}
+
+// decodeHello checks and decodes a hello's payload.
+func decodeHello(p []byte) (Info, error) {
+	if len(p) < 4 {
+		return Info{}, fmt.Errorf("%w: a hello of %d bytes has no endpoint count", ErrProtocol, len(p))
+	}
+	n := binary.LittleEndian.Uint32(p)
+	if n > MaxEndpoints {
+		return Info{}, fmt.Errorf("%w: the peer offers %d endpoints, at most %d", ErrProtocol, n, MaxEndpoints)
+	}
+	need := 4 + endpointLen*int(n)
+	if len(p) < need {
+		return Info{}, fmt.Errorf("%w: %d endpoints take %d bytes, the hello has %d", ErrProtocol, n, need, len(p))
+	}
+	if len(p)-need > MaxData {
+		return Info{}, fmt.Errorf("%w: %d bytes of data, at most %d", ErrProtocol, len(p)-need, MaxData)
+	}
+	var in Info
+	if n > 0 {
+		in.Endpoints = make([]Endpoint, n)
+	}
+	for i := range in.Endpoints {
+		b := p[4+endpointLen*i : 4+endpointLen*(i+1)]
+		e := Endpoint{
+			QPN:  binary.LittleEndian.Uint32(b[0:]),
+			PSN:  binary.LittleEndian.Uint32(b[4:]),
+			QKey: binary.LittleEndian.Uint32(b[8:]),
+			LID:  binary.LittleEndian.Uint16(b[12:]),
+			MTU:  int(binary.LittleEndian.Uint16(b[14:])),
+		}
+		copy(e.GID[:], b[16:32])
+		if err := e.check(); err != nil {
+			return Info{}, fmt.Errorf("%w: endpoint %d: %v", ErrProtocol, i, err)
+		}
+		in.Endpoints[i] = e
+	}
+	if len(p) > need {
+		in.Data = p[need:]
+	}
+	return in, nil
+}
+
+// readMessage reads the peer's next message, which must be of kind want,
+// and returns its payload. A refusal is returned as an error wrapping
+// ErrRefused with the peer's reason.
+func readMessage(r io.Reader, want uint16) ([]byte, error) {
+	var h [headerLen]byte
+	if n, err := io.ReadFull(r, h[:]); err != nil {
+		switch {
+		case n == 0 && errors.Is(err, io.EOF):
+			return nil, fmt.Errorf("the peer closed the connection (%w)", err)
+		case errors.Is(err, io.ErrUnexpectedEOF):
+			if !bytes.HasPrefix([]byte(nativeMagic), h[:min(n, len(nativeMagic))]) {
+				return nil, fmt.Errorf("%w: %w: it sent %q and closed", ErrProtocol, errNotNative, printable(h[:n]))
+			}
+			return nil, fmt.Errorf("%w: a header cut at %d of %d bytes (%w)", ErrProtocol, n, headerLen, err)
+		}
+		return nil, err
+	}
+	if string(h[:8]) != nativeMagic {
+		hint := ""
+		if h[4] == ':' && h[11] == ':' {
+			hint = " (rdma-core's pingpong exchange, by the look of it)"
+		}
+		return nil, fmt.Errorf("%w: %w: it sent %q%s", ErrProtocol, errNotNative, printable(h[:]), hint)
+	}
+	if v := binary.LittleEndian.Uint16(h[8:]); v != nativeVersion {
+		return nil, fmt.Errorf("%w: the peer speaks version %d of the exchange, this end %d", ErrProtocol, v, nativeVersion)
+	}
+	kind := binary.LittleEndian.Uint16(h[10:])
+	var limit int
+	switch kind {
+	case kindHello:
+		limit = maxHello
+	case kindBarrier:
+		limit = MaxBarrierName
+	case kindRefusal:
+		limit = maxRefusal
+	default:
+		return nil, fmt.Errorf("%w: a message of unknown kind %d", ErrProtocol, kind)
+	}
+	p, err := ReadFrame(r, limit)
+	if err != nil {
+		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
+			return nil, fmt.Errorf("%w: the peer's %s is cut short: %w", ErrProtocol, kindName(kind), io.ErrUnexpectedEOF)
+		}
+		return nil, fmt.Errorf("the peer's %s: %w", kindName(kind), err)
+	}
+	if kind == kindRefusal {
+		return nil, fmt.Errorf("%w, saying: %s", ErrRefused, printableLong(p))
+	}
+	if kind != want {
+		return nil, fmt.Errorf("%w: a %s where a %s was due", ErrProtocol, kindName(kind), kindName(want))
+	}
+	return p, nil
+}
+
+// printableLong is printable for a refusal's reason, up to its bound.
+func printableLong(b []byte) string {
+	out := make([]byte, len(b))
+	for i, v := range b {
+		if v < 0x20 || v > 0x7e {
+			v = '?'
+		}
+		out[i] = v
+	}
+	return string(out)
+}
+
+// send writes one message.
+func (c *Conn) send(kind uint16, p []byte) error {
+	_, err := c.c.Write(appendMessage(nil, kind, p))
+	return err
+}
+
+// refuse tells a native peer why what it sent is refused, if the error is
+// the peer's doing; best effort, for the Conn is broken after it.
+func (c *Conn) refuse(err error) {
+	if !errors.Is(err, ErrProtocol) || errors.Is(err, errNotNative) {
+		return
+	}
+	reason := []byte(err.Error())
+	if len(reason) > maxRefusal {
+		reason = reason[:maxRefusal]
+	}
+	_ = c.c.SetWriteDeadline(time.Now().Add(time.Second))
+	_ = c.send(kindRefusal, reason)
+}
+
+func (c *Conn) nativeExchange(mine Info) (Info, error) {
+	hello := encodeHello(mine)
+	if !c.server {
+		if err := c.send(kindHello, hello); err != nil {
+			return Info{}, fmt.Errorf("sending this end's endpoints: %w", err)
+		}
+	}
+	p, err := readMessage(c.r, kindHello)
+	var peer Info
+	if err == nil {
+		peer, err = decodeHello(p)
+	}
+	if err != nil {
+		c.refuse(err)
+		return Info{}, fmt.Errorf("reading the peer's endpoints: %w", err)
+	}
+	if c.server {
+		if err := c.send(kindHello, hello); err != nil {
+			return Info{}, fmt.Errorf("sending this end's endpoints: %w", err)
+		}
+	}
+	return peer, nil
+}
+
+func (c *Conn) nativeBarrier(name string) error {
+	if !c.server {
+		if err := c.send(kindBarrier, []byte(name)); err != nil {
+			return fmt.Errorf("telling the peer this end is at barrier %q: %w", name, err)
+		}
+	}
+	p, err := readMessage(c.r, kindBarrier)
+	if err == nil && string(p) != name {
+		err = fmt.Errorf("%w: the peer is at barrier %q, this end at %q", ErrProtocol, printable(p), name)
+	}
+	if err != nil {
+		c.refuse(err)
+		return fmt.Errorf("waiting for the peer at barrier %q: %w", name, err)
+	}
+	if c.server {
+		if err := c.send(kindBarrier, []byte(name)); err != nil {
+			return fmt.Errorf("telling the peer this end is at barrier %q: %w", name, err)
+		}
+	}
+	return nil
+}
