@@ -2,6 +2,8 @@ package main
 
 import (
 	"encoding/json"
+	"errors"
+	"net"
 	"os"
 	"path/filepath"
 	"testing"
@@ -149,3 +151,64 @@ func TestBindReadsTheKernelsAddressesOnlyOnTheRealSysfs(t *testing.T) {
 type nopWriter struct{}
 
 func (*nopWriter) Write(b []byte) (int, error) { return len(b), nil }
+
+// What bind cannot read about a network interface (its operstate, its
+// flags, its addresses) stops it, naming the interface, before any change.
+func TestBindStopsWhenItCannotTellANetworkInterfaceIsIdle(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		spoil func(t *testing.T, dir string, e *env)
+		want  string
+	}{
+		{"no operstate", func(t *testing.T, dir string, e *env) { require.NoError(t, os.Remove(filepath.Join(dir, "operstate"))) }, "operstate"},
+		{"no flags", func(t *testing.T, dir string, e *env) { require.NoError(t, os.Remove(filepath.Join(dir, "flags"))) }, "flags"},
+		{"bad flags", func(t *testing.T, dir string, e *env) {
+			require.NoError(t, os.WriteFile(filepath.Join(dir, "flags"), []byte("0xzz\n"), 0o644))
+		}, `flags "0xzz\n"`},
+		{"addresses unreadable", func(t *testing.T, dir string, e *env) {
+			e.ifAddrs = func(string) ([]string, error) { return nil, errors.New("no such network interface") }
+		}, "no such network interface"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e, out, fake := testEnv(t)
+			addNetdev(t, fake, vmxnet3BDF, "ens16", "down", "0x1002")
+			tc.spoil(t, filepath.Join(fake.Root, "class/net/ens16"), e)
+			for _, args := range [][]string{nil, {"--force"}, {"--dry-run"}} {
+				err := cmdBind(e, args)
+				require.Error(t, err, "%v", args)
+				assert.Contains(t, err.Error(), "0000:00:10.0: network interface ens16: ", "%v", args)
+				assert.Contains(t, err.Error(), tc.want, "%v", args)
+			}
+			assert.Empty(t, out.String())
+			unchanged(t, e, fake)
+		})
+	}
+}
+
+// A function's net directory bind cannot read stops it too.
+func TestBindStopsWhenItCannotListNetworkInterfaces(t *testing.T) {
+	e, _, fake := testEnv(t)
+	require.NoError(t, os.WriteFile(filepath.Join(fake.Root, "devices/pci0000:00", vmxnet3BDF, "net"), nil, 0o644))
+	err := cmdBind(e, []string{"--dry-run"})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), vmxnet3BDF+"/net")
+	unchanged(t, e, fake)
+}
+
+// The kernel's addresses: each interface's, with its prefix; an
+// interface that is not there is an error.
+func TestKernelIfAddrs(t *testing.T) {
+	ifs, err := net.Interfaces()
+	require.NoError(t, err)
+	require.NotEmpty(t, ifs)
+	as, err := kernelIfAddrs(ifs[0].Name)
+	require.NoError(t, err)
+	want, err := ifs[0].Addrs()
+	require.NoError(t, err)
+	assert.Len(t, as, len(want))
+	for _, a := range as {
+		assert.Contains(t, a, "/")
+	}
+	_, err = kernelIfAddrs("pvctl-none0")
+	assert.Error(t, err)
+}

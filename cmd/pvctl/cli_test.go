@@ -396,3 +396,124 @@ func TestEchoFitsTheFrame(t *testing.T) {
 	require.NoError(t, echoFits(1472, 1514))
 	assert.ErrorContains(t, echoFits(1473, 1514), "--size 1473: an echo request of 1515 bytes does not fit the link's 1514-byte frames")
 }
+
+// --listen and --connect take HOST:PORT, the host an IP address or a
+// well-formed host name (a server may leave it out; with --rdma-core the
+// port too).
+func TestCheckAddr(t *testing.T) {
+	for _, tc := range []struct {
+		addr             string
+		listen, rdmaCore bool
+		bad              string
+	}{
+		{addr: "10.0.0.1:7000"},
+		{addr: "[fe80::1%eth0]:7000"},
+		{addr: "host-1.example.com.:7000"},
+		{addr: "under_score:7000"},
+		{addr: strings.Repeat("a", 63) + ".example:7000"},
+		{addr: ":7000", listen: true},
+		{addr: "0.0.0.0", listen: true, rdmaCore: true},
+		{addr: "::1", rdmaCore: true},
+		{addr: "peer", rdmaCore: true},
+		{addr: ":7000", bad: "want the server's host"},
+		{addr: "peer", bad: "want HOST:PORT"},
+		{addr: "peer:", bad: `port ""`},
+		{addr: "peer:65536", bad: `port "65536"`},
+		{addr: "1.2.3.4.5:1", bad: "is not an IP address"},
+		{addr: "[fe80::zz]:1", bad: "is not an IP address"},
+		{addr: "-peer:1", bad: "neither an IP address nor a host name"},
+		{addr: "peer-.example:1", bad: "neither"},
+		{addr: "a..b:1", bad: "neither"},
+		{addr: strings.Repeat("a", 64) + ".example:1", bad: "neither"},
+		{addr: strings.Repeat("abcdefghi.", 26) + "com:1", bad: "neither"},
+		{addr: "pe%r:1", bad: "neither"},
+	} {
+		err := checkAddr("--connect", tc.addr, tc.listen, tc.rdmaCore)
+		if tc.bad == "" {
+			assert.NoError(t, err, tc.addr)
+			continue
+		}
+		require.Error(t, err, tc.addr)
+		assert.ErrorIs(t, err, errUsage, tc.addr)
+		assert.Contains(t, err.Error(), tc.bad, tc.addr)
+	}
+}
+
+// A flag's help: two dashes, its one-letter alias first, its value's
+// placeholder, the usage wrapped under it at 78 columns, the default when
+// it is not the zero value.
+func TestPrintFlagsFormat(t *testing.T) {
+	fs := flag.NewFlagSet("x", flag.ContinueOnError)
+	fs.Bool("events", false, "sleep on the interrupt")
+	fs.Bool("e", false, "short for --events")
+	fs.Bool("q", false, "short for --quiet") // no --quiet: a flag of its own
+	fs.Bool("spin", true, "poll")
+	fs.Int("iters", 1000, "round trips")
+	fs.Int("srq", 0, "`N` connections")
+	fs.String("connect", "", "connect to `HOST:PORT`")
+	fs.Duration("wait-peer", 0, strings.Repeat("word ", 20)+"end")
+	var b bytes.Buffer
+	printFlags(&b, fs)
+	assert.Equal(t, `  --connect HOST:PORT
+        connect to HOST:PORT
+  -e, --events
+        sleep on the interrupt
+  --iters N
+        round trips (default 1000)
+  --q
+        short for --quiet
+  --spin
+        poll (default true)
+  --srq N
+        N connections
+  --wait-peer DURATION
+        word word word word word word word word word word word word word word
+        word word word word word word end
+`, b.String())
+}
+
+func TestWrap(t *testing.T) {
+	assert.Equal(t, "  a bb\n  ccc", wrap("a  bb ccc", "  ", 7))
+	assert.Equal(t, "  a bbb", wrap("a bbb", "  ", 7), "a line of exactly the width")
+	assert.Equal(t, "  averylongword\n  b", wrap("averylongword b", "  ", 7), "a word longer than the width has a line of its own")
+	assert.Equal(t, "  a\n  bbbb", wrap("a bbbb", "  ", 7), "one column over")
+	assert.Equal(t, "", wrap("", "", 7))
+}
+
+// A command's help: its usage line, its summary as a sentence, what more
+// it says, its flags, and a pointer to the global flags.
+func TestPrintCommandHelpFormat(t *testing.T) {
+	c := command{name: "x", usage: "[FLAGS] [BDF]", summary: "do a thing", about: "More.\n",
+		flags: func(e *env, fs *flag.FlagSet) { fs.Int("n", 2, "how many") }}
+	var b bytes.Buffer
+	printCommandHelp(&b, c)
+	assert.Equal(t, `usage: pvctl x [FLAGS] [BDF]
+
+Do a thing.
+
+More.
+
+Flags:
+  --json
+        print one JSON document instead of text
+  --n N
+        how many (default 2)
+  (and the global flags before the command: --json, --model SPEC, --sysfs DIR; see pvctl help)
+`, b.String())
+	c.about = ""
+	b.Reset()
+	printCommandHelp(&b, c)
+	assert.True(t, strings.HasPrefix(b.String(), "usage: pvctl x [FLAGS] [BDF]\n\nDo a thing.\n\nFlags:\n"), b.String())
+}
+
+// The whole help starts with the usage, then the commands, the global
+// flags and the exit status, each part after a blank line.
+func TestPrintHelpLayout(t *testing.T) {
+	var b bytes.Buffer
+	printHelp(&b)
+	assert.True(t, strings.HasPrefix(b.String(), helpIntro+"\nCommands:\n  list      pvrdma and vmxnet3"), b.String())
+	assert.Contains(t, b.String(), "function present.\n\nCommands:\n")
+	assert.Contains(t, b.String(), "sink\n\nGlobal flags (before the command):\n  --json\n")
+	assert.Contains(t, b.String(), "(default /sys)\n\nExit status:")
+	assert.Contains(t, b.String(), "any device is opened.\n\nusage: pvctl list [--json]\n")
+}

@@ -209,3 +209,31 @@ func TestJSONKeyChecksCatchTheOldForms(t *testing.T) {
 		assert.NotEmpty(t, problems, "%s passes", doc)
 	}
 }
+
+// info's enumerations read as ibv_devinfo names their codes; a code it has
+// no name for says so with its number.
+func TestInfoNames(t *testing.T) {
+	assert.Equal(t, "PORT_ACTIVE", portStateName(4))
+	assert.Equal(t, "PORT_DOWN", portStateName(1))
+	assert.Equal(t, "unknown (9)", portStateName(9))
+	assert.Equal(t, "1024", enumName(mtuNames, 3))
+	assert.Equal(t, "unknown (0)", enumName(mtuNames, 0))
+	assert.Equal(t, "12X", enumName(widthNames, 8))
+	assert.Equal(t, "2.5 Gbps", enumName(speedNames, 1))
+	assert.Equal(t, "LINK_UP", enumName(physStateNames, 5))
+	assert.Equal(t, "15", enumName(vlNames, 5))
+	for ops, want := range map[uint8]string{0: "ATOMIC_NONE", 1: "ATOMIC_HCA", 2: "ATOMIC_HCA", 3: "ATOMIC_HCA", 4: "ATOMIC_NONE"} {
+		assert.Equal(t, want, atomicCap(ops), "atomic_ops %d", ops)
+	}
+	assert.Equal(t, []string{}, gidTypeNames(0))
+	assert.Equal(t, []string{"RoCE v1"}, gidTypeNames(1))
+	assert.Equal(t, []string{"RoCE v2"}, gidTypeNames(2))
+	assert.Equal(t, []string{"RoCE v1", "RoCE v2"}, gidTypeNames(3))
+	assert.Equal(t, []string{"RoCE v1", "unknown (0xc)"}, gidTypeNames(0xd))
+	for mode, want := range map[uint8][2]string{0: {"InfiniBand", "Ethernet"}, 1: {"iWARP", "Ethernet"}, 2: {"InfiniBand", "InfiniBand"}, 3: {"unknown (3)", "unknown (3)"}} {
+		tr, link := transportAndLink(mode)
+		assert.Equal(t, want, [2]string{tr, link}, "mode %d", mode)
+	}
+	assert.Equal(t, "0xffffffffffffffff", hex64(1<<64-1))
+	assert.Equal(t, "5054:00ff:fe12:3456", guid(0x505400fffe123456))
+}

@@ -223,9 +223,6 @@ func dialReason(err error) string {
 	if errors.As(err, &se) {
 		return se.Err.Error()
 	}
-	if err == nil {
-		return "no answer yet"
-	}
 	return err.Error()
 }
 
