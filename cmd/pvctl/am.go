@@ -53,30 +53,28 @@ type amResult struct {
 // responds: in loopback both are contexts on this device; with --vm or
 // --listen/--connect, the client end drives.
 func cmdAM(e *env, args []string) error {
-	var t trafficFlags
-	var sizeList string
-	var iters, messages, bwSize, bwMessages int
-	var polling bool
-	fs := flag.NewFlagSet("am", flag.ContinueOnError)
-	fs.StringVar(&t.listen, "listen", "", "wait for the other task on this TCP address (it drives)")
-	fs.StringVar(&t.connect, "connect", "", "connect to the other task at this TCP address (this one drives)")
-	fs.BoolVar(&t.vm, "vm", false, "the other task is the other VM of a two-VM bench run (VM 1 drives)")
-	fs.StringVar(&t.tag, "tag", "pvctl-am", "rendezvous key prefix for --vm")
-	fs.StringVar(&sizeList, "sizes", "8,4096", "message sizes for latency and rate")
-	fs.IntVar(&iters, "iters", 1000, "ping-pong round trips per size")
-	fs.IntVar(&messages, "messages", 20000, "messages per size for the rate")
-	fs.IntVar(&bwSize, "bw-size", 1<<20, "message size for the bandwidth")
-	fs.IntVar(&bwMessages, "bw-messages", 64, "messages for the bandwidth")
-	fs.BoolVar(&polling, "polling", false, "progress by polling instead of sleeping on the CQ interrupt")
+	fs := newFlagSet(e, "am")
+	o := amFlags(fs)
+	t := &o.t
 	if err := t.parse(e, fs, args); err != nil {
 		return err
 	}
-	sizes, err := parseSizes(sizeList)
+	iters, messages, bwSize, bwMessages, polling := o.iters, o.messages, o.bwSize, o.bwMessages, o.polling
+	sizes, err := parseSizes(o.sizeList)
 	if err != nil {
 		return err
 	}
-	if iters < 1 || messages < 1 || bwMessages < 1 || bwSize < 1 {
-		return errors.New("--iters, --messages, --bw-size and --bw-messages must be positive")
+	for _, c := range []struct {
+		name string
+		v    int
+		what string
+	}{{"iters", iters, "round trips per size"}, {"messages", messages, "messages per size"}, {"bw-messages", bwMessages, "messages"}} {
+		if err := checkCount(c.name, c.v, c.what); err != nil {
+			return err
+		}
+	}
+	if bwSize < 1 || bwSize > am.DefaultMaxMessage {
+		return usageErrorf("--bw-size %d: want 1 to %d bytes (am's largest message)", bwSize, am.DefaultMaxMessage)
 	}
 	d, err := t.openDevice(e)
 	if err != nil {
@@ -91,7 +89,7 @@ func cmdAM(e *env, args []string) error {
 		res.Progress = "polling"
 	}
 	// The raw rate first, over a plain RC QP pair (or the peer's QP).
-	raw, x, err := amRaw(ctx, &t, d, sizes, messages)
+	raw, x, err := amRaw(ctx, t, d, sizes, messages)
 	if err != nil {
 		return fmt.Errorf("raw PostSend rate: %w", err)
 	}
@@ -205,12 +203,36 @@ func blank(v float64, f string) string {
 	return fmt.Sprintf(f, v)
 }
 
+// amOpts are am's flags.
+type amOpts struct {
+	t                                   trafficFlags
+	sizeList                            string
+	iters, messages, bwSize, bwMessages int
+	polling                             bool
+}
+
+// amFlags declares am's flags on fs.
+func amFlags(fs *flag.FlagSet) *amOpts {
+	o := &amOpts{}
+	o.t.peerFlags.register(fs,
+		"wait for the other task (it drives) on `ADDR`: HOST:PORT, or :PORT for every address",
+		"connect to the other task at `HOST:PORT` (this one drives)",
+		"the other task is the other VM of a two-VM bench run (VM 1 drives)", "pvctl-am")
+	fs.StringVar(&o.sizeList, "sizes", "8,4096", fmt.Sprintf("message sizes for latency and rate (`LIST` of 0 to %d, comma-separated)", am.DefaultMaxMessage))
+	fs.IntVar(&o.iters, "iters", 1000, "ping-pong round trips per size")
+	fs.IntVar(&o.messages, "messages", 20000, "messages per size for the rate")
+	fs.IntVar(&o.bwSize, "bw-size", 1<<20, "message size for the bandwidth")
+	fs.IntVar(&o.bwMessages, "bw-messages", 64, "messages for the bandwidth")
+	fs.BoolVar(&o.polling, "polling", false, "progress by polling instead of sleeping on the CQ interrupt")
+	return o
+}
+
 func parseSizes(list string) ([]int, error) {
 	var sizes []int
 	for _, f := range strings.Split(list, ",") {
 		n, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || n < 0 {
-			return nil, fmt.Errorf("--sizes: %q is not a size", f)
+		if err != nil || n < 0 || n > am.DefaultMaxMessage {
+			return nil, usageErrorf("--sizes %q: %q: want sizes from 0 to %d bytes", list, f, am.DefaultMaxMessage)
 		}
 		sizes = append(sizes, n)
 	}

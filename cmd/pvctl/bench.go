@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"runtime"
@@ -68,30 +67,44 @@ type benchResult struct {
 // sender posts a batch as one chain (one doorbell), keeps at most a queue's
 // worth in flight, and times each message from its post to its send
 // completion (for RC: the peer has it).
-func cmdBench(e *env, args []string) error {
-	var t trafficFlags
-	var messages int
-	var so sendOpts
-	var batchList string
-	var spin, wait bool
-	fs := flag.NewFlagSet("bench", flag.ContinueOnError)
-	t.register(fs, 64)
-	fs.BoolVar(&spin, "spin", false, "the receiver spins on its CQ in a loop of its own; its CPU time is reported")
-	fs.BoolVar(&wait, "wait", false, "the receiver sleeps on a wait set (event.WaitSet, kind FD) whenever its CQ is empty, instead of spinning; its CPU time is reported")
-	fs.IntVar(&messages, "messages", 20000, "messages per batch size")
-	fs.StringVar(&batchList, "batches", "1,8,32,256", "batch sizes (messages per doorbell)")
-	fs.BoolVar(&so.spin, "send-spin", true, "the sender never sleeps on the interrupt while completions are due: it polls, yielding the processor, as perftest does (the default; --events sleeps)")
-	fs.IntVar(&so.window, "window", 0, "messages in flight at most, whatever the batch, but at least one batch (default: four batches); perftest's ib_send_bw keeps 128 (its -t)")
-	t.registerOneSided(fs, "one-sided: RDMA WRITE into the other end's buffer (its slots checked after each batch); the other end posts nothing (RC only, not on QEMU)",
+// benchOpts are bench's flags.
+type benchOpts struct {
+	t          trafficFlags
+	messages   int
+	so         sendOpts
+	batchList  string
+	spin, wait bool
+}
+
+// benchFlags declares bench's flags on fs.
+func benchFlags(fs *flag.FlagSet) *benchOpts {
+	o := &benchOpts{}
+	o.t.register(fs, 64)
+	fs.BoolVar(&o.spin, "spin", false, "the receiver spins on its CQ in a loop of its own; its CPU time is reported")
+	fs.BoolVar(&o.wait, "wait", false, "the receiver sleeps on a wait set (event.WaitSet, kind FD) whenever its CQ is empty, instead of spinning; its CPU time is reported")
+	fs.IntVar(&o.messages, "messages", 20000, "messages per batch size")
+	fs.StringVar(&o.batchList, "batches", "1,8,32,256", "batch sizes, messages per doorbell (`LIST` of 1 to 256, comma-separated)")
+	fs.BoolVar(&o.so.spin, "send-spin", true, "the sender never sleeps on the interrupt while completions are due: it polls, yielding the processor, as perftest does (the default; --events sleeps)")
+	fs.IntVar(&o.so.window, "window", 0, "messages in flight at most, whatever the batch, but at least one batch (0: four batches); perftest's ib_send_bw keeps 128 (its -t)")
+	o.t.registerOneSided(fs, "one-sided: RDMA WRITE into the other end's buffer (its slots checked after each batch); the other end posts nothing (RC only, not on QEMU)",
 		"one-sided: fetch-and-add of 1 on one 8-byte word of the other end (--size is 8), each value fetched checked, and the word's final value (RC only, not on QEMU)")
+	return o
+}
+
+func cmdBench(e *env, args []string) error {
+	fs := newFlagSet(e, "bench")
+	o := benchFlags(fs)
+	t := &o.t
 	if err := t.parse(e, fs, args); err != nil {
 		return err
 	}
-	sendSpinGiven := false
-	fs.Visit(func(f *flag.Flag) { sendSpinGiven = sendSpinGiven || f.Name == "send-spin" })
+	messages, batchList, spin, wait, so := o.messages, o.batchList, o.spin, o.wait, o.so
+	if err := checkCount("messages", messages, "messages per batch size"); err != nil {
+		return err
+	}
 	if t.events {
-		if sendSpinGiven && so.spin {
-			return errors.New("--send-spin and --events exclude each other")
+		if given(fs, "send-spin") && so.spin {
+			return usageErrorf("--send-spin and --events exclude each other")
 		}
 		so.spin = false
 	}
@@ -102,7 +115,7 @@ func cmdBench(e *env, args []string) error {
 		}
 	}
 	if t.sided != "" && (spin || wait) {
-		return fmt.Errorf("--%s: the target posts nothing: no --spin or --wait", t.sided)
+		return usageErrorf("--%s: the target posts nothing: no --spin or --wait", t.sided)
 	}
 	// Without --spin or --wait, the send bench: in loopback one loop polls
 	// both ends, between hosts the receiver polls, and with --events sleeps
@@ -110,7 +123,7 @@ func cmdBench(e *env, args []string) error {
 	recvMode := recvInline
 	switch {
 	case spin && wait:
-		return errors.New("--spin and --wait exclude each other")
+		return usageErrorf("--spin and --wait exclude each other")
 	case spin:
 		recvMode = recvSpin
 	case wait:
@@ -120,13 +133,13 @@ func cmdBench(e *env, args []string) error {
 	for _, f := range strings.Split(batchList, ",") {
 		b, err := strconv.Atoi(strings.TrimSpace(f))
 		if err != nil || b < 1 || b > 256 {
-			return fmt.Errorf("--batches: %q: want sizes from 1 to 256", f)
+			return usageErrorf("--batches %q: %q: want sizes from 1 to 256", batchList, f)
 		}
 		batches = append(batches, b)
 	}
 	depth := 512
 	if so.window < 0 || so.window > depth {
-		return fmt.Errorf("--window %d: want 1 to %d messages (0: four batches)", so.window, depth)
+		return usageErrorf("--window %d: want 1 to %d messages (0: four batches)", so.window, depth)
 	}
 	d, err := t.openDevice(e)
 	if err != nil {
@@ -143,7 +156,7 @@ func cmdBench(e *env, args []string) error {
 		defer x.close()
 	}
 	if t.sided != "" {
-		return benchOneSided(ctx, e, &t, a, b, x, batches, messages, so)
+		return benchOneSided(ctx, e, t, a, b, x, batches, messages, so)
 	}
 	typ, _ := t.typ()
 	res := benchResult{Transport: typ.String(), Size: t.size, Mode: "loopback", Latency: "post to send completion", Window: so.window, SenderSpins: so.spin}

@@ -33,46 +33,114 @@ pvctl eth ping [--ip A] [--count N] [--size S] IP [BDF]   ARP, then ICMP echo, e
 pvctl eth serve [--ip A] [--for D] [BDF]       answer ARP and ICMP echo for A
 pvctl eth gen [--sizes L] [--batches L] [--frames N] [--to MAC] [BDF]   send frames: packets/s, doorbells/packet
 pvctl eth gen --vm [--tag T] [...]             between two bench VMs: VM 0 sends, VM 1 counts what arrives
-pvctl eth sink [--for D] [--idle D] [BDF]      count frames received: packets/s`
+pvctl eth sink [--for D] [--idle D] [BDF]      count frames received: packets/s
+(ping and serve print text only; info, gen and sink also --json)`
+
+// ethOpts are eth's flags, one set for its subcommands.
+type ethOpts struct {
+	ip             string
+	count, size    int
+	dur, idle      time.Duration
+	sizes, batches string
+	frames         int
+	to             string
+	pf             peerFlags
+}
+
+// maxEchoPayload is the most an ICMP echo carries in IPv4; the link's
+// frame size bounds it further (checked once the NIC is open).
+const maxEchoPayload = 65535 - 20 - 8
+
+// ethFlags declares eth's flags on fs.
+func ethFlags(fs *flag.FlagSet) *ethOpts {
+	o := &ethOpts{}
+	fs.StringVar(&o.ip, "ip", "10.0.2.15", "this host's IPv4 address `A` (ping, serve)")
+	fs.IntVar(&o.count, "count", 5, "echo requests (ping)")
+	fs.IntVar(&o.size, "size", 56, "echo payload bytes (ping)")
+	fs.DurationVar(&o.dur, "for", 30*time.Second, "how long to run (serve, sink)")
+	fs.DurationVar(&o.idle, "idle", 3*time.Second, "stop after this long without a frame once frames came (sink)")
+	fs.StringVar(&o.sizes, "sizes", "64,1514", "frame sizes, a comma-separated `LIST` (gen)")
+	fs.StringVar(&o.batches, "batches", "1,8,32", "frames per Send, a comma-separated `LIST` (gen)")
+	fs.IntVar(&o.frames, "frames", 20000, "frames per size and batch (gen)")
+	fs.StringVar(&o.to, "to", "ff:ff:ff:ff:ff:ff", "destination `MAC` (gen)")
+	fs.BoolVar(&o.pf.vm, "vm", false, "gen between two bench VMs: VM 0 sends to VM 1, which counts")
+	fs.StringVar(&o.pf.tag, "tag", "eth", "rendezvous key prefix for --vm (`KEY`)")
+	return o
+}
 
 // cmdEth runs the Ethernet function's subcommands.
 func cmdEth(e *env, args []string) error {
-	if e.model != "" {
-		return errModel
-	}
 	sub := "info"
 	if len(args) > 0 && !strings.HasPrefix(args[0], "-") && !strings.Contains(args[0], ":") {
 		sub, args = args[0], args[1:]
 	}
-	fs := flag.NewFlagSet("pvctl eth "+sub, flag.ContinueOnError)
-	fs.BoolVar(&e.json, "json", e.json, "print JSON")
-	ip := fs.String("ip", "10.0.2.15", "this host's IPv4 address (ping, serve)")
-	count := fs.Int("count", 5, "echo requests (ping)")
-	size := fs.Int("size", 56, "echo payload bytes (ping)")
-	dur := fs.Duration("for", 30*time.Second, "how long to run (serve, sink)")
-	idle := fs.Duration("idle", 3*time.Second, "stop after this long without a frame once frames came (sink)")
-	sizes := fs.String("sizes", "64,1514", "frame sizes (gen)")
-	batches := fs.String("batches", "1,8,32", "frames per Send (gen)")
-	frames := fs.Int("frames", 20000, "frames per size and batch (gen)")
-	to := fs.String("to", "ff:ff:ff:ff:ff:ff", "destination MAC (gen)")
-	var pf peerFlags
-	fs.BoolVar(&pf.vm, "vm", false, "gen between two bench VMs: VM 0 sends to VM 1, which counts")
-	fs.StringVar(&pf.tag, "tag", "eth", "rendezvous key prefix (--vm)")
-	fs.Usage = func() { fmt.Fprintln(fs.Output(), "usage:\n"+ethUsage) }
-	if err := fs.Parse(args); err != nil {
-		return errUsage
+	fs := newFlagSet(e, "eth")
+	o := ethFlags(fs)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if e.model != "" {
+		return errModel
 	}
 	rest := fs.Args()
-	var target string
+	var dst netip.Addr
 	switch sub {
 	case "ping":
 		if len(rest) < 1 {
-			return fmt.Errorf("%w: pvctl eth ping IP", errUsage)
+			return usageErrorf("eth ping needs the IPv4 address to ping")
 		}
-		target, rest = rest[0], rest[1:]
+		var err error
+		if dst, err = netip.ParseAddr(rest[0]); err != nil || !dst.Is4() {
+			return usageErrorf("eth ping %q: want an IPv4 address", rest[0])
+		}
+		rest = rest[1:]
 	case "info", "serve", "gen", "sink":
 	default:
-		return fmt.Errorf("unknown eth subcommand %q:\n%s", sub, ethUsage)
+		return usageErrorf("unknown eth subcommand %q: want info, ping, serve, gen or sink", sub)
+	}
+	if err := e.checkBDF(rest); err != nil {
+		return err
+	}
+	self, err := netip.ParseAddr(o.ip)
+	if err != nil || !self.Is4() {
+		return usageErrorf("--ip %q: want an IPv4 address", o.ip)
+	}
+	switch {
+	case e.json && (sub == "ping" || sub == "serve"):
+		return usageErrorf("eth %s prints text only: no --json", sub)
+	case o.pf.vm && sub != "gen":
+		return usageErrorf("--vm: only eth gen runs between two VMs")
+	case o.pf.vm && o.pf.tag == "":
+		return usageErrorf("--tag \"\": --vm needs a rendezvous key prefix")
+	case o.size < 0 || o.size > maxEchoPayload:
+		return usageErrorf("--size %d: want 0 to %d payload bytes", o.size, maxEchoPayload)
+	case o.dur <= 0:
+		return usageErrorf("--for %v: want a positive duration", o.dur)
+	case o.idle <= 0:
+		return usageErrorf("--idle %v: want a positive duration", o.idle)
+	}
+	if err := checkCount("count", o.count, "echo requests"); err != nil {
+		return err
+	}
+	if err := checkCount("frames", o.frames, "frames"); err != nil {
+		return err
+	}
+	mac, err := net.ParseMAC(o.to)
+	if err != nil || len(mac) != 6 {
+		return usageErrorf("--to %q: want an Ethernet MAC address (xx:xx:xx:xx:xx:xx)", o.to)
+	}
+	sz, err := intList("sizes", o.sizes)
+	if err != nil {
+		return err
+	}
+	for _, n := range sz {
+		if n < vmxnet3.HeaderLen {
+			return usageErrorf("--sizes %q: %d: a frame holds its %d-byte header at least", o.sizes, n, vmxnet3.HeaderLen)
+		}
+	}
+	bs, err := intList("batches", o.batches)
+	if err != nil {
+		return err
 	}
 	f, err := e.target(rest)
 	if err != nil {
@@ -84,52 +152,36 @@ func cmdEth(e *env, args []string) error {
 	}
 	defer d.Close()
 	eth := d.Ethernet()
-	self, err := netip.ParseAddr(*ip)
-	if err != nil || !self.Is4() {
-		return fmt.Errorf("--ip %q: want an IPv4 address", *ip)
-	}
 	switch sub {
 	case "info":
 		return ethInfo(e, d)
 	case "ping":
-		dst, err := netip.ParseAddr(target)
-		if err != nil || !dst.Is4() {
-			return fmt.Errorf("%q: want an IPv4 address", target)
-		}
-		return ethPing(e, eth, self, dst, *count, *size)
+		return ethPing(e, eth, self, dst, o.count, o.size)
 	case "serve":
-		ctx, cancel := context.WithTimeout(context.Background(), *dur)
+		ctx, cancel := context.WithTimeout(context.Background(), o.dur)
 		defer cancel()
 		h := &ethping.Host{L: eth, IP: self}
 		n, err := h.Serve(ctx)
-		fmt.Fprintf(e.out, "answered %d requests for %v in %v\n", n, self, *dur)
+		fmt.Fprintf(e.out, "answered %d requests for %v in %v\n", n, self, o.dur)
 		return err
 	case "gen":
-		mac, err := net.ParseMAC(*to)
-		if err != nil {
-			return fmt.Errorf("--to: %w", err)
+		if o.pf.vm {
+			return ethGenVM(e, eth, &o.pf, sz, bs, o.frames)
 		}
-		sz, err1 := intList(*sizes)
-		bs, err2 := intList(*batches)
-		if err := errors.Join(err1, err2); err != nil {
-			return err
-		}
-		if pf.vm {
-			return ethGenVM(e, eth, &pf, sz, bs, *frames)
-		}
-		_, err = ethGen(e, eth, mac, sz, bs, *frames, nil)
+		_, err = ethGen(e, eth, mac, sz, bs, o.frames, nil)
 		return err
 	default: // sink
-		return ethSink(e, eth, *dur, *idle)
+		return ethSink(e, eth, o.dur, o.idle)
 	}
 }
 
-func intList(s string) ([]int, error) {
+// intList parses flag name's comma-separated list of positive numbers.
+func intList(name, s string) ([]int, error) {
 	var out []int
 	for _, f := range strings.Split(s, ",") {
 		v, err := strconv.Atoi(strings.TrimSpace(f))
-		if err != nil || v <= 0 {
-			return nil, fmt.Errorf("%q: want a list of positive numbers", s)
+		if err != nil || v <= 0 || v > maxCount {
+			return nil, usageErrorf("--%s %q: want a comma-separated list of positive numbers", name, s)
 		}
 		out = append(out, v)
 	}
@@ -152,11 +204,7 @@ func ethInfo(e *env, d *vfrdma.Device) error {
 	if err != nil {
 		return err
 	}
-	state := fmt.Sprint(port.State)
-	if int(port.State) < len(portStates) {
-		state = portStates[port.State]
-	}
-	doc := ethDoc{BDF: eth.Name(), MAC: eth.MAC().String(), MTU: eth.MTU(), Link: link.String(), PortState: state, Stats: st}
+	doc := ethDoc{BDF: eth.Name(), MAC: eth.MAC().String(), MTU: eth.MTU(), Link: link.String(), PortState: portStateName(port.State), Stats: st}
 	if e.json {
 		return e.printJSON(doc)
 	}
@@ -174,9 +222,21 @@ func ethInfo(e *env, d *vfrdma.Device) error {
 	return w.Flush()
 }
 
+// echoFits refuses an echo payload whose request (Ethernet, IPv4 and ICMP
+// headers before it) exceeds the link's frames.
+func echoFits(size, maxFrame int) error {
+	if n := vmxnet3.HeaderLen + 20 + 8 + size; n > maxFrame {
+		return fmt.Errorf("--size %d: an echo request of %d bytes does not fit the link's %d-byte frames", size, n, maxFrame)
+	}
+	return nil
+}
+
 func ethPing(e *env, eth *vmxnet3.NIC, self, dst netip.Addr, count, size int) error {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Duration(count+5)*5*time.Second)
 	defer cancel()
+	if err := echoFits(size, eth.MaxFrame()); err != nil {
+		return err
+	}
 	h := &ethping.Host{L: eth, IP: self}
 	t0 := time.Now()
 	mac, err := h.Resolve(ctx, dst)
@@ -203,10 +263,12 @@ func ethPing(e *env, eth *vmxnet3.NIC, self, dst netip.Addr, count, size int) er
 
 // genRow is one line of `pvctl eth gen`.
 type genRow struct {
-	Size, Batch, Frames int
-	PPS                 float64 `json:"packets_per_s"`
-	MbitS               float64 `json:"mbit_per_s"`
-	DoorbellsPerPacket  float64 `json:"doorbells_per_packet"`
+	Size               int     `json:"size"`
+	Batch              int     `json:"batch"`
+	Frames             int     `json:"frames"`
+	PPS                float64 `json:"packets_per_s"`
+	MbitS              float64 `json:"mbit_per_s"`
+	DoorbellsPerPacket float64 `json:"doorbells_per_packet"`
 }
 
 // ethGen sends frames of each size in batches of each size and reports the
@@ -278,9 +340,12 @@ func ethGen(e *env, eth *vmxnet3.NIC, to net.HardwareAddr, sizes, batches []int,
 
 // sinkRow is what the receiving VM of `eth gen --vm` counted for one row.
 type sinkRow struct {
-	Size, Batch, Sent, Received int
-	PPS                         float64 `json:"packets_per_s"`
-	DeviceDrops                 uint64  `json:"device_drops"`
+	Size        int     `json:"size"`
+	Batch       int     `json:"batch"`
+	Sent        int     `json:"sent"`
+	Received    int     `json:"received"`
+	PPS         float64 `json:"packets_per_s"`
+	DeviceDrops uint64  `json:"device_drops"`
 	// LinkLost is what neither device saw: sent − received − device
 	// drops. On the bench it is QEMU's network layer: a sender's QEMU
 	// queues up to 10 000 frames the socket does not take yet and drops

@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"slices"
+	"strings"
 	"text/tabwriter"
 
 	"github.com/vfrdma/vfrdma/pci"
@@ -27,18 +28,24 @@ func kind(f pci.Function) string {
 	return ""
 }
 
+// cmdList lists the pvrdma and vmxnet3 functions. Finding none is no
+// error: the text says so, --json prints [] (exit status 0 either way).
 func cmdList(e *env, args []string) error {
+	fs := newFlagSet(e, "list")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
 	if e.model != "" {
 		return errModel
 	}
-	if len(args) != 0 {
-		return errUsage
+	if fs.NArg() != 0 {
+		return usageErrorf("list takes no argument, not %q", strings.Join(fs.Args(), " "))
 	}
 	all, err := e.bus.List()
 	if err != nil {
 		return err
 	}
-	var list []listEntry
+	list := []listEntry{}
 	for _, f := range all {
 		k := kind(f)
 		if k == "" {
@@ -56,14 +63,14 @@ func cmdList(e *env, args []string) error {
 		}
 		return 0
 	})
-	if !slices.ContainsFunc(list, func(l listEntry) bool { return l.Kind == "pvrdma" }) {
-		if e.json {
-			e.printJSON(list)
-		}
-		return fmt.Errorf("no pvrdma function (%04x:%04x) on this machine", pci.VendorVMware, pci.DevicePVRDMA)
-	}
 	if e.json {
 		return e.printJSON(list)
+	}
+	if !slices.ContainsFunc(list, func(l listEntry) bool { return l.Kind == "pvrdma" }) {
+		fmt.Fprintf(e.out, "no pvrdma function (%04x:%04x) on this machine\n", pci.VendorVMware, pci.DevicePVRDMA)
+	}
+	if len(list) == 0 {
+		return nil
 	}
 	w := tabwriter.NewWriter(e.out, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(w, "BDF\tID\tKIND\tGROUP\tDRIVER")

@@ -11,10 +11,9 @@ import (
 )
 
 // modelHelp is --model's help text.
-const modelHelp = `run on the device model (package pvsim) instead of a device: ` +
-	`"v17".."v20" (VMware's device at that interface version; v20 by "vmware"), ` +
-	`"qemu" (QEMU 7.2's device); ",rocev2" for RoCE v2 GIDs (v18+). ` +
-	`No root, VFIO or VM needed; the two ends of pingpong and bench run in this process`
+const modelHelp = "run on the device model (package pvsim) instead of a device: `SPEC` is v17..v20 " +
+	"(VMware's device at that interface version; vmware is v20) or qemu (QEMU 7.2's device), " +
+	"with ,rocev2 for RoCE v2 GIDs (v18+); no root, VFIO or VM needed, the two ends of pingpong, bench and am run in this process"
 
 // parseModel parses a --model value.
 func parseModel(spec string) (pvsim.Config, error) {
@@ -28,18 +27,18 @@ func parseModel(spec string) (pvsim.Config, error) {
 	case strings.HasPrefix(v, "v"):
 		n, err := strconv.Atoi(v[1:])
 		if err != nil || n < int(pvsim.VersionRoCEv1) || n > int(pvsim.VersionQPHandle) {
-			return cfg, fmt.Errorf("--model %q: the version is v17 to v20", spec)
+			return cfg, usageErrorf("--model %q: the version is v17 to v20", spec)
 		}
 		cfg.Version = uint32(n)
 	default:
-		return cfg, fmt.Errorf("--model %q: want v17..v20, vmware or qemu, with ,rocev2 optional", spec)
+		return cfg, usageErrorf("--model %q: want v17..v20, vmware or qemu, with ,rocev2 optional", spec)
 	}
 	for _, opt := range parts[1:] {
 		switch opt {
 		case "rocev2":
 			cfg.RoCEv2 = true
 		default:
-			return cfg, fmt.Errorf("--model %q: unknown option %q (rocev2 is the one)", spec, opt)
+			return cfg, usageErrorf("--model %q: unknown option %q (rocev2 is the one)", spec, opt)
 		}
 	}
 	return cfg, nil
@@ -52,6 +51,7 @@ var errModel = errors.New("this command works on a machine's PCI functions, not 
 
 // newModel makes the device model --model names (on e.fabric, if set).
 func (e *env) newModel() (*pvsim.Device, error) {
+	e.reached++
 	cfg, err := parseModel(e.model)
 	if err != nil {
 		return nil, err

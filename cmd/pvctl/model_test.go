@@ -43,7 +43,7 @@ func TestInfoOnTheModel(t *testing.T) {
 		var out bytes.Buffer
 		e := &env{out: &out, model: spec}
 		require.NoError(t, cmdInfo(e, nil), spec)
-		assert.Contains(t, out.String(), "port 1 state:          ACTIVE", spec)
+		assert.Contains(t, out.String(), "port 1 state:          PORT_ACTIVE", spec)
 	}
 	e := &env{out: &bytes.Buffer{}, model: "v20"}
 	assert.ErrorContains(t, cmdInfo(e, []string{"0000:00:10.1"}), "no BDF")

@@ -52,7 +52,7 @@ func (t *trafficFlags) registerOneSided(fs *flag.FlagSet, write, atomic string) 
 
 // resolveSided sets t.sided from the one-sided flags, and refuses what
 // they cannot run with.
-func (t *trafficFlags) resolveSided() error {
+func (t *trafficFlags) resolveSided(fs *flag.FlagSet) error {
 	n := 0
 	for _, f := range []struct {
 		on   bool
@@ -65,15 +65,18 @@ func (t *trafficFlags) resolveSided() error {
 	}
 	switch {
 	case n > 1:
-		return errors.New("--write, --read and --atomic exclude each other")
+		return usageErrorf("--write, --read and --atomic exclude each other")
 	case n == 0:
 		return nil
 	case t.ud:
-		return fmt.Errorf("--%s needs RC QPs (--ud given): one-sided operations run on connected QPs only", t.sided)
+		return usageErrorf("--%s needs RC QPs (--ud given): one-sided operations run on connected QPs only", t.sided)
 	case t.rdmaCore:
-		return fmt.Errorf("--%s: rdma-core's pingpongs exchange no address or rkey: no --rdma-core", t.sided)
+		return usageErrorf("--%s: rdma-core's pingpongs exchange no address or rkey: no --rdma-core", t.sided)
 	}
 	if t.sided == sideAtomic {
+		if given(fs, "size") && t.size != 8 {
+			return usageErrorf("--atomic --size %d: the atomic works on one 8-byte word (leave --size out)", t.size)
+		}
 		t.size = 8 // the atomic's word
 	}
 	return nil

@@ -5,9 +5,17 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"fmt"
+	"io"
 	"net"
+	"net/netip"
+	"os"
 	"runtime"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -53,6 +61,123 @@ type peerFlags struct {
 	// (port 18515 by default): the peer is ibv_rc_pingpong or
 	// ibv_ud_pingpong.
 	rdmaCore bool
+	// waitPeer is how long open waits for the other end: the client
+	// retrying its dial, the server for the client (--wait-peer).
+	waitPeer time.Duration
+	// notes, if set, is told what open waits for: once after noteFirst,
+	// then every noteEvery (defaultNoteFirst, defaultNoteEvery when 0).
+	notes                io.Writer
+	noteFirst, noteEvery time.Duration
+}
+
+// When a waiting end first says what it waits for, and how often after.
+const (
+	defaultNoteFirst = 2 * time.Second
+	defaultNoteEvery = 10 * time.Second
+	defaultWaitPeer  = 5 * time.Minute
+)
+
+// register declares the flags that pick the other end: --listen,
+// --connect, --vm, --tag and --wait-peer, with the roles' words.
+func (p *peerFlags) register(fs *flag.FlagSet, listen, connect, vm, tag string) {
+	fs.StringVar(&p.listen, "listen", "", listen)
+	fs.StringVar(&p.connect, "connect", "", connect)
+	fs.BoolVar(&p.vm, "vm", false, vm)
+	fs.StringVar(&p.tag, "tag", tag, "rendezvous key prefix for --vm (`KEY`)")
+	fs.DurationVar(&p.waitPeer, "wait-peer", defaultWaitPeer, "how long to wait for the other end: the client retries its connection (saying on stderr what it waits for, after 2 s and then every 10 s), the server waits for its client")
+}
+
+// check refuses, before any device is reached, flags that pick the other
+// end in two ways at once, an address that cannot be one, and the other
+// end with --model (which runs both ends in this process).
+func (p *peerFlags) check(e *env) error {
+	n := 0
+	for _, on := range []bool{p.listen != "", p.connect != "", p.vm} {
+		if on {
+			n++
+		}
+	}
+	if n > 1 {
+		return usageErrorf("--listen, --connect and --vm exclude each other: this end is the server (--listen), the client (--connect) or a bench VM (--vm)")
+	}
+	if p.listen != "" {
+		if err := checkAddr("--listen", p.listen, true, p.rdmaCore); err != nil {
+			return err
+		}
+	}
+	if p.connect != "" {
+		if err := checkAddr("--connect", p.connect, false, p.rdmaCore); err != nil {
+			return err
+		}
+	}
+	if p.rdmaCore && p.listen == "" && p.connect == "" {
+		return usageErrorf("--rdma-core needs --listen ADDR or --connect HOST (the peer is an rdma-core program)")
+	}
+	if p.waitPeer <= 0 {
+		return usageErrorf("--wait-peer %v: want a positive duration", p.waitPeer)
+	}
+	if p.vm && p.tag == "" {
+		return usageErrorf("--tag \"\": --vm needs a rendezvous key prefix")
+	}
+	if e.model != "" && !p.loopback() && e.fabric == nil {
+		return usageErrorf("--model runs both ends in this process: no --listen, --connect or --vm")
+	}
+	p.notes = e.errOut
+	return nil
+}
+
+// checkAddr checks a --listen or --connect address: HOST:PORT, the port 1
+// to 65535, the host an IP address or a host name (a server may leave it
+// out: every address); with --rdma-core the port may be left out (rdma-core's
+// 18515).
+func checkAddr(flagName, addr string, listen, rdmaCore bool) error {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		if !rdmaCore {
+			return usageErrorf("%s %q: want HOST:PORT", flagName, addr)
+		}
+		host, port = strings.TrimSuffix(strings.TrimPrefix(addr, "["), "]"), rdmaCorePort
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return usageErrorf("%s %q: port %q: want a number from 1 to 65535", flagName, addr, port)
+	}
+	switch {
+	case host == "" && listen:
+		return nil
+	case host == "":
+		return usageErrorf("%s %q: want the server's host before the port", flagName, addr)
+	}
+	if _, err := netip.ParseAddr(host); err == nil {
+		return nil
+	}
+	if strings.Trim(host, "0123456789.") == "" || strings.Contains(host, ":") {
+		return usageErrorf("%s %q: %q is not an IP address", flagName, addr, host)
+	}
+	if !hostName(host) {
+		return usageErrorf("%s %q: %q is neither an IP address nor a host name", flagName, addr, host)
+	}
+	return nil
+}
+
+// hostName reports a well-formed DNS name: dot-separated labels of 1 to 63
+// letters, digits, hyphens (not first or last) and underscores, 253
+// characters at most.
+func hostName(s string) bool {
+	s = strings.TrimSuffix(s, ".")
+	if s == "" || len(s) > 253 {
+		return false
+	}
+	for _, l := range strings.Split(s, ".") {
+		if l == "" || len(l) > 63 || l[0] == '-' || l[len(l)-1] == '-' {
+			return false
+		}
+		for _, c := range l {
+			if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || c >= '0' && c <= '9' || c == '-' || c == '_') {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 // loopback reports whether both ends are in this process.
@@ -60,7 +185,61 @@ func (p *peerFlags) loopback() bool {
 	return p.listen == "" && p.connect == "" && !p.vm && !p.rdmaCore
 }
 
+// waitNotes says on w, once after first and then every every, what an end
+// waits for (what's text, asked at each note), until the returned stop is
+// called; stop returns once no note can follow.
+func waitNotes(w io.Writer, first, every time.Duration, what func(waited time.Duration) string) (stop func()) {
+	if w == nil {
+		return func() {}
+	}
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	start := time.Now()
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTimer(first)
+		defer t.Stop()
+		for {
+			select {
+			case <-done:
+				return
+			case <-t.C:
+				fmt.Fprintf(w, "pvctl: %s\n", what(time.Since(start).Round(time.Second)))
+				t.Reset(every)
+			}
+		}
+	}()
+	return func() {
+		close(done)
+		wg.Wait()
+	}
+}
+
+// dialReason is what a failed dial says in a note: the system's words
+// ("connection refused"), or the whole error.
+func dialReason(err error) string {
+	var se *os.SyscallError
+	if errors.As(err, &se) {
+		return se.Err.Error()
+	}
+	return err.Error()
+}
+
 func (p *peerFlags) open(ctx context.Context) (exchanger, error) {
+	wait := p.waitPeer
+	if wait <= 0 {
+		wait = defaultWaitPeer
+	}
+	first, every := p.noteFirst, p.noteEvery
+	if first <= 0 {
+		first = defaultNoteFirst
+	}
+	if every <= 0 {
+		every = defaultNoteEvery
+	}
+	wctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
 	switch {
 	case p.vm:
 		r, vm, err := openRendezvous()
@@ -79,12 +258,16 @@ func (p *peerFlags) open(ctx context.Context) (exchanger, error) {
 			return nil, err
 		}
 		defer ln.Close()
-		if dl, ok := ctx.Deadline(); ok {
+		if dl, ok := wctx.Deadline(); ok {
 			ln.(*net.TCPListener).SetDeadline(dl)
 		}
+		stop := waitNotes(p.notes, first, every, func(waited time.Duration) string {
+			return fmt.Sprintf("waiting for the client on %s (%v of --wait-peer %v)", p.listen, waited, wait)
+		})
 		conn, err := ln.Accept()
+		stop()
 		if err != nil {
-			return nil, fmt.Errorf("waiting for the client on %s: %w", p.listen, err)
+			return nil, fmt.Errorf("waiting for the client on %s (--wait-peer %v): %w", p.listen, wait, err)
 		}
 		if p.rdmaCore {
 			return &rdmaCoreExchange{conn: conn, srv: true}, nil
@@ -97,21 +280,43 @@ func (p *peerFlags) open(ctx context.Context) (exchanger, error) {
 			addr = rdmaCoreAddr(addr)
 		}
 		// The peer may still be starting, or its address not resolved
-		// yet on a busy bench: retry until ctx ends.
+		// yet on a busy bench: retry until --wait-peer ends, saying
+		// what this end waits for.
 		var conn net.Conn
 		var err error
+		var last atomic.Pointer[string]
+		stop := waitNotes(p.notes, first, every, func(waited time.Duration) string {
+			reason := "no answer yet"
+			if r := last.Load(); r != nil {
+				reason = *r
+			}
+			return fmt.Sprintf("waiting for the server at %s: %s; retrying (%v of --wait-peer %v)", addr, reason, waited, wait)
+		})
+		defer stop()
 		for {
-			if conn, err = d.DialContext(ctx, "tcp", addr); err == nil || !dialRetriable(err) {
+			conn, err = d.DialContext(wctx, "tcp", addr)
+			if err == nil || wctx.Err() != nil {
 				break
 			}
+			if !dialRetriable(err) {
+				return nil, err
+			}
+			r := dialReason(err)
+			last.Store(&r)
 			select {
-			case <-ctx.Done():
-				return nil, fmt.Errorf("connecting to %s: %w", addr, err)
+			case <-wctx.Done():
 			case <-time.After(100 * time.Millisecond):
 			}
 		}
-		if err != nil {
-			return nil, err
+		switch {
+		case err != nil && ctx.Err() != nil:
+			return nil, fmt.Errorf("connecting to %s: %w", addr, ctx.Err())
+		case err != nil:
+			reason := dialReason(err)
+			if r := last.Load(); r != nil {
+				reason = *r
+			}
+			return nil, fmt.Errorf("no server at %s after --wait-peer %v (%s)", addr, wait, reason)
 		}
 		if p.rdmaCore {
 			return &rdmaCoreExchange{conn: conn}, nil

@@ -1,15 +1,20 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/vfrdma/vfrdma/pvsim"
 )
 
 // memRendezvous is the bench's rendezvous in memory: keys written once,
@@ -113,4 +118,94 @@ func TestPatternIsTheFormulaAndCheckNamesTheWrongByte(t *testing.T) {
 			assert.Error(t, checkPattern(b, seq+1), "the next message's pattern")
 		}
 	}
+}
+
+// lockedBuffer is a bytes.Buffer safe for the notes goroutine's writes.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// A client whose server is not up retries for --wait-peer, saying on
+// stderr what it waits for once after the first delay and then at every
+// interval, and then fails naming the address and --wait-peer.
+func TestClientSaysWhatItWaitsFor(t *testing.T) {
+	addr := freeAddr(t)
+	var notes lockedBuffer
+	p := peerFlags{connect: addr, waitPeer: 500 * time.Millisecond, notes: &notes, noteFirst: 150 * time.Millisecond, noteEvery: 100 * time.Millisecond}
+	start := time.Now()
+	_, err := p.open(context.Background())
+	require.Error(t, err)
+	assert.GreaterOrEqual(t, time.Since(start), 500*time.Millisecond, "it retried until --wait-peer")
+	assert.Contains(t, err.Error(), "no server at "+addr+" after --wait-peer 500ms (connection refused)")
+	lines := strings.Split(strings.TrimSpace(notes.String()), "\n")
+	assert.GreaterOrEqual(t, len(lines), 2, "%q", notes.String())
+	assert.LessOrEqual(t, len(lines), 5, "one note, then one per interval: %q", notes.String())
+	for _, l := range lines {
+		assert.True(t, strings.HasPrefix(l, "pvctl: waiting for the server at "+addr+": connection refused; retrying ("), "%q", l)
+		assert.Contains(t, l, "of --wait-peer 500ms)")
+	}
+	time.Sleep(250 * time.Millisecond)
+	assert.Len(t, strings.Split(strings.TrimSpace(notes.String()), "\n"), len(lines), "no note once open returned")
+}
+
+// A server that is up before the first note leaves the client silent.
+func TestClientSilentWhenTheServerComesSoon(t *testing.T) {
+	addr := freeAddr(t)
+	go func() {
+		time.Sleep(100 * time.Millisecond)
+		ln, err := net.Listen("tcp", addr)
+		if !assert.NoError(t, err) {
+			return
+		}
+		defer ln.Close()
+		if c, err := ln.Accept(); err == nil {
+			c.Close()
+		}
+	}()
+	var notes lockedBuffer
+	p := peerFlags{connect: addr, waitPeer: 5 * time.Second, notes: &notes, noteFirst: 2 * time.Second}
+	x, err := p.open(context.Background())
+	require.NoError(t, err)
+	x.close()
+	assert.Empty(t, notes.String())
+}
+
+// A server waits for its client for --wait-peer, saying so.
+func TestServerSaysWhatItWaitsFor(t *testing.T) {
+	addr := freeAddr(t)
+	var notes lockedBuffer
+	p := peerFlags{listen: addr, waitPeer: 300 * time.Millisecond, notes: &notes, noteFirst: 100 * time.Millisecond, noteEvery: time.Hour}
+	_, err := p.open(context.Background())
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "waiting for the client on "+addr+" (--wait-peer 300ms)")
+	assert.Equal(t, 1, strings.Count(notes.String(), "\n"), "%q", notes.String())
+	assert.Contains(t, notes.String(), "pvctl: waiting for the client on "+addr+" (")
+}
+
+// pvctl's --wait-peer and stderr reach the client's dial: through the
+// command, the first note comes after 2 s.
+func TestPingpongClientWaitsForItsServerOnStderr(t *testing.T) {
+	addr := freeAddr(t)
+	var out bytes.Buffer
+	var notes lockedBuffer
+	e := &env{out: &out, errOut: &notes, model: "v20", fabric: pvsim.NewFabric()}
+	err := cmdPingpong(e, []string{"--connect", addr, "--wait-peer", "2500ms"})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "after --wait-peer 2.5s")
+	assert.Equal(t, 1, strings.Count(notes.String(), "\n"), "%q", notes.String())
+	assert.Contains(t, notes.String(), "waiting for the server at "+addr+": connection refused; retrying (2s of --wait-peer 2.5s)")
+	assert.Empty(t, out.String())
 }

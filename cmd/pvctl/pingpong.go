@@ -34,11 +34,11 @@ type trafficFlags struct {
 func (t *trafficFlags) register(fs *flag.FlagSet, defSize int) {
 	fs.BoolVar(&t.rc, "rc", false, "reliable connected QPs (the default)")
 	fs.BoolVar(&t.ud, "ud", false, "unreliable datagram QPs")
-	fs.IntVar(&t.size, "size", defSize, "message size in bytes")
-	fs.StringVar(&t.listen, "listen", "", "wait for the other end on this TCP address (server)")
-	fs.StringVar(&t.connect, "connect", "", "connect to the other end at this TCP address (client)")
-	fs.BoolVar(&t.vm, "vm", false, "the other end is the other VM of a two-VM bench run (VM 0 is the server)")
-	fs.StringVar(&t.tag, "tag", "pvctl", "rendezvous key prefix for --vm")
+	fs.IntVar(&t.size, "size", defSize, fmt.Sprintf("message size in bytes, 0 to %d", maxSize))
+	t.peerFlags.register(fs,
+		"wait for the other end (this end is the server) on `ADDR`: HOST:PORT, or :PORT for every address (with --rdma-core HOST alone: port 18515)",
+		"connect to the other end (this end is the client) at `HOST:PORT` (with --rdma-core HOST alone: port 18515)",
+		"the other end is the other VM of a two-VM bench run (VM 0 is the server)", "pvctl")
 	fs.BoolVar(&t.pollDoorbell, "poll-doorbell", true, "an empty CQ poll rings the CQ's POLL doorbell and looks again, as rdma-core's provider does: the default unless --events (on QEMU the doorbell harvests the backend's completions at once, where a guest that spins without it starves the emulated device of CPU)")
 	fs.DurationVar(&t.pollPace, "poll-pace", 0, "ring the POLL doorbell at most once per this long per CQ (Options.PollPace; 0: the driver's default, 50µs on QEMU, every empty poll on VMware's device; negative: every empty poll)")
 	fs.DurationVar(&t.waitSpin, "wait-spin", 0, "how long CQ.Wait polls before it sleeps, with --events (Options.Spin; 0: the driver's default; negative: never)")
@@ -75,33 +75,63 @@ func (t *trafficFlags) typ() (vfrdma.QPType, error) {
 	return vfrdma.RC, nil
 }
 
-func (t *trafficFlags) parse(e *env, fs *flag.FlagSet, args []string) error {
-	fs.BoolVar(&e.json, "json", e.json, "print JSON")
-	if err := fs.Parse(args); err != nil {
-		return errUsage
+// maxSize is the largest --size: a GiB (an MR holds a message per slot).
+const maxSize = 1 << 30
+
+// maxCount is the most messages, round trips or frames a flag may ask
+// for: the tools keep a time per message.
+const maxCount = 10_000_000
+
+// checkCount refuses a count flag's value below 1 or above maxCount.
+func checkCount(name string, v int, what string) error {
+	if v < 1 || v > maxCount {
+		return usageErrorf("--%s %d: want 1 or more %s, at most %d", name, v, what, maxCount)
 	}
-	if fs.NArg() > 1 {
-		return errUsage
+	return nil
+}
+
+// parse parses args into fs and checks, before any device is reached,
+// what the flags and the BDF argument cannot run with.
+func (t *trafficFlags) parse(e *env, fs *flag.FlagSet, args []string) error {
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	if err := e.checkBDF(fs.Args()); err != nil {
+		return err
 	}
 	if fs.NArg() == 1 {
 		t.bdf = fs.Arg(0)
+	}
+	if t.rc && t.ud {
+		return usageErrorf("--rc and --ud exclude each other")
 	}
 	if t.events {
 		if err := t.noPollDoorbell(fs, "--events"); err != nil {
 			return err
 		}
 	}
-	return t.resolveSided()
+	if err := t.resolveSided(fs); err != nil {
+		return err
+	}
+	if t.size < 0 || t.size > maxSize {
+		return usageErrorf("--size %d: want 0 to %d bytes", t.size, maxSize)
+	}
+	return t.peerFlags.check(e)
+}
+
+// given reports whether the command line set the flag name.
+func given(fs *flag.FlagSet, name string) bool {
+	set := false
+	fs.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
 }
 
 // noPollDoorbell turns the POLL doorbell off for a mode that sleeps on
 // interrupts, and refuses --poll-doorbell given beside it: on QEMU 7.2 the
 // driver never arms a CQ while it polls with the doorbell.
 func (t *trafficFlags) noPollDoorbell(fs *flag.FlagSet, mode string) error {
-	given := false
-	fs.Visit(func(f *flag.Flag) { given = given || f.Name == "poll-doorbell" })
-	if given && t.pollDoorbell {
-		return fmt.Errorf("--poll-doorbell and %s exclude each other: a CQ polled with the POLL doorbell is never armed on QEMU", mode)
+	if given(fs, "poll-doorbell") && t.pollDoorbell {
+		return usageErrorf("--poll-doorbell and %s exclude each other: a CQ polled with the POLL doorbell is never armed on QEMU", mode)
 	}
 	t.pollDoorbell = false
 	return nil
@@ -112,9 +142,6 @@ func (t *trafficFlags) openDevice(e *env) (*vfrdma.Device, error) {
 	var args []string
 	if t.bdf != "" {
 		args = []string{t.bdf}
-	}
-	if e.model != "" && !t.loopback() && e.fabric == nil {
-		return nil, fmt.Errorf("--model runs both ends in this process: no --listen, --connect or --vm")
 	}
 	d, err := e.open(args, &vfrdma.Options{PollDoorbell: t.pollDoorbell, PollPace: t.pollPace, Spin: t.waitSpin})
 	if err != nil {
@@ -282,28 +309,38 @@ func stalled(ep *endpoint, after time.Duration, sends, recvs, roundTrips int) er
 
 // cmdPingpong bounces a message back and forth and checks every byte, in
 // the spirit of ibv_rc_pingpong.
-func cmdPingpong(e *env, args []string) error {
-	var t trafficFlags
-	var iters, srqs int
-	var stall time.Duration
-	fs := flag.NewFlagSet("pingpong", flag.ContinueOnError)
+// pingpongOpts are pingpong's flags.
+type pingpongOpts struct {
+	t           trafficFlags
+	iters, srqs int
+	stall       time.Duration
+}
+
+// pingpongFlags declares pingpong's flags on fs.
+func pingpongFlags(fs *flag.FlagSet) *pingpongOpts {
+	o := &pingpongOpts{}
+	t := &o.t
 	t.register(fs, 4096)
-	fs.IntVar(&iters, "iters", 1000, "round trips")
+	fs.IntVar(&o.iters, "iters", 1000, "round trips")
 	fs.BoolVar(&t.spin, "spin", true, "poll the CQ without ever sleeping on it, as rdma-core's pingpongs do without -e (the default; --events sleeps)")
-	fs.IntVar(&srqs, "srq", 0, "N RC connections per side whose receives come from one shared receive queue per side")
-	fs.DurationVar(&stall, "stall", 10*time.Second, "fail, with the queues' state, when no completion comes for this long (a lost message)")
+	fs.IntVar(&o.srqs, "srq", 0, fmt.Sprintf("`N` RC connections per side (1 to %d) whose receives come from one shared receive queue per side", maxSRQConns))
+	fs.DurationVar(&o.stall, "stall", 10*time.Second, "fail, with the queues' state, when no completion comes for this long (a lost message)")
 	t.registerOneSided(fs, "one-sided: each message is an RDMA WRITE WITH IMMEDIATE into the other end's buffer (like ib_write_lat), its receive completion and every byte checked (RC only, not on QEMU)", "")
+	return o
+}
+
+func cmdPingpong(e *env, args []string) error {
+	fs := newFlagSet(e, "pingpong")
+	o := pingpongFlags(fs)
+	t := &o.t
 	if err := t.parse(e, fs, args); err != nil {
 		return err
 	}
-	srqGiven, spinGiven := false, false
-	fs.Visit(func(f *flag.Flag) {
-		srqGiven = srqGiven || f.Name == "srq"
-		spinGiven = spinGiven || f.Name == "spin"
-	})
+	iters, srqs, stall := o.iters, o.srqs, o.stall
+	srqGiven, spinGiven := given(fs, "srq"), given(fs, "spin")
 	if t.events {
 		if spinGiven && t.spin {
-			return errors.New("--spin and --events exclude each other")
+			return usageErrorf("--spin and --events exclude each other")
 		}
 		t.spin = false
 	}
@@ -313,17 +350,17 @@ func cmdPingpong(e *env, args []string) error {
 			return err
 		}
 	}
-	if err := checkSRQFlags(&t, srqs, srqGiven); err != nil {
+	if err := checkSRQFlags(t, srqs, srqGiven); err != nil {
 		return err
 	}
 	if srqGiven && t.sided != "" {
-		return fmt.Errorf("--%s and --srq exclude each other", t.sided)
+		return usageErrorf("--%s and --srq exclude each other", t.sided)
 	}
-	if iters < 1 {
-		return fmt.Errorf("--iters %d: want 1 or more round trips", iters)
+	if err := checkCount("iters", iters, "round trips"); err != nil {
+		return err
 	}
 	if stall <= 0 {
-		return fmt.Errorf("--stall %v: want a positive duration", stall)
+		return usageErrorf("--stall %v: want a positive duration", stall)
 	}
 	d, err := t.openDevice(e)
 	if err != nil {
@@ -333,7 +370,7 @@ func cmdPingpong(e *env, args []string) error {
 	ctx, cancel := withTimeout(5 * time.Minute)
 	defer cancel()
 	if srqs > 0 {
-		return srqPingpong(ctx, e, &t, d, srqs, iters)
+		return srqPingpong(ctx, e, t, d, srqs, iters)
 	}
 	a, b, x, err := t.setup(ctx, d, 4, t.size)
 	if err != nil {
@@ -343,7 +380,7 @@ func cmdPingpong(e *env, args []string) error {
 		defer x.close()
 	}
 	if t.sided == sideRead {
-		return readPingpong(ctx, e, &t, a, x, iters, stall)
+		return readPingpong(ctx, e, t, a, x, iters, stall)
 	}
 	hdr := 0
 	if a.qp.Type() == vfrdma.UD {

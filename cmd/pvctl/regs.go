@@ -31,6 +31,14 @@ type regValue struct {
 // model's, fresh, before any driver). Reads have no side effect on the
 // device; nothing is written.
 func cmdRegs(e *env, args []string) error {
+	fs := newFlagSet(e, "regs")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	args = fs.Args()
+	if err := e.checkBDF(args); err != nil {
+		return err
+	}
 	if e.model != "" {
 		return modelRegs(e, args)
 	}
@@ -56,7 +64,7 @@ func cmdRegs(e *env, args []string) error {
 		return err
 	}
 	if e.json {
-		return e.printJSON(map[string]any{"bdf": f.Addr.String(), "driver": f.Driver, "group": f.IOMMUGroup, "bar1_bytes": len(mem), "registers": vals})
+		return e.printJSON(map[string]any{"bdf": f.Addr.String(), "driver": f.Driver, "iommu_group": f.IOMMUGroup, "bar1_bytes": len(mem), "registers": vals})
 	}
 	fmt.Fprintf(e.out, "%s (IOMMU group %d, %s): BAR1, %d bytes\n", f.Addr, f.IOMMUGroup, f.Driver, len(mem))
 	printRegs(e, vals)
@@ -83,7 +91,7 @@ func modelRegs(e *env, args []string) error {
 		return err
 	}
 	if e.json {
-		return e.printJSON(map[string]any{"model": e.model, "name": m.Name(), "registers": vals})
+		return e.printJSON(map[string]any{"model": e.model, "device_name": m.Name(), "registers": vals})
 	}
 	fmt.Fprintf(e.out, "%s (the device model, --model %s): BAR1, before any driver\n", m.Name(), e.model)
 	printRegs(e, vals)

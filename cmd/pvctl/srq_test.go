@@ -42,7 +42,7 @@ func TestPingpongSRQFlagsAccepted(t *testing.T) {
 }
 
 func TestSRQInfoText(t *testing.T) {
-	s := srqInfo{MaxSRQWR: 12288, MaxSGE: 2, MaxDepth: []int{8192, 4096}}
+	s := srqInfo{maxSRQWR: 12288, maxSGE: 2, MaxDepth: []int{8192, 4096}}
 	assert.Equal(t, "8192 (1 SGE), 4096 (2 SGEs)", s.depthText())
 	assert.Contains(t, s.limitText(), "max_srq_wr 12288")
 	assert.Contains(t, s.limitText(), "one ring of 128 pages")

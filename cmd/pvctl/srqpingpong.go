@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -183,13 +182,16 @@ func (s *srqSide) allPast(k int) bool {
 // line) against the other flags before any device is touched.
 func checkSRQFlags(t *trafficFlags, n int, given bool) error {
 	switch {
-	case given && n < 1:
-		return fmt.Errorf("--srq %d: want a number of connections, 1 or more", n)
+	case given && (n < 1 || n > maxSRQConns):
+		return usageErrorf("--srq %d: want a number of connections, 1 or more, at most %d", n, maxSRQConns)
 	case given && t.ud:
-		return errors.New("--srq needs RC QPs (--ud given): the SRQ ping-pong runs over connected QPs, like ibv_srq_pingpong")
+		return usageErrorf("--srq needs RC QPs (--ud given): the SRQ ping-pong runs over connected QPs, like ibv_srq_pingpong")
 	}
 	return nil
 }
+
+// maxSRQConns is the most connections pingpong --srq makes per side.
+const maxSRQConns = 1024
 
 // srqPingpong is pingpong --srq: n connections per side on one SRQ per
 // side; on each, the client pings and the server echoes, every byte
