@@ -46,6 +46,9 @@ const (
 	DefaultMaxUHdr    = 256
 )
 
+// maxTasks is the most tasks a job may have.
+const maxTasks = 1 << 12
+
 // barrierHandler is the wire index of the barrier's own messages.
 const barrierHandler = 0xffff
 
@@ -440,7 +443,7 @@ func (cfg *Config) fill() error {
 		cfg.MaxUHdr = min(DefaultMaxUHdr, (cfg.PacketSize-headerSize)&^7)
 	}
 	switch {
-	case cfg.Tasks < 1 || cfg.Tasks > 1<<12:
+	case cfg.Tasks < 1 || cfg.Tasks > maxTasks:
 		return fmt.Errorf("%w: %d tasks", errInvalid, cfg.Tasks)
 	case cfg.Self < 0 || cfg.Self >= cfg.Tasks:
 		return fmt.Errorf("%w: task %d of %d", ErrTarget, cfg.Self, cfg.Tasks)

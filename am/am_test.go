@@ -276,6 +276,7 @@ func TestTCPExchangerRefusesAConnectionWithoutTheJobToken(t *testing.T) {
 	require.NoError(t, err)
 	_, err = (&TCPExchanger{Addr: addr, Tasks: 2, Self: 1, Token: "job-B"}).AllGather(ctx, []byte{66})
 	require.Error(t, err, "another job's task is refused")
+	assert.ErrorIs(t, err, errRefused, "and told so, whether task 0's close came as an EOF or a reset")
 	assert.NotErrorIs(t, err, context.DeadlineExceeded)
 	all, err := (&TCPExchanger{Addr: addr, Tasks: 2, Self: 1, Token: "job-A"}).AllGather(ctx, []byte{1})
 	require.NoError(t, err)

@@ -32,6 +32,24 @@
 //     ErrCounter, ErrPurged, ErrClosed.
 //   - Sending to yourself goes through the device like any other message.
 //
+// # Under a launcher
+//
+// Tasks that a cluster's launcher starts find each other through
+// LauncherExchanger(os.Getenv): each takes its rank and size from the
+// variables the launcher set (Slurm's srun: SLURM_PROCID and
+// SLURM_STEP_NUM_TASKS; Open MPI's mpirun: OMPI_COMM_WORLD_RANK and
+// OMPI_COMM_WORLD_SIZE; MPICH's mpiexec and srun --mpi=pmi2: PMI_RANK and
+// PMI_SIZE; PMIx: PMIX_RANK), task 0's host:port from VFRDMA_AM_ADDR, and
+// the job's token from VFRDMA_AM_TOKEN or else the launcher's job id
+// (SLURM_JOB_ID and SLURM_STEP_ID, PMIX_NAMESPACE, PMI_JOBID), which the
+// tasks of one job share and other jobs do not. Run it as
+// "VFRDMA_AM_ADDR=node01:7470 srun -n 4 ./mysvc" (or with VFRDMA_AM_PORT
+// alone, for task 0 on the step's first node) or as "mpirun -n 4 -x
+// VFRDMA_AM_ADDR=node01:7470 ./mysvc"; mpiexec sets no job id, so give it
+// VFRDMA_AM_TOKEN too. An MPI launcher's variables win over Slurm's
+// (mpirun inside an allocation passes its tasks Slurm variables that
+// number its daemons); LauncherExchanger has the rules and the errors.
+//
 // # Protocol
 //
 // Each pair of tasks has one RC QP at each end (a task has two to itself,

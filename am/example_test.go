@@ -103,3 +103,25 @@ func Example() {
 	// Output:
 	// task 0 sent "hello, task 1" with header "greeting"
 }
+
+// A task that srun started takes its rank and size from srun's
+// variables and task 0's address from VFRDMA_AM_ADDR (run as
+// VFRDMA_AM_ADDR=node01:7470 srun -n 4 ./mysvc). A program passes
+// os.Getenv; here a map holds what srun set for the third task of a step
+// of four.
+func ExampleLauncherExchanger() {
+	env := map[string]string{
+		"SLURM_JOB_ID": "4242", "SLURM_STEP_ID": "0",
+		"SLURM_PROCID": "2", "SLURM_STEP_NUM_TASKS": "4", "SLURM_NTASKS": "4",
+		"SLURM_STEP_NODELIST": "node[01-02]", "SLURMD_NODENAME": "node02",
+		"VFRDMA_AM_ADDR": "node01:7470",
+	}
+	x, err := am.LauncherExchanger(func(k string) string { return env[k] })
+	if err != nil {
+		log.Fatal(err) // errors.Is(err, am.ErrNoLauncher): not started by a launcher
+	}
+	fmt.Printf("task %d of %d, task 0 at %s\n", x.Self, x.Tasks, x.Addr)
+	// Then: am.New(ctx, d, am.Config{Tasks: x.Tasks, Self: x.Self, Exchange: x})
+	// Output:
+	// task 2 of 4, task 0 at node01:7470
+}

@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/vfrdma/vfrdma/connect"
@@ -17,7 +18,8 @@ import (
 
 // Exchanger publishes this task's address and returns every task's: an
 // all-gather. New calls it once. The bench's control channel is one in
-// the tests; TCPExchanger serves a set of processes on a network.
+// the tests; TCPExchanger serves a set of processes on a network, and
+// LauncherExchanger makes one from what a launcher (srun, mpirun) set.
 type Exchanger interface {
 	// AllGather returns every task's blob, indexed by task, this task's
 	// (mine) included.
@@ -265,7 +267,9 @@ func (x *TCPExchanger) join(ctx context.Context, mine []byte) ([][]byte, error) 
 	if err := x.readHead(r); err != nil {
 		if ctx.Err() != nil {
 			err = ctx.Err()
-		} else if errors.Is(err, io.EOF) {
+		} else if errors.Is(err, io.EOF) || errors.Is(err, syscall.ECONNRESET) {
+			// Closed unanswered; a reset when the greeting was still
+			// unread.
 			err = fmt.Errorf("%w: task 0 closed the connection (another job's token, or task %d joined already)", errRefused, x.Self)
 		}
 		return nil, fmt.Errorf("address exchange: task 0 at %s: %w", x.Addr, err)
