@@ -30,9 +30,11 @@ pvvm_failure() {
 
 # Interop: a vfrdma guest (VM 0, pvctl pingpong --rdma-core, every byte it
 # receives checked) and a reference guest (VM 1, rdma-core's pingpongs),
-# both directions, RC and UD, 1000 iterations at 64 B and 4096 B; and
-# pvctl eth ping from the vfrdma guest, answered by the reference guest's
-# Linux network stack on the vmxnet3 link.
+# both directions, RC and UD, 1000 iterations at 64 B and 4096 B, and
+# ibv_srq_pingpong's 16 QPs on an SRQ against pvctl pingpong --srq 16, 500
+# round trips of 4096 B; and pvctl eth ping from the vfrdma guest,
+# answered by the reference guest's Linux network stack on the vmxnet3
+# link.
 interop_tier() {
   local out rc cmds=(@0 eth ping --ip 10.10.0.1 --count 5 --size 1000 10.10.0.2 + @1 sleep 6 +) size
   for size in 64 4096; do
@@ -43,15 +45,18 @@ interop_tier() {
            @1 retry ibv_ud_pingpong -g 1 -n 1000 -s $size 192.168.100.1 +
            @1 ibv_ud_pingpong -g 1 -n 1000 -s $size + @0 pingpong --rdma-core --connect 192.168.100.2 --ud --size $size --iters 1000 +)
   done
+  cmds+=(@0 pingpong --rdma-core --srq 16 --listen 0.0.0.0 --size 4096 --iters 500 +
+         @1 retry ibv_srq_pingpong -g 1 -q 16 -n 500 -s 4096 192.168.100.1 +
+         @1 ibv_srq_pingpong -g 1 -q 16 -n 500 -s 4096 + @0 pingpong --rdma-core --srq 16 --connect 192.168.100.2 --size 4096 --iters 500 +)
   unset 'cmds[${#cmds[@]}-1]' # the last "+"
   out=$($GO run ./cmd/pvvm -vms 2 -ref 1 -timeout $RUN_LIMIT -limit $CMD_LIMIT -counters -- "${cmds[@]}" 2>&1)
   rc=$?
   echo "$out" > "$LOGS/interop-pvvm.log" # the whole run, for a failure's post-mortem
-  echo "$out" | grep -E 'pingpong: 1000|iters in|received, 0% loss|backend:'
+  echo "$out" | grep -E 'pingpong: 1000|SRQ pingpong|iters in|received, 0% loss|backend:'
   [ $rc = 0 ] || { pvvm_failure "$out"; return $rc; }
   echo "$out" | grep -q '5 sent, 5 received' || { echo "the reference guest did not answer the vfrdma guest's pings"; return 1; }
-  [ "$(echo "$out" | grep -c 'every byte checked')" = 8 ] || { echo "not every vfrdma pingpong finished"; return 1; }
-  [ "$(echo "$out" | grep -c 'iters in')" = 8 ] || { echo "not every rdma-core pingpong finished"; return 1; }
+  [ "$(echo "$out" | grep -c 'every byte checked')" = 10 ] || { echo "not every vfrdma pingpong finished"; return 1; }
+  [ "$(echo "$out" | grep -c 'iters in')" = 10 ] || { echo "not every rdma-core pingpong finished"; return 1; }
 }
 
 # The reference stack (Linux's vmw_pvrdma + rdma-core) in two guests on the

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
@@ -16,10 +15,10 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 
 	"github.com/vfrdma/vfrdma"
+	"github.com/vfrdma/vfrdma/connect"
 )
 
 // peerInfo is what two ends exchange to connect.
@@ -29,6 +28,7 @@ type peerInfo struct {
 	QKey uint32     `json:"qkey"`
 	PSN  uint32     `json:"psn,omitempty"`  // its first send PSN (rdma-core's exchange carries it)
 	QPNs []uint32   `json:"qpns,omitempty"` // pingpong --srq: one per connection
+	PSNs []uint32   `json:"psns,omitempty"` // pingpong --srq: each connection's first send PSN (PSN if none)
 	Blob []byte     `json:"blob,omitempty"` // am: the task's address
 	// The one-sided modes (onesided.go): the mode this end runs ("" for
 	// SEND), and its target region, the MR the peer's RDMA WRITEs, READs
@@ -61,6 +61,9 @@ type peerFlags struct {
 	// (port 18515 by default): the peer is ibv_rc_pingpong or
 	// ibv_ud_pingpong.
 	rdmaCore bool
+	// srq, with rdmaCore, speaks ibv_srq_pingpong's exchange instead
+	// (pingpong --srq).
+	srq bool
 	// waitPeer is how long open waits for the other end: the client
 	// retrying its dial, the server for the client (--wait-peer).
 	waitPeer time.Duration
@@ -136,7 +139,7 @@ func checkAddr(flagName, addr string, listen, rdmaCore bool) error {
 		if !rdmaCore {
 			return usageErrorf("%s %q: want HOST:PORT", flagName, addr)
 		}
-		host, port = strings.TrimSuffix(strings.TrimPrefix(addr, "["), "]"), rdmaCorePort
+		host, port = strings.TrimSuffix(strings.TrimPrefix(addr, "["), "]"), strconv.Itoa(connect.RDMACorePort)
 	}
 	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
 		return usageErrorf("%s %q: port %q: want a number from 1 to 65535", flagName, addr, port)
@@ -240,6 +243,13 @@ func (p *peerFlags) open(ctx context.Context) (exchanger, error) {
 	}
 	wctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
+	opts := &connect.Options{}
+	if p.rdmaCore {
+		opts.Format = connect.RDMACore
+		if p.srq {
+			opts.Format = connect.RDMACoreSRQ
+		}
+	}
 	switch {
 	case p.vm:
 		r, vm, err := openRendezvous()
@@ -250,123 +260,126 @@ func (p *peerFlags) open(ctx context.Context) (exchanger, error) {
 	case p.rdmaCore && p.listen == "" && p.connect == "":
 		return nil, fmt.Errorf("--rdma-core needs --listen ADDR or --connect HOST (the peer is an rdma-core program)")
 	case p.listen != "":
-		if p.rdmaCore {
-			p.listen = rdmaCoreAddr(p.listen)
-		}
-		ln, err := net.Listen("tcp", p.listen)
+		ln, err := connect.Listen(ctx, p.listen, opts)
 		if err != nil {
 			return nil, err
 		}
 		defer ln.Close()
-		if dl, ok := wctx.Deadline(); ok {
-			ln.(*net.TCPListener).SetDeadline(dl)
-		}
+		addr := ln.Addr().String()
 		stop := waitNotes(p.notes, first, every, func(waited time.Duration) string {
-			return fmt.Sprintf("waiting for the client on %s (%v of --wait-peer %v)", p.listen, waited, wait)
+			return fmt.Sprintf("waiting for the client on %s (%v of --wait-peer %v)", addr, waited, wait)
 		})
-		conn, err := ln.Accept()
+		c, err := ln.Accept(wctx)
 		stop()
 		if err != nil {
-			return nil, fmt.Errorf("waiting for the client on %s (--wait-peer %v): %w", p.listen, wait, err)
+			return nil, fmt.Errorf("waiting for the client on %s (--wait-peer %v): %w", addr, wait, err)
 		}
-		if p.rdmaCore {
-			return &rdmaCoreExchange{conn: conn, srv: true}, nil
-		}
-		return &tcpExchange{conn: conn, srv: true}, nil
+		return &tcpExchange{c: c}, nil
 	default:
-		var d net.Dialer
-		addr := p.connect
-		if p.rdmaCore {
-			addr = rdmaCoreAddr(addr)
-		}
 		// The peer may still be starting, or its address not resolved
-		// yet on a busy bench: retry until --wait-peer ends, saying
-		// what this end waits for.
-		var conn net.Conn
-		var err error
-		var last atomic.Pointer[string]
+		// yet on a busy bench: Dial retries until --wait-peer ends, and
+		// the notes say what this end waits for.
+		var last atomic.Pointer[connect.Progress]
+		opts.Progress = func(pr connect.Progress) { last.Store(&pr) }
 		stop := waitNotes(p.notes, first, every, func(waited time.Duration) string {
-			reason := "no answer yet"
-			if r := last.Load(); r != nil {
-				reason = *r
+			addr, reason := p.connect, "no answer yet"
+			if pr := last.Load(); pr != nil {
+				addr, reason = pr.Addr, dialReason(pr.Err)
 			}
 			return fmt.Sprintf("waiting for the server at %s: %s; retrying (%v of --wait-peer %v)", addr, reason, waited, wait)
 		})
-		defer stop()
-		for {
-			conn, err = d.DialContext(wctx, "tcp", addr)
-			if err == nil || wctx.Err() != nil {
-				break
-			}
-			if !dialRetriable(err) {
-				return nil, err
-			}
-			r := dialReason(err)
-			last.Store(&r)
-			select {
-			case <-wctx.Done():
-			case <-time.After(100 * time.Millisecond):
-			}
-		}
+		c, err := connect.Dial(wctx, p.connect, opts)
+		stop()
 		switch {
-		case err != nil && ctx.Err() != nil:
-			return nil, fmt.Errorf("connecting to %s: %w", addr, ctx.Err())
-		case err != nil:
-			reason := dialReason(err)
-			if r := last.Load(); r != nil {
-				reason = *r
+		case err == nil:
+			return &tcpExchange{c: c}, nil
+		case ctx.Err() != nil:
+			return nil, fmt.Errorf("connecting to %s: %w", p.connect, ctx.Err())
+		case wctx.Err() != nil:
+			addr, reason := p.connect, dialReason(err)
+			var ce *connect.Error
+			if errors.As(err, &ce) {
+				addr = ce.Addr
+			}
+			if pr := last.Load(); pr != nil {
+				reason = dialReason(pr.Err)
 			}
 			return nil, fmt.Errorf("no server at %s after --wait-peer %v (%s)", addr, wait, reason)
 		}
-		if p.rdmaCore {
-			return &rdmaCoreExchange{conn: conn}, nil
-		}
-		return &tcpExchange{conn: conn}, nil
-	}
-}
-
-type tcpExchange struct {
-	conn net.Conn
-	r    *bufio.Reader
-	srv  bool
-}
-
-func (t *tcpExchange) line(ctx context.Context, out []byte) ([]byte, error) {
-	if dl, ok := ctx.Deadline(); ok {
-		t.conn.SetDeadline(dl)
-	}
-	if t.r == nil {
-		t.r = bufio.NewReader(t.conn)
-	}
-	if _, err := t.conn.Write(append(out, '\n')); err != nil {
 		return nil, err
 	}
-	return t.r.ReadBytes('\n')
 }
 
+// tcpExchange is an exchanger over a connection of package connect: the
+// native format between two pvctl ends, or rdma-core's with --rdma-core.
+type tcpExchange struct {
+	c     *connect.Conn
+	ready bool // the first barrier (connect's Ready) is behind
+}
+
+// swap sends mine's QPs as connect's endpoints (QPNs, one each, or QPN)
+// and, in the native format, the rest of mine as JSON in Info.Data.
 func (t *tcpExchange) swap(ctx context.Context, mine peerInfo) (peerInfo, error) {
-	b, _ := json.Marshal(mine)
+	var in connect.Info
+	qpns := mine.QPNs
+	if len(qpns) == 0 && mine.QPN != 0 {
+		qpns = []uint32{mine.QPN}
+	}
+	for i, qpn := range qpns {
+		psn := mine.PSN
+		if i < len(mine.PSNs) {
+			psn = mine.PSNs[i]
+		}
+		in.Endpoints = append(in.Endpoints, connect.Endpoint{QPN: qpn, GID: mine.GID, PSN: psn, QKey: mine.QKey})
+	}
+	if t.c.Format() == connect.Native {
+		rest := mine
+		if len(in.Endpoints) > 0 { // the endpoints carry these
+			rest.QPN, rest.GID, rest.PSN, rest.QKey, rest.QPNs, rest.PSNs = 0, vfrdma.GID{}, 0, 0, nil, nil
+		}
+		var err error
+		if in.Data, err = json.Marshal(rest); err != nil {
+			return peerInfo{}, err
+		}
+	}
+	out, err := t.c.Exchange(ctx, in)
+	if err != nil {
+		return peerInfo{}, err
+	}
 	var theirs peerInfo
-	line, err := t.line(ctx, b)
-	if err != nil {
-		return theirs, fmt.Errorf("reading the peer's address: %w", err)
+	if len(out.Data) > 0 {
+		if err := json.Unmarshal(out.Data, &theirs); err != nil {
+			return peerInfo{}, fmt.Errorf("the peer's data: %w", err)
+		}
 	}
-	return theirs, json.Unmarshal(line, &theirs)
+	if len(out.Endpoints) > 0 {
+		e := out.Endpoints[0]
+		theirs.QPN, theirs.GID, theirs.PSN, theirs.QKey = e.QPN, e.GID, e.PSN, e.QKey
+		theirs.QPNs, theirs.PSNs = nil, nil
+		for _, e := range out.Endpoints {
+			theirs.QPNs = append(theirs.QPNs, e.QPN)
+			theirs.PSNs = append(theirs.PSNs, e.PSN)
+		}
+	}
+	return theirs, nil
 }
 
+// barrier: the first is connect's Ready (pvctl's first barrier always
+// comes after this end posted its receives), the later ones its named
+// Barriers.
 func (t *tcpExchange) barrier(ctx context.Context, name string) error {
-	got, err := t.line(ctx, []byte("barrier "+name))
-	if err != nil {
-		return err
+	if !t.ready {
+		if err := t.c.Ready(ctx); err != nil {
+			return err
+		}
+		t.ready = true
+		return nil
 	}
-	if string(got) != "barrier "+name+"\n" {
-		return fmt.Errorf("peer at barrier %q, want %q", got, name)
-	}
-	return nil
+	return t.c.Barrier(ctx, name)
 }
 
-func (t *tcpExchange) server() bool { return t.srv }
-func (t *tcpExchange) close()       { t.conn.Close() }
+func (t *tcpExchange) server() bool { return t.c.Server() }
+func (t *tcpExchange) close()       { t.c.Close() }
 
 // rendezvous is the bench's key/value store shared by the VMs of a run: a
 // key is written once per run, and Get waits until it has a value (or ctx
@@ -573,17 +586,4 @@ func spinPollFor(ctx context.Context, cq *vfrdma.CQ, wcs []vfrdma.WC, limit time
 
 func withTimeout(d time.Duration) (context.Context, context.CancelFunc) {
 	return context.WithTimeout(context.Background(), d)
-}
-
-// dialRetriable reports a failed dial that a peer still starting explains:
-// nobody listening yet (ECONNREFUSED), or no answer to ARP yet — its host
-// unreachable for the moment (EHOSTUNREACH, ENETUNREACH; seen on the
-// bench's management network under load) or the attempt timed out.
-func dialRetriable(err error) bool {
-	for _, e := range []error{syscall.ECONNREFUSED, syscall.EHOSTUNREACH, syscall.ENETUNREACH, syscall.ETIMEDOUT} {
-		if errors.Is(err, e) {
-			return true
-		}
-	}
-	return false
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/vfrdma/vfrdma"
 	"github.com/vfrdma/vfrdma/pvsim"
 )
 
@@ -208,4 +209,102 @@ func TestPingpongClientWaitsForItsServerOnStderr(t *testing.T) {
 	assert.Equal(t, 1, strings.Count(notes.String(), "\n"), "%q", notes.String())
 	assert.Contains(t, notes.String(), "waiting for the server at "+addr+": connection refused; retrying (2s of --wait-peer 2.5s)")
 	assert.Empty(t, out.String())
+}
+
+// tcpPair opens a server and a client end of pvctl's TCP exchange on a
+// loopback address, both through peerFlags.open.
+func tcpPair(t *testing.T, rdmaCore, srq bool) (srv, cli exchanger) {
+	t.Helper()
+	addr := freeAddr(t)
+	errs := make(chan error, 1)
+	go func() {
+		var err error
+		srv, err = (&peerFlags{listen: addr, rdmaCore: rdmaCore, srq: srq, waitPeer: 5 * time.Second}).open(context.Background())
+		errs <- err
+	}()
+	cli, err := (&peerFlags{connect: addr, rdmaCore: rdmaCore, srq: srq, waitPeer: 5 * time.Second}).open(context.Background())
+	require.NoError(t, err)
+	require.NoError(t, <-errs)
+	t.Cleanup(func() { srv.close(); cli.close() })
+	require.True(t, srv.server())
+	require.False(t, cli.server())
+	return srv, cli
+}
+
+// swapBoth runs swap and then each barrier named at both ends at once.
+func swapBoth(t *testing.T, srv, cli exchanger, mineSrv, mineCli peerInfo, barriers ...[2]string) (fromCli, fromSrv peerInfo, srvErr, cliErr error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	var wg sync.WaitGroup
+	run := func(x exchanger, mine peerInfo, got *peerInfo, err *error, end int) {
+		defer wg.Done()
+		if *got, *err = x.swap(ctx, mine); *err != nil {
+			return
+		}
+		for _, b := range barriers {
+			if *err = x.barrier(ctx, b[end]); *err != nil {
+				return
+			}
+		}
+	}
+	wg.Add(2)
+	go run(srv, mineSrv, &fromCli, &srvErr, 0)
+	go run(cli, mineCli, &fromSrv, &cliErr, 1)
+	wg.Wait()
+	return fromCli, fromSrv, srvErr, cliErr
+}
+
+var gidS, gidC = vfrdma.GID{0xfe, 0x80, 15: 1}, vfrdma.GID{0xfe, 0x80, 15: 2}
+
+// Between two pvctl ends the exchange goes through package connect: the
+// QPs as its endpoints (QPN with GID, PSN and Q_Key; or a list of QPNs
+// with their PSNs), the rest of peerInfo as JSON beside them; what comes
+// back is what was sent, with every endpoint's QPN and PSN listed. The
+// first barrier is connect's Ready, the later ones its named barriers; a
+// second swap runs over the same connection (am's).
+func TestTCPExchangeNative(t *testing.T) {
+	srv, cli := tcpPair(t, false, false)
+	mineSrv := peerInfo{QPN: 0x11, GID: gidS, QKey: testQKey, PSN: 5, OneSided: sideWrite, Addr: 0x1000, RKey: 7, Len: 4096, Slot: 64}
+	mineCli := peerInfo{QPNs: []uint32{0x21, 0x22}, PSNs: []uint32{1, 2}, GID: gidC}
+	fromCli, fromSrv, srvErr, cliErr := swapBoth(t, srv, cli, mineSrv, mineCli, [2]string{"ready", "ready"}, [2]string{"b", "b"})
+	require.NoError(t, srvErr)
+	require.NoError(t, cliErr)
+	want := mineSrv
+	want.QPNs, want.PSNs = []uint32{0x11}, []uint32{5}
+	assert.Equal(t, want, fromSrv)
+	assert.Equal(t, peerInfo{QPN: 0x21, PSN: 1, GID: gidC, QPNs: []uint32{0x21, 0x22}, PSNs: []uint32{1, 2}}, fromCli)
+
+	// am's all-gather: no QP, a blob; then barriers that differ.
+	fromCli, fromSrv, srvErr, cliErr = swapBoth(t, srv, cli, peerInfo{Blob: []byte("srv")}, peerInfo{Blob: []byte("cli")}, [2]string{"x", "y"})
+	assert.Equal(t, peerInfo{Blob: []byte("cli")}, fromCli)
+	assert.Equal(t, peerInfo{Blob: []byte("srv")}, fromSrv)
+	assert.ErrorContains(t, srvErr, `barrier "x"`)
+	assert.ErrorContains(t, cliErr, `barrier "y"`)
+}
+
+// With --rdma-core the exchange is rdma-core's: the QP's number, GID and
+// PSN go across, with rdma-core's Q_Key; with --srq too, every QP's.
+func TestTCPExchangeRDMACore(t *testing.T) {
+	for _, srq := range []bool{false, true} {
+		t.Run(fmt.Sprintf("srq %v", srq), func(t *testing.T) {
+			srv, cli := tcpPair(t, true, srq)
+			mineSrv := peerInfo{QPN: 0x11, GID: gidS, PSN: 5}
+			mineCli := peerInfo{QPN: 0x21, GID: gidC, PSN: 6}
+			if srq {
+				mineSrv = peerInfo{QPNs: []uint32{0x11, 0x12}, GID: gidS}
+				mineCli = peerInfo{QPNs: []uint32{0x21, 0x22}, PSNs: []uint32{6, 7}, GID: gidC}
+			}
+			fromCli, fromSrv, srvErr, cliErr := swapBoth(t, srv, cli, mineSrv, mineCli, [2]string{"ready", "ready"})
+			require.NoError(t, srvErr)
+			require.NoError(t, cliErr)
+			if srq {
+				assert.Equal(t, peerInfo{QPN: 0x11, GID: gidS, QKey: rdmaCoreQKey, QPNs: []uint32{0x11, 0x12}, PSNs: []uint32{0, 0}}, fromSrv)
+				assert.Equal(t, peerInfo{QPN: 0x21, GID: gidC, QKey: rdmaCoreQKey, PSN: 6, QPNs: []uint32{0x21, 0x22}, PSNs: []uint32{6, 7}}, fromCli)
+				return
+			}
+			assert.Equal(t, peerInfo{QPN: 0x11, GID: gidS, QKey: rdmaCoreQKey, PSN: 5, QPNs: []uint32{0x11}, PSNs: []uint32{5}}, fromSrv)
+			assert.Equal(t, peerInfo{QPN: 0x21, GID: gidC, QKey: rdmaCoreQKey, PSN: 6, QPNs: []uint32{0x21}, PSNs: []uint32{6}}, fromCli)
+		})
+	}
 }

@@ -44,7 +44,7 @@ func (t *trafficFlags) register(fs *flag.FlagSet, defSize int) {
 	fs.DurationVar(&t.waitSpin, "wait-spin", 0, "how long CQ.Wait polls before it sleeps, with --events (Options.Spin; 0: the driver's default; negative: never)")
 	fs.BoolVar(&t.events, "events", false, "sleep on the CQ's interrupt when polls find nothing, after the driver's spin (rdma-core's -e); by default the ends poll without sleeping, as rdma-core's tools and perftest do")
 	fs.BoolVar(&t.events, "e", false, "short for --events")
-	fs.BoolVar(&t.rdmaCore, "rdma-core", false, "the other end is rdma-core's ibv_rc_pingpong / ibv_ud_pingpong: its exchange on --listen/--connect (port 18515), its buffer contents")
+	fs.BoolVar(&t.rdmaCore, "rdma-core", false, "the other end is rdma-core's ibv_rc_pingpong / ibv_ud_pingpong, or with --srq ibv_srq_pingpong (give its -q the --srq count; --iters then counts round trips over all the QPs, as its -n does): its exchange on --listen/--connect (port 18515), its buffer contents and traffic")
 }
 
 // poller is how the tool waits for completions: polling without sleeping
@@ -270,9 +270,9 @@ type pingpongResult struct {
 	Role        string  `json:"role,omitempty"`      // --read between hosts: "target" on the end that is read (it reports nothing else)
 	SRQQPs      int     `json:"srq_qps,omitempty"`
 	Size        int     `json:"size"`
-	Iters       int     `json:"iters"` // with --srq: rounds of srq_qps round trips at once
+	Iters       int     `json:"iters"` // with --srq: rounds of srq_qps round trips at once (with --rdma-core too: round trips over all the QPs, ibv_srq_pingpong's -n)
 	Seconds     float64 `json:"seconds"`
-	RoundTripUS float64 `json:"round_trip_us"` // with --srq: per round
+	RoundTripUS float64 `json:"round_trip_us"` // with --srq: per round (with --rdma-core too: per round trip)
 	// The median and 99th percentile of the round trips, each timed on
 	// its own (ib_send_lat's t_typical is the median's half); a plain
 	// ping-pong only.
@@ -370,7 +370,7 @@ func cmdPingpong(e *env, args []string) error {
 	ctx, cancel := withTimeout(5 * time.Minute)
 	defer cancel()
 	if srqs > 0 {
-		return srqPingpong(ctx, e, t, d, srqs, iters)
+		return srqPingpong(ctx, e, t, d, srqs, iters, stall)
 	}
 	a, b, x, err := t.setup(ctx, d, 4, t.size)
 	if err != nil {

@@ -1,11 +1,14 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
 	"github.com/vfrdma/vfrdma"
+	"github.com/vfrdma/vfrdma/connect"
 )
 
 // srqSide is one side of an SRQ ping-pong: n RC QPs whose receives come
@@ -28,11 +31,24 @@ type srqSide struct {
 	swr    [1]vfrdma.SendWR
 	sge    [1]vfrdma.SGE
 	onRecv func(conn, seq int) error
-	poll   func(context.Context, *vfrdma.CQ, []vfrdma.WC) (int, error) // spinPoll, or waitPoll with --events
+	events bool          // --events: sleep on the CQ's interrupt when idle (waitPoll), not spin
+	stall  time.Duration // --stall: how long step waits for a completion
+	psns   []uint32      // each QP's first send PSN
+	// rdmaCore: the peer is ibv_srq_pingpong, whose one buffer holds
+	// zeros and then only what it receives: this end sends zeros and
+	// checks that every byte received is 0, each receive slot poisoned
+	// before it is posted so that a zero is one the peer sent.
+	rdmaCore bool
+	total    int // receives checked, all connections
+	posted   int // sends posted
 }
 
-func newSRQSide(ctx context.Context, d *vfrdma.Device, pd *vfrdma.PD, n int, t *trafficFlags) (*srqSide, error) {
-	s := &srqSide{size: t.size, depth: max(16, 4*n), conn: map[uint32]int{}, recvs: make([]int, n), poll: t.poller()}
+// srqPoison is what a receive slot holds until a message lands in it
+// (--rdma-core, whose messages are zeros).
+const srqPoison = 0xa5
+
+func newSRQSide(ctx context.Context, d *vfrdma.Device, pd *vfrdma.PD, n int, t *trafficFlags, stall time.Duration) (*srqSide, error) {
+	s := &srqSide{size: t.size, depth: max(16, 4*n), conn: map[uint32]int{}, recvs: make([]int, n), events: t.events, stall: stall, rdmaCore: t.rdmaCore}
 	var err error
 	if s.cq, err = d.CreateCQ(ctx, 2*s.depth+8*n); err != nil {
 		return nil, err
@@ -47,6 +63,7 @@ func newSRQSide(ctx context.Context, d *vfrdma.Device, pd *vfrdma.PD, n int, t *
 		}
 		s.qps = append(s.qps, qp)
 		s.conn[qp.QPN()] = i
+		s.psns = append(s.psns, connect.RandomPSN())
 	}
 	if s.send, err = pd.AllocMR(ctx, n*max(s.size, 1), vfrdma.AccessLocalWrite); err != nil {
 		return nil, err
@@ -57,6 +74,9 @@ func newSRQSide(ctx context.Context, d *vfrdma.Device, pd *vfrdma.PD, n int, t *
 	s.rwr = make([]vfrdma.RecvWR, 0, s.depth)
 	s.rsge = make([]vfrdma.SGE, s.depth)
 	s.wcs = make([]vfrdma.WC, 16)
+	if s.rdmaCore {
+		clear(s.send.Bytes())
+	}
 	// Every receive buffer goes to the SRQ (the QPs exist: QEMU needs one).
 	for slot := 0; slot < s.depth; slot++ {
 		s.queueRecv(slot)
@@ -65,19 +85,28 @@ func newSRQSide(ctx context.Context, d *vfrdma.Device, pd *vfrdma.PD, n int, t *
 }
 
 func (s *srqSide) info(d *vfrdma.Device) peerInfo {
-	p := peerInfo{GID: d.GID()}
+	p := peerInfo{GID: d.GID(), PSNs: s.psns}
 	for _, qp := range s.qps {
 		p.QPNs = append(p.QPNs, qp.QPN())
 	}
 	return p
 }
 
+// connect connects QP i to the peer's QP i, which starts its sends at
+// PSN i of the peer's list (at its PSN if it sent no list).
 func (s *srqSide) connect(ctx context.Context, peer peerInfo) error {
 	if len(peer.QPNs) != len(s.qps) {
+		if s.rdmaCore {
+			return fmt.Errorf("ibv_srq_pingpong has %d QPs, this end %d: give its -q the number of --srq", len(peer.QPNs), len(s.qps))
+		}
 		return fmt.Errorf("the other end has %d SRQ QPs, this one %d: give both the same --srq", len(peer.QPNs), len(s.qps))
 	}
 	for i, qp := range s.qps {
-		if err := qp.Connect(ctx, vfrdma.Remote{QPN: peer.QPNs[i], GID: peer.GID}, 0); err != nil {
+		psn := peer.PSN
+		if i < len(peer.PSNs) {
+			psn = peer.PSNs[i]
+		}
+		if err := qp.Connect(ctx, vfrdma.Remote{QPN: peer.QPNs[i], GID: peer.GID, PSN: psn}, s.psns[i]); err != nil {
 			return err
 		}
 	}
@@ -86,6 +115,9 @@ func (s *srqSide) connect(ctx context.Context, peer peerInfo) error {
 
 // queueRecv adds a receive into slot to the next repost chain.
 func (s *srqSide) queueRecv(slot int) {
+	if s.rdmaCore {
+		fillByte(s.recv.Bytes()[slot*max(s.size, 1):][:s.size], srqPoison)
+	}
 	s.rsge[slot] = s.recv.SGE(slot*max(s.size, 1), s.size)
 	s.rwr = append(s.rwr, vfrdma.RecvWR{WRID: uint64(slot), SGEs: s.rsge[slot : slot+1]})
 	if s.size == 0 {
@@ -106,8 +138,9 @@ func (s *srqSide) repost() error {
 
 // sendMsg sends message seq on connection c.
 func (s *srqSide) sendMsg(c, seq int) error {
-	b := s.send.Bytes()[c*max(s.size, 1):][:s.size]
-	pattern(b, seq)
+	if !s.rdmaCore { // ibv_srq_pingpong's messages stay zeros
+		pattern(s.send.Bytes()[c*max(s.size, 1):][:s.size], seq)
+	}
 	s.sge[0] = s.send.SGE(c*max(s.size, 1), s.size)
 	s.swr[0] = vfrdma.SendWR{WRID: uint64(seq), SGEs: s.sge[:]}
 	if s.size == 0 {
@@ -121,9 +154,21 @@ func (s *srqSide) sendMsg(c, seq int) error {
 func seqOf(k, c, n int) int { return k*n + c }
 
 // step polls the CQ once (with --events sleeping on it when idle) and checks each
-// receive against its connection's next sequence number.
+// receive: against its connection's next sequence number, or with
+// --rdma-core for zeros.
 func (s *srqSide) step(ctx context.Context) error {
-	n, err := s.poll(ctx, s.cq, s.wcs)
+	var n int
+	var err error
+	if s.events {
+		sctx, cancel := context.WithTimeout(ctx, s.stall)
+		n, err = waitPoll(sctx, s.cq, s.wcs)
+		cancel()
+	} else {
+		n, err = spinPollFor(ctx, s.cq, s.wcs, s.stall)
+	}
+	if err != nil && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("stalled: no completion for %v (this end completed %d sends and %d receives, posted %d sends)", s.stall, s.sends, s.total, s.posted)
+	}
 	if err != nil {
 		return err
 	}
@@ -144,10 +189,17 @@ func (s *srqSide) step(ctx context.Context) error {
 			return fmt.Errorf("connection %d, message %d: received %d bytes, want %d", c, seq, wc.ByteLen, s.size)
 		}
 		slot := int(wc.WRID)
-		if err := checkPattern(s.recv.Bytes()[slot*max(s.size, 1):][:s.size], seq); err != nil {
+		b := s.recv.Bytes()[slot*max(s.size, 1):][:s.size]
+		if s.rdmaCore {
+			err = checkZeros(b, s.total)
+		} else {
+			err = checkPattern(b, seq)
+		}
+		if err != nil {
 			return fmt.Errorf("connection %d: %w", c, err)
 		}
 		s.recvs[c]++
+		s.total++
 		s.queueRecv(slot)
 		if s.onRecv != nil {
 			if err := s.onRecv(c, seq); err != nil {
@@ -186,6 +238,8 @@ func checkSRQFlags(t *trafficFlags, n int, given bool) error {
 		return usageErrorf("--srq %d: want a number of connections, 1 or more, at most %d", n, maxSRQConns)
 	case given && t.ud:
 		return usageErrorf("--srq needs RC QPs (--ud given): the SRQ ping-pong runs over connected QPs, like ibv_srq_pingpong")
+	case given && t.rdmaCore && n > connect.RDMACoreSRQMessages:
+		return usageErrorf("--srq %d with --rdma-core: ibv_srq_pingpong has at most %d QPs", n, connect.RDMACoreSRQMessages)
 	}
 	return nil
 }
@@ -195,14 +249,18 @@ const maxSRQConns = 1024
 
 // srqPingpong is pingpong --srq: n connections per side on one SRQ per
 // side; on each, the client pings and the server echoes, every byte
-// checked at both ends.
-func srqPingpong(ctx context.Context, e *env, t *trafficFlags, d *vfrdma.Device, n, iters int) error {
+// checked at both ends. Between pvctl ends the connections run in
+// rounds: iters of them, a round trip on every connection each. With
+// --rdma-core the traffic is ibv_srq_pingpong's (srqExchanges), and
+// iters counts the round trips over all connections, as its -n does.
+func srqPingpong(ctx context.Context, e *env, t *trafficFlags, d *vfrdma.Device, n, iters int, stall time.Duration) error {
 	pd, err := d.AllocPD(ctx)
 	if err != nil {
 		return err
 	}
+	t.peerFlags.srq = true // with --rdma-core: ibv_srq_pingpong's exchange
 	client, server, x, err := pair(ctx, &t.peerFlags, d, func() (*srqSide, error) {
-		return newSRQSide(ctx, d, pd, n, t)
+		return newSRQSide(ctx, d, pd, n, t, stall)
 	})
 	if err != nil {
 		return err
@@ -217,10 +275,61 @@ func srqPingpong(ctx context.Context, e *env, t *trafficFlags, d *vfrdma.Device,
 			return err
 		}
 	}
+	start := time.Now()
+	if t.rdmaCore {
+		err = srqExchanges(ctx, client, server, iters)
+	} else {
+		err = srqRounds(ctx, client, server, n, iters)
+	}
+	if err != nil {
+		return err
+	}
+	el := time.Since(start)
+	// Every receive came from this process's SRQs, and what they rang is
+	// the doorbells of the chained reposts.
+	var doorbells uint64
+	recvs := 0
+	for _, s := range []*srqSide{client, server} {
+		if s == nil {
+			continue
+		}
+		var consumed uint64
+		for _, v := range s.srq.Query().QPs {
+			consumed += v.Consumed
+		}
+		if err := s.checkConsumed(consumed, n); err != nil {
+			return err
+		}
+		doorbells += s.srq.DoorbellStats().Doorbells
+		recvs += s.total
+	}
+	r := pingpongResult{Transport: "RC", SRQQPs: n, Size: t.size, Iters: iters, Seconds: el.Seconds(), Wait: t.waitMode(),
+		RoundTripUS: float64(el.Microseconds()) / float64(iters), Checked: true,
+		SRQDoorbellsPerRecv: float64(doorbells) / float64(recvs)}
+	trips := iters
+	if !t.rdmaCore {
+		trips *= n
+	}
+	r.MbitPerSec = float64(2*t.size*trips*8) / el.Seconds() / 1e6
+	if e.json {
+		return e.printJSON(r)
+	}
+	if t.rdmaCore {
+		fmt.Fprintf(e.out, "RC SRQ pingpong (ibv_srq_pingpong's traffic): %s on one SRQ, %s of %d bytes over them in %.2f s: %.1f µs per round trip, %.2f Mbit/s, every byte checked; %.3f SRQ doorbells per receive\n",
+			count(n, "QP"), count(iters, "round trip"), t.size, r.Seconds, r.RoundTripUS, r.MbitPerSec, r.SRQDoorbellsPerRecv)
+		return nil
+	}
+	fmt.Fprintf(e.out, "RC SRQ pingpong: %s per side on one SRQ, %s of %s of %d bytes in %.2f s: %.1f µs per round, %.2f Mbit/s, every byte checked; %.3f SRQ doorbells per receive\n",
+		count(n, "QP"), count(iters, "round"), count(n, "round trip"), t.size, r.Seconds, r.RoundTripUS, r.MbitPerSec, r.SRQDoorbellsPerRecv)
+	return nil
+}
+
+// srqRounds runs iters rounds between pvctl ends (both in loopback): in
+// each the client pings on every connection and the server echoes.
+func srqRounds(ctx context.Context, client, server *srqSide, n, iters int) error {
 	if server != nil {
 		server.onRecv = server.sendMsg // the echo: same connection, same sequence
 	}
-	start := time.Now()
 	for k := 0; k < iters; k++ {
 		if client != nil {
 			for c := 0; c < n; c++ {
@@ -247,34 +356,92 @@ func srqPingpong(ctx context.Context, e *env, t *trafficFlags, d *vfrdma.Device,
 			}
 		}
 	}
-	el := time.Since(start)
-	// Every receive came from this process's SRQs, n*iters per side, and
-	// what they rang is the doorbells of the chained reposts.
-	var doorbells uint64
-	sides := 0
-	for _, s := range []*srqSide{client, server} {
-		if s == nil {
+	return nil
+}
+
+// srqExchanges runs ibv_srq_pingpong's traffic at one end (client or
+// server is nil): iters round trips in all, each connection a ping-pong
+// of its own. The client sends one message on every connection, then
+// another on a connection each time that connection's echo arrives, until
+// it has sent iters; the server echoes each message on the connection it
+// came on, iters of them. Each end stops once it has received iters and
+// its iters sends completed. ibv_srq_pingpong echoes every message of
+// the first iters (it stops echoing only once iters of its sends have
+// completed); as a client it may send up to one more message per
+// connection than iters, which the server receives and leaves unanswered.
+func srqExchanges(ctx context.Context, client, server *srqSide, iters int) error {
+	s := server
+	if client != nil {
+		s = client
+		for c := range min(len(s.qps), iters) {
+			if err := s.send1(c); err != nil {
+				return err
+			}
+		}
+	}
+	s.onRecv = func(c, _ int) error {
+		if s.posted >= iters {
+			return nil
+		}
+		return s.send1(c)
+	}
+	return s.until(ctx, func() bool { return s.total >= iters && s.sends >= iters })
+}
+
+// send1 posts the next send, on connection c.
+func (s *srqSide) send1(c int) error {
+	if err := s.sendMsg(c, s.posted); err != nil {
+		return err
+	}
+	s.posted++
+	return nil
+}
+
+// checkConsumed checks the receives the SRQ counted consumed against the
+// ones this end checked: the same, but for an rdma-core client's
+// messages past its -n, one per connection (n) at most, which the end
+// stopped before it polled.
+func (s *srqSide) checkConsumed(consumed uint64, n int) error {
+	if consumed == uint64(s.total) || s.rdmaCore && consumed > uint64(s.total) && consumed < uint64(s.total+n) {
+		return nil
+	}
+	return fmt.Errorf("SRQ %d counted %d receives consumed, this end checked %d", s.srq.Handle(), consumed, s.total)
+}
+
+// fillByte sets every byte of b to v, doubling the copy (memmove) rather
+// than a byte loop.
+func fillByte(b []byte, v byte) {
+	if len(b) == 0 {
+		return
+	}
+	b[0] = v
+	for k := 1; k < len(b); k *= 2 {
+		copy(b[k:], b[:k])
+	}
+}
+
+// zeroBlock is what checkZeros compares a message with, a block at a time
+// (memequal: in a TCG guest a byte loop costs several ns a byte).
+var zeroBlock [4096]byte
+
+// checkZeros checks a message from ibv_srq_pingpong: every byte 0.
+func checkZeros(b []byte, seq int) error {
+	for off := 0; off < len(b); off += len(zeroBlock) {
+		chunk := b[off:min(off+len(zeroBlock), len(b))]
+		if bytes.Equal(chunk, zeroBlock[:len(chunk)]) {
 			continue
 		}
-		var consumed uint64
-		for _, v := range s.srq.Query().QPs {
-			consumed += v.Consumed
+		i := 0
+		for chunk[i] == 0 {
+			i++
 		}
-		if consumed != uint64(n*iters) {
-			return fmt.Errorf("SRQ %d counted %d receives consumed, want %d", s.srq.Handle(), consumed, n*iters)
+		v := chunk[i]
+		why := "ibv_srq_pingpong's messages are zeros"
+		if v == srqPoison {
+			why = "the slot's poison: nothing landed there"
 		}
-		doorbells += s.srq.DoorbellStats().Doorbells
-		sides++
+		return fmt.Errorf("message %d: byte %d is %#x, want 0 (%s)", seq, off+i, v, why)
 	}
-	r := pingpongResult{Transport: "RC", SRQQPs: n, Size: t.size, Iters: iters, Seconds: el.Seconds(), Wait: t.waitMode(),
-		RoundTripUS: float64(el.Microseconds()) / float64(iters),
-		MbitPerSec:  float64(2*t.size*iters*n*8) / el.Seconds() / 1e6, Checked: true,
-		SRQDoorbellsPerRecv: float64(doorbells) / float64(sides*n*iters)}
-	if e.json {
-		return e.printJSON(r)
-	}
-	fmt.Fprintf(e.out, "RC SRQ pingpong: %s per side on one SRQ, %s of %s of %d bytes in %.2f s: %.1f µs per round, %.2f Mbit/s, every byte checked; %.3f SRQ doorbells per receive\n",
-		count(n, "QP"), count(iters, "round"), count(n, "round trip"), t.size, r.Seconds, r.RoundTripUS, r.MbitPerSec, r.SRQDoorbellsPerRecv)
 	return nil
 }
 
