@@ -75,3 +75,20 @@ func TestTheBreakdownRefusesWhatIsNotAPingPong(t *testing.T) {
 	_, err = breakDown(tl)
 	assert.ErrorContains(t, err, "do not pair up")
 }
+
+// Every run with -timeline reports how far apart each VM's SEND doorbells
+// are (a sender's cost per message); a run that is not a ping-pong gets a
+// note instead of the round trips, and does not fail.
+func TestTheTimelineReportsTheSendSpacingAndNotesARunThatIsNotAPingPong(t *testing.T) {
+	at := func(us int) time.Time { return time.Unix(1000, 0).Add(time.Duration(us) * time.Microsecond) }
+	var sender []qemu.DeviceEvent
+	for k := 0; k < 11; k++ {
+		sender = append(sender, qemu.DeviceEvent{At: at(20 * k), Kind: "QP SEND"}, qemu.DeviceEvent{At: at(20*k + 5), Kind: "CQ POLL"})
+	}
+	res := &qemu.Result{VMs: []*qemu.VMResult{{Index: 0}, {Index: 1, Timeline: sender}}}
+	var out bytes.Buffer
+	require.NoError(t, printBreakdown(&out, res))
+	assert.Contains(t, out.String(), "vm1: 11 SEND doorbells, 20.0 µs apart (median; 90th percentile 20.0 µs)")
+	assert.Contains(t, out.String(), "no round trip broken down: vm0 rang no SEND doorbell")
+	assert.Equal(t, time.Duration(70), quantile([]time.Duration{10, 70, 30, 50}, 0.9))
+}
