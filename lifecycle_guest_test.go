@@ -212,9 +212,9 @@ func TestPollingWhileDeviceClosesReturnsErrClosed(t *testing.T) {
 }
 
 // Device.Ethernet().Send after Device.Close returns the NIC's ErrClosed
-// (today: SIGSEGV in checkLink). Device.Close closes the NIC before the
+// (it once faulted in checkLink). Device.Close closes the NIC before the
 // container its memory lives in; the NIC's own refusal after its Close is
-// package vmxnet3's part of issue 18.
+// package vmxnet3's (its lifecycle tests).
 func TestEthernetSendAfterDeviceCloseReturnsErrClosed(t *testing.T) {
 	inChild(t, "ethernet-send-after-device-close")
 }
