@@ -730,6 +730,12 @@ func (cq *CQ) spin(ctx context.Context, d time.Duration) (bool, error) {
 // long too, unless told otherwise (event.WaitSet.SetSpin).
 func (cq *CQ) Spin() time.Duration { return cq.d.waitSpin }
 
+// Armable reports whether the CQ can be armed for its interrupt: false
+// with Options.PollDoorbell on QEMU's device, where CQs are never armed
+// (Arm returns ErrNotSupported, Wait polls, and a wait set holding the CQ
+// cannot sleep). A poller of such a CQ naps and polls instead.
+func (cq *CQ) Armable() bool { return !cq.pollOnly() }
+
 // readyOrArm is one round of Wait inside the gate: it re-checks the ring,
 // arms the CQ and checks again.
 func (cq *CQ) readyOrArm() (bool, error) {

@@ -79,7 +79,10 @@ type Config struct {
 	// gone empty before it arms it and sleeps (0: the device's, CQ.Spin;
 	// negative: it sleeps at once). Traffic that goes on within it costs
 	// no interrupt; an idle context burns at most Spin each time it goes
-	// idle.
+	// idle. On a CQ that cannot be armed (CQ.Armable: Options.PollDoorbell
+	// on QEMU's device) the goroutine naps instead of sleeping, pauses
+	// that double from 20 µs to 1 ms between polls, woken early by work
+	// to send; there 0 means NapSpin.
 	Spin time.Duration
 }
 
@@ -166,8 +169,11 @@ type Context struct {
 	ws               *event.WaitSet
 	conns            []*conn
 	spin             time.Duration // Config.Spin, or the CQ's (negative: none)
-	qps              []*vfrdma.QP
-	byQPN            map[uint32]*conn
+	// napping: the CQ cannot be armed (Options.PollDoorbell on QEMU): the
+	// progress goroutine naps between polls, woken early by Wake.
+	napping bool
+	qps     []*vfrdma.QP
+	byQPN   map[uint32]*conn
 
 	handlers [MaxHandlers]atomic.Pointer[HeaderHandler]
 	counters [MaxCounters]atomic.Pointer[Counter]
@@ -295,7 +301,14 @@ func New(ctx context.Context, d *vfrdma.Device, cfg Config) (_ *Context, err err
 		return nil, err
 	}
 	c.spin = cfg.Spin
-	if c.spin == 0 {
+	c.napping = !c.cq.Armable()
+	switch {
+	case c.spin == 0 && c.napping:
+		// The CQ polls with the POLL doorbell (no interrupt): spinning
+		// then harvests the backend at once, the mode that wins on
+		// QEMU's device (docs/benchmarks.md), before the naps begin.
+		c.spin = NapSpin
+	case c.spin == 0:
 		c.spin = c.cq.Spin()
 	}
 	if c.srq, err = c.pd.CreateSRQ(ctx, &vfrdma.SRQConfig{Depth: c.bufs, CQ: c.cq}); err != nil {
@@ -385,8 +398,13 @@ func New(ctx context.Context, d *vfrdma.Device, cfg Config) (_ *Context, err err
 	if c.ws, err = event.NewWaitSet(event.Chan); err != nil {
 		return nil, err
 	}
-	if err = c.ws.Add(c.cq); err != nil {
-		return nil, err
+	// A CQ that cannot be armed stays out of the set: the set then only
+	// carries Wake (work to send), and the progress goroutine naps
+	// between polls instead of sleeping on the interrupt.
+	if !c.napping {
+		if err = c.ws.Add(c.cq); err != nil {
+			return nil, err
+		}
 	}
 	pctx, stop := context.WithCancel(context.Background())
 	c.stop = stop
@@ -457,6 +475,29 @@ func (cfg *Config) fill() error {
 		return fmt.Errorf("%w: maximum user header %d (a multiple of 8 that fits a packet)", errInvalid, cfg.MaxUHdr)
 	}
 	return nil
+}
+
+// NapSpin is the progress goroutine's default spin on a CQ that cannot
+// be armed (Options.PollDoorbell on QEMU's device), before it naps. Longer
+// than an active message's round trip there (about 0.9 ms polling), so a
+// ping-pong never naps: measured in docs/benchmarks.md, 1 ms spins match
+// polling's latency and rate, where 200 µs left them 1.6 times slower.
+const NapSpin = time.Millisecond
+
+// ProgressMode says how the progress goroutine waits for work:
+// "polling" (Config.Polling), "spin, then sleep" on the CQ's interrupt,
+// "sleep" (no spin), or "spin, then nap" (a CQ that cannot be armed:
+// Options.PollDoorbell on QEMU's device).
+func (c *Context) ProgressMode() string {
+	switch {
+	case c.cfg.Polling:
+		return "polling"
+	case c.napping:
+		return "spin, then nap"
+	case c.spin > 0:
+		return "spin, then sleep"
+	}
+	return "sleep"
 }
 
 // Tasks returns the number of tasks; Self this task's index.
@@ -571,7 +612,9 @@ func (c *Context) release() error {
 		}
 	}
 	if c.ws != nil {
-		_ = c.ws.Remove(c.cq)
+		if !c.napping {
+			_ = c.ws.Remove(c.cq)
+		}
 		keep(c.ws.Close())
 	}
 	for _, qp := range c.qps {

@@ -22,6 +22,15 @@ func (c *Context) progress(ctx context.Context) {
 	reposts := make([]vfrdma.RecvWR, 0, len(wcs))
 	sges := make([]vfrdma.SGE, len(wcs))
 	var idleSince time.Time // when polls began to find nothing (Config.Spin)
+	// A napping goroutine's pause doubles from napMin to napMax while
+	// nothing arrives; one timer serves every nap.
+	pause := napMin
+	var nap *time.Timer
+	if c.napping {
+		nap = time.NewTimer(time.Hour)
+		nap.Stop()
+		defer nap.Stop()
+	}
 	for {
 		n, err := c.cq.Poll(wcs)
 		if err != nil {
@@ -72,6 +81,7 @@ func (c *Context) progress(ctx context.Context) {
 		c.mu.Unlock()
 		if n > 0 {
 			idleSince = time.Time{}
+			pause = napMin
 			continue
 		}
 		if ctx.Err() != nil {
@@ -92,7 +102,16 @@ func (c *Context) progress(ctx context.Context) {
 				runtime.Gosched()
 				continue
 			}
-			idleSince = time.Time{}
+			if !c.napping { // a napper's idle spell goes on between naps
+				idleSince = time.Time{}
+			}
+		}
+		if c.napping {
+			if !c.napFor(ctx, nap, pause) {
+				return
+			}
+			pause = min(2*pause, napMax)
+			continue
 		}
 		// Sleep on the set's channel: TryWait arms the CQ and reports
 		// what is pending, the receive takes the signal, and nothing is
@@ -110,6 +129,38 @@ func (c *Context) progress(ctx context.Context) {
 			return
 		}
 	}
+}
+
+// A napping progress goroutine's pauses: from napMin, doubling while
+// nothing arrives, to napMax. An idle context then wakes at most 1 000
+// times a second, each wake one poll (and at most one POLL doorbell).
+const (
+	napMin = 20 * time.Microsecond
+	napMax = time.Millisecond
+)
+
+// napFor pauses a napping progress goroutine for d, or until Wake (work
+// to send) or ctx ends; false when the goroutine must stop. TryWait clears the set's
+// signal first (the set holds no CQ, so it arms nothing), so that a Wake
+// during the nap is not lost.
+func (c *Context) napFor(ctx context.Context, t *time.Timer, d time.Duration) bool {
+	switch err := c.ws.TryWait(); {
+	case errors.Is(err, event.ErrAgain):
+		return true // Wake came: look again at once
+	case err != nil:
+		c.die(fmt.Errorf("am: progress: %w", err))
+		return false
+	}
+	t.Reset(d)
+	select {
+	case <-c.ws.C():
+		t.Stop()
+	case <-t.C:
+	case <-ctx.Done():
+		t.Stop()
+		return false
+	}
+	return true
 }
 
 // die records why the progress goroutine stopped, fails what is

@@ -338,3 +338,52 @@ func TestTheFirstFailedCompletionOnAClosingDeviceNamesTheClose(t *testing.T) {
 	cn.err = nil
 	c.mu.Unlock()
 }
+
+// With Options.PollDoorbell on QEMU's device a CQ is never armed (its
+// POLL doorbell would deadlock the VM against an armed CQ's interrupt),
+// so the progress goroutine cannot sleep on the interrupt: it spins, then
+// naps between polls (pauses doubling to a millisecond), woken early by
+// work to send. Traffic flows, before and after an idle spell, and an
+// idle context polls about once per millisecond, not in a loop.
+// (Faults caught: the CQ armed anyway, which fails the context with
+// ErrNotSupported; a spin restarted after each nap, which polls in a
+// loop.)
+func TestOnACQThatCannotBeArmedTheProgressGoroutineNaps(t *testing.T) {
+	m, err := pvsim.New(pvsim.Config{QEMU: true})
+	require.NoError(t, err)
+	d, err := vfrdma.OpenFunction(m, &vfrdma.Options{PollDoorbell: true})
+	if err != nil {
+		m.Close()
+		require.NoError(t, err)
+	}
+	t.Cleanup(func() { d.Close(); m.Close() })
+	cs := newJob(t, d, 2, Config{})
+	for _, c := range cs {
+		require.NoError(t, c.SetHandler(1, func(*Arrival) Return { return Return{} }))
+		require.True(t, c.napping)
+		assert.Equal(t, NapSpin, c.spin, "the default spin before the naps")
+		assert.Equal(t, "spin, then nap", c.ProgressMode())
+	}
+	trafficBothWays(t, cs)
+	time.Sleep(NapSpin + 20*time.Millisecond) // past the spin, the naps at their longest
+	before := cs[0].cq.Stats().Polls
+	time.Sleep(100 * time.Millisecond)
+	polls := cs[0].cq.Stats().Polls - before
+	assert.Less(t, polls, uint64(1000), "an idle context polled %d times in 100 ms: it does not nap", polls)
+	assert.Positive(t, polls, "an idle context stopped polling")
+	trafficBothWays(t, cs) // after the idle spell: Amsend's Wake ends a nap
+}
+
+// ProgressMode names how the progress goroutine waits: on QEMU's device
+// with no spin it sleeps on the interrupt at once; with a spin it spins
+// first; with Polling it never sleeps.
+func TestProgressModeSaysHowTheProgressGoroutineWaits(t *testing.T) {
+	d := openDevice(t)
+	for _, tc := range []struct {
+		cfg  Config
+		want string
+	}{{Config{}, "sleep"}, {Config{Spin: time.Millisecond}, "spin, then sleep"}, {Config{Polling: true}, "polling"}} {
+		cs := newJob(t, d, 1, tc.cfg)
+		assert.Equal(t, tc.want, cs[0].ProgressMode(), "%+v", tc.cfg)
+	}
+}

@@ -84,10 +84,7 @@ func cmdAM(e *env, args []string) error {
 	ctx, cancel := withTimeout(10 * time.Minute)
 	defer cancel()
 
-	res := amResult{Mode: "loopback", Progress: "sleeping"}
-	if polling {
-		res.Progress = "polling"
-	}
+	res := amResult{Mode: "loopback"}
 	// The raw rate first, over a plain RC QP pair (or the peer's QP).
 	raw, x, err := amRaw(ctx, t, d, sizes, messages)
 	if err != nil {
@@ -100,10 +97,11 @@ func cmdAM(e *env, args []string) error {
 			res.Mode = "responder"
 		}
 	}
-	tasks, err := amTasks(ctx, d, x, am.Config{Polling: polling})
+	tasks, err := amTasks(ctx, d, x, am.Config{Polling: polling, Spin: o.spin})
 	if err != nil {
 		return err
 	}
+	res.Progress = tasks[0].ProgressMode()
 	defer func() {
 		for _, c := range tasks {
 			c.Close()
@@ -209,6 +207,7 @@ type amOpts struct {
 	sizeList                            string
 	iters, messages, bwSize, bwMessages int
 	polling                             bool
+	spin                                time.Duration
 }
 
 // amFlags declares am's flags on fs.
@@ -223,7 +222,9 @@ func amFlags(fs *flag.FlagSet) *amOpts {
 	fs.IntVar(&o.messages, "messages", 20000, "messages per size for the rate")
 	fs.IntVar(&o.bwSize, "bw-size", 1<<20, "message size for the bandwidth")
 	fs.IntVar(&o.bwMessages, "bw-messages", 64, "messages for the bandwidth")
-	fs.BoolVar(&o.polling, "polling", false, "progress by polling instead of sleeping on the CQ interrupt")
+	fs.BoolVar(&o.polling, "polling", false, "progress by polling without ever sleeping")
+	fs.DurationVar(&o.spin, "spin", 0, "how long the progress goroutine polls an empty CQ before it sleeps or naps (am.Config.Spin; 0: the default, negative: none)")
+	fs.BoolVar(&o.t.pollDoorbell, "poll-doorbell", true, "an empty CQ poll rings the POLL doorbell, as rdma-core's provider does; on QEMU's device CQs are then never armed and the progress goroutine spins, then naps between polls (--poll-doorbell=false: it sleeps on the CQ's interrupt)")
 	return o
 }
 
