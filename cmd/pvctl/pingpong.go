@@ -307,8 +307,6 @@ func stalled(ep *endpoint, after time.Duration, sends, recvs, roundTrips int) er
 		ep.cq.Handle(), st.Polls, st.Empty, st.CQEs, st.Flushed, st.Dropped, st.Interrupts)
 }
 
-// cmdPingpong bounces a message back and forth and checks every byte, in
-// the spirit of ibv_rc_pingpong.
 // pingpongOpts are pingpong's flags.
 type pingpongOpts struct {
 	t           trafficFlags
@@ -329,6 +327,8 @@ func pingpongFlags(fs *flag.FlagSet) *pingpongOpts {
 	return o
 }
 
+// cmdPingpong bounces a message back and forth and checks every byte, in
+// the spirit of ibv_rc_pingpong.
 func cmdPingpong(e *env, args []string) error {
 	fs := newFlagSet(e, "pingpong")
 	o := pingpongFlags(fs)
