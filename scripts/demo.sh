@@ -43,6 +43,9 @@ $GO run ./cmd/pvvm -vms 2 -- \
 section "Side by side: the reference stack (Linux vmw_pvrdma + rdma-core, perftest) and vfrdma, same bench"
 bash scripts/sidebyside.sh 20000 1000 3   # medians of 3 here; docs/benchmarks.md has 5
 
+section "Active messages side by side: UCX's ucp_am (reference guests) and vfrdma's am, same bench"
+bash scripts/amside.sh 3
+
 cat <<'TXT'
 
 What you saw: first pvctl on the device model (package pvsim) playing
@@ -65,5 +68,7 @@ network through ARP and ICMP, and sends frames to the other VM over the
 bench's switch. The last table puts Linux's own stack for this NIC
 (vmw_pvrdma + rdma-core, in guests booted with `pvvm -ref`) beside vfrdma
 on the same emulated device: docs/benchmarks.md says where the time goes.
+The very last puts UCX's active messages (ucx_perftest's ucp_am_lat and
+ucp_am_bw over rc_verbs, in reference guests) beside `pvctl am`.
 `make test` runs every test.
 TXT

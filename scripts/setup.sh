@@ -16,6 +16,7 @@ pkgs=(
   ibverbs-utils      # rdma-core's pingpong programs: conformance clients
   ibverbs-providers  # rdma-core's providers, vmw_pvrdma among them (the reference guest)
   perftest           # ib_send_bw / ib_send_lat (the reference guest, the backend's ceiling)
+  ucx-utils libucx0  # ucx_perftest: UCX's active messages in the reference guest (scripts/amside.sh)
   xz-utils           # the guest kernel is unpacked once for a faster boot
   gdb                # a stopped VM's post-mortem shows its QEMU threads' stacks
   gcc make

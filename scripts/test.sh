@@ -66,20 +66,27 @@ interop_tier() {
 # interop tier: right after a reference guest boots, rdma-core's client can
 # fail after its exchange with the server (ibv_ud_pingpong: "Failed to
 # create AH"), and the retry then finds the server no longer listening.
+# UCX's ucp_am_lat (ucx_perftest) between the guests, with the settings
+# UCX needs on this device (scripts/amside.sh says why each): the
+# per-command environment and UCX's dlopen'd transport reaching the guest.
 reference_tier() {
   local out rc
+  local ucx=(UCX_NET_DEVICES=vmw_pvrdma0:1 UCX_IB_GID_INDEX=1 UCX_RC_VERBS_TX_MIN_SGE=4 UCX_UD_VERBS_TX_MIN_SGE=3
+    UCX_RC_VERBS_FLUSH_MODE=fc UCX_RNDV_THRESH=inf UCX_TLS=rc_v UCX_WARN_UNUSED_ENV_VARS=n)
   out=$($GO run ./cmd/pvvm -vms 2 -ref 2 -doorbells -timeout $RUN_LIMIT -limit $CMD_LIMIT -counters -- \
     ibv_devinfo -v + @1 sleep 6 + \
     @0 ibv_rc_pingpong -g 1 -n 1000 -s 4096 + @1 retry ibv_rc_pingpong -g 1 -n 1000 -s 4096 192.168.100.1 + \
     @0 ibv_ud_pingpong -g 1 -n 1000 -s 2048 + @1 retry ibv_ud_pingpong -g 1 -n 1000 -s 2048 192.168.100.1 + \
     @0 ib_send_lat -x 1 -n 1000 -s 64 + @1 retry ib_send_lat -x 1 -n 1000 -s 64 192.168.100.1 + \
-    @0 ib_send_bw -x 1 -Q 1 -n 5000 -s 64 + @1 retry ib_send_bw -x 1 -Q 1 -n 5000 -s 64 192.168.100.1 2>&1)
+    @0 ib_send_bw -x 1 -Q 1 -n 5000 -s 64 + @1 retry ib_send_bw -x 1 -Q 1 -n 5000 -s 64 192.168.100.1 + \
+    @0 "${ucx[@]}" ucx_perftest -t ucp_am_lat -s 8 -n 1000 + @1 retry "${ucx[@]}" ucx_perftest 192.168.100.1 -t ucp_am_lat -s 8 -n 1000 2>&1)
   rc=$?
   echo "$out" > "$LOGS/reference-pvvm.log" # the whole run, for a failure's post-mortem
-  echo "$out" | grep -E 'PORT_ACTIVE|usec/iter|^vm.:  *(64|4096) |doorbells|backend:'
+  echo "$out" | grep -E 'PORT_ACTIVE|usec/iter|^vm.:  *(64|4096) |^vm1: Final:|doorbells|backend:'
   [ $rc = 0 ] || { pvvm_failure "$out"; return $rc; }
   [ "$(echo "$out" | grep -c 'state:.*PORT_ACTIVE')" = 2 ] || { echo "the port is not ACTIVE in both reference guests"; return 1; }
   [ "$(echo "$out" | grep -c 'iters in')" = 4 ] || { echo "a pingpong did not report its iterations"; return 1; }
+  [ "$(echo "$out" | grep -c '^vm1: Final: *1000 ')" = 1 ] || { echo "ucx_perftest's client did not report its 1000 iterations"; return 1; }
 }
 
 # A lost datagram must fail the run within seconds and say where: the

@@ -121,6 +121,7 @@ func (c *config) nameProgram(prog, bin string, cmd command) {
 	if cmd.retry {
 		words = append(words, "retry")
 	}
+	words = append(words, cmd.env...)
 	if bin != "" {
 		words = append(words, bin)
 	}
@@ -146,7 +147,8 @@ func main() {
 	flag.Usage = func() {
 		fmt.Fprintf(os.Stderr, "usage: pvvm [flags] -- PVCTL-ARGS... [+ PVCTL-ARGS...]\n       pvvm [flags] -test PKGS\n       pvvm -vms 2 -ref 1 -- [@VM] PVCTL-ARGS + [@VM] PROGRAM ARGS...\n\n"+
 			"A command prefixed @N runs only in VM N; one prefixed retry runs again while it fails,\n"+
-			"for up to 30 s (a client whose server in another VM may not be up yet). With -ref, a\n"+
+			"for up to 30 s (a client whose server in another VM may not be up yet). KEY=value\n"+
+			"words before the program (after @N and retry) are its environment in the guest. With -ref, a\n"+
 			"command that names a program\n"+
 			"on this host's PATH (ibv_devinfo, ibv_rc_pingpong, ib_send_bw, ...) runs in the\n"+
 			"reference VMs; anything else is pvctl in the vfrdma VMs.\n\n")
@@ -387,7 +389,7 @@ func (c *config) pvctlProgram(i int, cmd command, bin string) guest.Program {
 	if i > 0 {
 		name = fmt.Sprintf("pvctl-%d", i+1)
 	}
-	p := guest.Program{Name: name, HostPath: bin, Args: cmd.args, Kind: guest.KindCmd, Timeout: c.cmdLimit(), Only: cmd.only}
+	p := guest.Program{Name: name, HostPath: bin, Args: cmd.args, Env: cmd.env, Kind: guest.KindCmd, Timeout: c.cmdLimit(), Only: cmd.only}
 	if cmd.retry {
 		p.Retry = retryFor
 	}

@@ -29,11 +29,22 @@ var refProvider = []string{
 	"/usr/lib/x86_64-linux-gnu/libibverbs/libvmw_pvrdma-rdmav34.so",
 }
 
+// refExtraFiles lists, by a reference program's base name, the files it
+// loads that ldd does not show (dlopen'd modules), as glob patterns: each
+// match goes into the image at its own path, with the shared libraries
+// ldd lists for it. UCX dlopens its transports from its module directory
+// by their soname (lib<name>.so.<major>; a symlink here, copied as the
+// file it names), libuct_ib among them.
+var refExtraFiles = map[string][]string{
+	"ucx_perftest": {"/usr/lib/x86_64-linux-gnu/ucx/*.so.0"},
+}
+
 // command is one command line of a run, with the VMs it is for.
 type command struct {
 	args  []string
-	only  []int // none: every VM of its kind
-	retry bool  // rerun while it fails, for up to 30 s
+	env   []string // KEY=value words before the program: its environment
+	only  []int    // none: every VM of its kind
+	retry bool     // rerun while it fails, for up to 30 s
 }
 
 // perftestNoReport is what perftest prints when its CPU-clock sampling
@@ -45,7 +56,8 @@ const perftestNoReport = "Can't produce a report"
 const retryFor = 30 * time.Second
 
 // parseCommands splits the arguments at lone "+" and reads an "@N" (or
-// "@N,M") prefix: that command runs only in those VMs.
+// "@N,M") prefix: that command runs only in those VMs; then "retry"; then,
+// as a shell would, KEY=value words before the program: its environment.
 func parseCommands(args []string, vms int) ([]command, error) {
 	lines, err := splitCommands(args)
 	if err != nil {
@@ -73,9 +85,33 @@ func parseCommands(args []string, vms int) ([]command, error) {
 				return nil, errors.New(`"retry": no command after it`)
 			}
 		}
+		for len(c.args) > 0 && isEnvWord(c.args[0]) {
+			c.env, c.args = append(c.env, c.args[0]), c.args[1:]
+		}
+		if len(c.args) == 0 {
+			return nil, fmt.Errorf("%q: no command after its environment", strings.Join(c.env, " "))
+		}
 		out = append(out, c)
 	}
 	return out, nil
+}
+
+// isEnvWord reports whether w is a shell-style assignment, KEY=value with
+// KEY a letter or underscore then letters, digits and underscores.
+func isEnvWord(w string) bool {
+	k, _, ok := strings.Cut(w, "=")
+	if !ok || k == "" {
+		return false
+	}
+	for i, r := range k {
+		switch {
+		case r == '_', r >= 'A' && r <= 'Z', r >= 'a' && r <= 'z':
+		case i > 0 && r >= '0' && r <= '9':
+		default:
+			return false
+		}
+	}
+	return true
 }
 
 // isRefVM reports whether VM vm runs the reference stack: the last ref of
@@ -134,6 +170,17 @@ func refSpec(ctx context.Context, c *config, init string, kernel *guest.Kernel, 
 	if c.vms > 1 {
 		spec.Net = append(spec.Net, proto.NetMgmt)
 	}
+	spec.Programs, spec.Files, err = refPrograms(ctx, c, cmds, refExtraFiles)
+	return spec, err
+}
+
+// refPrograms returns the reference image's programs for cmds and the files
+// they need: rdma-core's provider, every shared library the programs and
+// the provider load, and the extra files extra names for them (see
+// refExtraFiles) with their own libraries.
+func refPrograms(ctx context.Context, c *config, cmds []command, extra map[string][]string) ([]guest.Program, []guest.File, error) {
+	var progs []guest.Program
+	var files []guest.File
 	need := map[string]bool{}
 	for _, f := range refProvider {
 		need[f] = true
@@ -141,11 +188,11 @@ func refSpec(ctx context.Context, c *config, init string, kernel *guest.Kernel, 
 	for i, cmd := range cmds {
 		bin, err := exec.LookPath(cmd.args[0])
 		if err != nil {
-			return spec, fmt.Errorf("reference program %q: %w (make setup installs ibverbs-utils and perftest)", cmd.args[0], err)
+			return nil, nil, fmt.Errorf("reference program %q: %w (make setup installs ibverbs-utils, perftest and ucx-utils)", cmd.args[0], err)
 		}
 		p := guest.Program{
 			Name: fmt.Sprintf("ref%d-%s", i+1, filepath.Base(bin)), HostPath: bin,
-			Args: cmd.args[1:], Kind: guest.KindCmd, Timeout: c.cmdLimit(), Only: cmd.only,
+			Args: cmd.args[1:], Env: cmd.env, Kind: guest.KindCmd, Timeout: c.cmdLimit(), Only: cmd.only,
 		}
 		if cmd.retry {
 			p.Retry = retryFor
@@ -154,19 +201,26 @@ func refSpec(ctx context.Context, c *config, init string, kernel *guest.Kernel, 
 			p.OKIfOutput = perftestNoReport
 		}
 		c.nameProgram(p.Name, "", cmd)
-		spec.Programs = append(spec.Programs, p)
+		progs = append(progs, p)
 		need[bin] = false // the program itself goes to /bin; its libraries:
 		libs, err := sharedLibs(ctx, bin)
 		if err != nil {
-			return spec, err
+			return nil, nil, err
 		}
 		for _, l := range libs {
 			need[l] = true
 		}
+		more, err := extraFiles(ctx, filepath.Base(bin), extra)
+		if err != nil {
+			return nil, nil, err
+		}
+		for _, f := range more {
+			need[f] = true
+		}
 	}
 	provLibs, err := sharedLibs(ctx, refProvider[1])
 	if err != nil {
-		return spec, err
+		return nil, nil, err
 	}
 	for _, l := range provLibs {
 		need[l] = true
@@ -180,11 +234,40 @@ func refSpec(ctx context.Context, c *config, init string, kernel *guest.Kernel, 
 	sort.Strings(paths)
 	for _, p := range paths {
 		if _, err := os.Stat(p); err != nil {
-			return spec, fmt.Errorf("reference stack: %w (make setup installs ibverbs-providers)", err)
+			return nil, nil, fmt.Errorf("reference stack: %w (make setup installs ibverbs-providers)", err)
 		}
-		spec.Files = append(spec.Files, guest.File{HostPath: p, Path: p, Mode: 0o755})
+		files = append(files, guest.File{HostPath: p, Path: p, Mode: 0o755})
 	}
-	return spec, nil
+	return progs, files, nil
+}
+
+// extraFiles lists the files table names for program prog (glob patterns,
+// see refExtraFiles) and the shared libraries each of them loads. A
+// pattern that matches nothing is an error: the program would fail in the
+// guest in a less clear way.
+func extraFiles(ctx context.Context, prog string, table map[string][]string) ([]string, error) {
+	var out []string
+	for _, pat := range table[prog] {
+		matches, err := filepath.Glob(pat)
+		if err != nil {
+			return nil, fmt.Errorf("%s's extra files %q: %w", prog, pat, err)
+		}
+		if len(matches) == 0 {
+			return nil, fmt.Errorf("%s's extra files: nothing matches %s (make setup installs ucx-utils)", prog, pat)
+		}
+		for _, m := range matches {
+			out = append(out, m)
+			if !strings.Contains(filepath.Base(m), ".so") {
+				continue
+			}
+			libs, err := sharedLibs(ctx, m)
+			if err != nil {
+				return nil, err
+			}
+			out = append(out, libs...)
+		}
+	}
+	return out, nil
 }
 
 // sharedLibs lists the shared libraries bin loads (ldd), the dynamic

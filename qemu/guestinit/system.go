@@ -26,6 +26,9 @@ func mountAll() []error {
 		{"tmpfs", "/tmp", "tmpfs", unix.MS_NOSUID | unix.MS_NODEV, "mode=1777"},
 		// Pseudo-terminals, for programs and tests that open /dev/ptmx.
 		{"devpts", "/dev/pts", "devpts", unix.MS_NOSUID | unix.MS_NOEXEC, "mode=0620,ptmxmode=0666"},
+		// POSIX shared memory (shm_open), which UCX's memory domains
+		// look for even when no shared-memory transport is used.
+		{"tmpfs", "/dev/shm", "tmpfs", unix.MS_NOSUID | unix.MS_NODEV, "mode=1777"},
 	} {
 		if err := os.MkdirAll(m.target, 0o755); err != nil {
 			errs = append(errs, fmt.Errorf("mount %s: %w", m.target, err))

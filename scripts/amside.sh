@@ -1,0 +1,120 @@
+# Active messages side by side: UCX (ucx_perftest ucp_am_lat / ucp_am_bw,
+# UCX 1.13 over rc_verbs on Linux's vmw_pvrdma, in two reference guests)
+# and vfrdma's am (pvctl am --vm, in two vfrdma guests), on the same bench
+# and the same emulated device, 8 B, 4 KiB, 64 KiB and 1 MiB. Every figure
+# is the median of REPS runs, with the range beside it; the runs are
+# interleaved (round r runs UCX at every size, then am), so the bench's
+# drift over the invocation falls on both alike. A UCX size that fails
+# shows "failed" in its rows; the script goes on.
+#
+# ucx_perftest's ucp_am_lat reports one-way latency (half its round trip):
+# the round trips here are twice its average (am's µs/round trip is a mean
+# too). Linux's vmw_pvrdma allows no inline data, so every UCX message is
+# am_bcopy (at most 8255 B a fragment on RC; larger ones go in fragments,
+# UCX_RNDV_THRESH=inf keeping them off rendezvous, which needs RDMA READ).
+# The UCX settings are those of the bench (see ucx-anchor in the shared
+# notes): the device, GID 1, 4 SGEs, flush by flow control; rc_v is
+# rc_verbs with ud_verbs as the auxiliary transport its wire-up needs.
+# Usage: scripts/amside.sh [REPS]   (ITERS, MSGS, BWMSGS in the environment)
+set -uo pipefail
+cd "$(dirname "$0")/.."
+GO=${GO:-go}
+REPS=${1:-5}
+ITERS=${ITERS:-500}    # round trips per latency run
+MSGS=${MSGS:-5000}     # messages per rate run
+BWMSGS=${BWMSGS:-32}   # 1 MiB messages per bandwidth run
+SIZES=(8 4096 65536)
+BW=1048576
+UCX=(UCX_NET_DEVICES=vmw_pvrdma0:1 UCX_IB_GID_INDEX=1 UCX_RC_VERBS_TX_MIN_SGE=4 UCX_UD_VERBS_TX_MIN_SGE=3
+  UCX_RC_VERBS_FLUSH_MODE=fc UCX_RNDV_THRESH=inf UCX_TLS=rc_v UCX_WARN_UNUSED_ENV_VARS=n)
+SERVER=192.168.100.1
+
+# run ARGS...: one two-VM pvvm run; its output in $out; its status returned.
+run() { out=$($GO run ./cmd/pvvm -vms 2 "$@" 2>&1); }
+median() { sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) print "-"; else if (NR % 2) print v[(NR + 1) / 2]; else printf "%.2f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
+spread() { sort -g | awk -v f="$1" 'NR == 1 { lo = $1 } { hi = $1 } END { if (NR > 1) printf "%" f "–%" f, lo, hi }'; }
+declare -A vals failed
+add() { [ -n "$2" ] && [ "$2" != - ] && vals[$1]+="$2"$'\n'; return 0; }
+# finals N: field N of the client's (VM 1) "Final:" lines, in order.
+finals() { echo "$out" | awk -v n="$1" '$1 == "vm1:" && $2 == "Final:" { print $n }'; }
+# amrow TEST SIZE N: field N of pvctl am's row (the driving task, VM 1).
+amrow() { echo "$out" | awk -v t="$1" -v s="$2" -v n="$3" '$1 == "vm1:" && $2 == t && $3 == s { print $n }'; }
+
+for ((rep = 0; rep < REPS; rep++)); do
+  # UCX: one boot per size, latency then rate (1 MiB: bandwidth only); VM 0
+  # serves, VM 1 is the client and prints the table.
+  for size in "${SIZES[@]}" "$BW"; do
+    tests=(ucp_am_lat ucp_am_bw)
+    [ "$size" = "$BW" ] && tests=(ucp_am_bw)
+    # The server's commands in VM 0, the client's in VM 1, each VM's in
+    # order; a client retries until its server listens.
+    all=() n=()
+    for t in "${tests[@]}"; do
+      k=$MSGS
+      [ "$t" = ucp_am_lat ] && k=$ITERS
+      [ "$size" = "$BW" ] && k=$BWMSGS
+      all+=(+ @0 "${UCX[@]}" ucx_perftest -t "$t" -s "$size" -n "$k" + @1 retry "${UCX[@]}" ucx_perftest "$SERVER" -t "$t" -s "$size" -n "$k")
+      n+=("$t")
+    done
+    all=("${all[@]:1}")
+    if ! run -ref 2 -- "${all[@]}"; then
+      failed[$size]=1
+      echo "amside: UCX at $size B failed; the last lines:" >&2
+      echo "$out" | grep -v 'QEMU stack' | tail -8 >&2
+    fi
+    # The client's Final lines, in the order of its tests: field 5 is the
+    # one-way average latency (lat) or overhead (bw), 7 MB/s, 9 msg/s.
+    mapfile -t lat < <(finals 5)
+    mapfile -t mbs < <(finals 7)
+    mapfile -t rate < <(finals 9)
+    for j in "${!n[@]}"; do
+      [ -n "${lat[$j]:-}" ] || continue
+      case ${n[$j]} in
+      ucp_am_lat) add "ucx,rt,$size" "$(awk -v v="${lat[$j]}" 'BEGIN { printf "%.1f\n", 2 * v }')" ;;
+      ucp_am_bw) add "ucx,rate,$size" "${rate[$j]}"; add "ucx,mbs,$size" "${mbs[$j]}" ;;
+      esac
+    done
+  done
+
+  # vfrdma: pvctl am between two vfrdma guests (VM 1 drives).
+  sizes=$(IFS=,; echo "${SIZES[*]}")
+  if run -- am --vm --sizes "$sizes" --bw-size "$BW" --iters "$ITERS" --messages "$MSGS" --bw-messages "$BWMSGS"; then
+    for size in "${SIZES[@]}"; do
+      add "am,rt,$size" "$(amrow latency "$size" 5)"
+      add "am,rate,$size" "$(amrow rate "$size" 5)"
+    done
+    add "am,mbs,$BW" "$(amrow bandwidth "$BW" 5)"
+  else
+    echo "amside: pvctl am failed; the last lines:" >&2
+    echo "$out" | grep -v 'QEMU stack' | tail -8 >&2
+  fi
+done
+
+med() { printf '%s' "${vals[$1]:-}" | median; }
+cell() { # KEY FORMAT: "median (min–max)", or "failed" for a UCX size that failed with no figure
+  local m; m=$(med "$1")
+  if [ "$m" = - ]; then
+    case $1 in ucx,*) [ -n "${failed[${1##*,}]:-}" ] && { echo failed; return; } ;; esac
+    echo -; return
+  fi
+  local r; r=$(printf '%s' "${vals[$1]}" | spread "$2")
+  printf "%$2%s" "$m" "${r:+ ($r)}"
+}
+ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a != "-" && b != "-" && b > 0) printf "%.2f", a / b; else print "-" }'; }
+row() { printf "| %-8s | %-26s | %-26s | %-26s | %-7s |\n" "$@"; }
+lrow() { printf "| %-8s | %-27s | %-26s | %-26s | %-7s |\n" "$@"; } # printf pads bytes: "µ" is two
+echo
+echo "Active messages between two guests on the same bench (QEMU 7.2 pvrdma under TCG, the softverbs backend):"
+echo "UCX 1.13 ucp_am (ucx_perftest, rc_verbs on Linux's vmw_pvrdma) beside vfrdma's am (pvctl am --vm)."
+echo "Medians of $REPS interleaved runs (range in brackets); $ITERS round trips per latency run, $MSGS messages per"
+echo "rate run, $BWMSGS for 1 MiB. Round trip: am's mean, and twice ucp_am_lat's one-way average."
+echo
+row size figure "UCX ucp_am" "vfrdma am" "am/UCX"
+printf "|%s|%s|%s|%s|%s|\n" ---------- ---------------------------- ---------------------------- ---------------------------- ---------
+for size in "${SIZES[@]}"; do
+  lrow "$size" "round trip µs (mean)" "$(cell "ucx,rt,$size" .1f)" "$(cell "am,rt,$size" .1f)" "$(ratio "$(med "am,rt,$size")" "$(med "ucx,rt,$size")")"
+  row "$size" "msg/s" "$(cell "ucx,rate,$size" .0f)" "$(cell "am,rate,$size" .0f)" "$(ratio "$(med "am,rate,$size")" "$(med "ucx,rate,$size")")"
+done
+row "$BW" "MB/s" "$(cell "ucx,mbs,$BW" .1f)" "$(cell "am,mbs,$BW" .1f)" "$(ratio "$(med "am,mbs,$BW")" "$(med "ucx,mbs,$BW")")"
+echo
+echo "am/UCX: above 1 is am slower for round trips, faster for msg/s and MB/s."
