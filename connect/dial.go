@@ -37,14 +37,21 @@ func DialTCP(ctx context.Context, addr string, opts *Options) (net.Conn, error) 
 	o := opts.withDefaults()
 	d := net.Dialer{Timeout: o.AttemptTimeout}
 	start := time.Now()
+	var last error // the last attempt that failed on its own, not cut short by ctx
 	for attempt := 1; ; attempt++ {
 		c, err := d.DialContext(ctx, "tcp", addr)
 		if err == nil {
 			return c, nil
 		}
 		if ctx.Err() != nil {
-			return nil, &Error{Op: "dial", Addr: addr, Err: fmt.Errorf("%w after %d attempts; the last: %w", ctx.Err(), attempt, err)}
+			// An attempt the context cut short says only that; the one
+			// before it says why the peer was not reached.
+			if last == nil {
+				last = err
+			}
+			return nil, &Error{Op: "dial", Addr: addr, Err: fmt.Errorf("%w after %d attempts; the last: %w", ctx.Err(), attempt, last)}
 		}
+		last = err
 		if !notUpYet(err) {
 			return nil, &Error{Op: "dial", Addr: addr, Err: err}
 		}
