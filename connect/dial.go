@@ -43,13 +43,17 @@ func DialTCP(ctx context.Context, addr string, opts *Options) (net.Conn, error) 
 		if err == nil {
 			return c, nil
 		}
-		if ctx.Err() != nil {
+		if ended(ctx) {
 			// An attempt the context cut short says only that; the one
 			// before it says why the peer was not reached.
 			if last == nil {
 				last = err
 			}
-			return nil, &Error{Op: "dial", Addr: addr, Err: fmt.Errorf("%w after %d attempts; the last: %w", ctx.Err(), attempt, last)}
+			cause := context.Cause(ctx)
+			if cause == nil { // the deadline passed, the context not yet done
+				cause = context.DeadlineExceeded
+			}
+			return nil, &Error{Op: "dial", Addr: addr, Err: fmt.Errorf("%w after %d attempts; the last: %w", cause, attempt, last)}
 		}
 		last = err
 		if !notUpYet(err) {
@@ -81,4 +85,15 @@ func notUpYet(err error) bool {
 	}
 	var ne net.Error
 	return errors.As(err, &ne) && ne.Timeout()
+}
+
+// ended reports a context that is done or whose deadline has passed: a
+// dial cut short by the deadline can return its timeout a moment before
+// the context itself reads as done.
+func ended(ctx context.Context) bool {
+	if ctx.Err() != nil {
+		return true
+	}
+	dl, ok := ctx.Deadline()
+	return ok && !time.Now().Before(dl)
 }
