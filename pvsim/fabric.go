@@ -1,15 +1,21 @@
 package pvsim
 
-import "sync"
+import (
+	"sync"
+	"sync/atomic"
+)
 
 // Fabric connects model devices: a packet goes to the device that has its
 // destination GID bound (CREATE_BIND), as a RoCE network routes by GID. It
-// is lossless and keeps each sender's order. A Fabric is safe for
-// concurrent use; it has no goroutines and needs no closing.
+// is lossless (unless told to lose answers, LoseAnswers) and keeps each
+// sender's order. A Fabric is safe for concurrent use; it has no
+// goroutines and needs no closing.
 type Fabric struct {
 	mu   sync.RWMutex
 	gids map[[16]byte]*Device
 	devs map[*Device]struct{}
+
+	lose atomic.Int64 // answers still to lose
 }
 
 // NewFabric returns an empty fabric.
@@ -63,4 +69,24 @@ func (f *Fabric) Lookup(g [16]byte) *Device {
 func (f *Fabric) deliver(p *packet) bool {
 	t := f.Lookup(p.dstGID)
 	return t != nil && t.push(event{kind: evPacket, pkt: p})
+}
+
+// LoseAnswers makes the fabric lose the next n answers any device sends
+// (acknowledgements, NAKs, READ and atomic responses), as a lossy link
+// would, so the requesters' retry timers have to recover them. It is for
+// tests of the RC transport's retransmission and duplicate handling;
+// n <= 0 stops losing.
+func (f *Fabric) LoseAnswers(n int) { f.lose.Store(int64(max(n, 0))) }
+
+// loseAnswer reports whether the answer being sent is to be lost.
+func (f *Fabric) loseAnswer() bool {
+	for {
+		n := f.lose.Load()
+		if n <= 0 {
+			return false
+		}
+		if f.lose.CompareAndSwap(n, n-1) {
+			return true
+		}
+	}
 }

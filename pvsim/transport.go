@@ -265,7 +265,7 @@ func (d *Device) transmit(p *packet) {
 func (d *Device) reply(p *packet, r *packet) {
 	r.from, r.srcQPN, r.dstQPN, r.psn = d, p.dstQPN, p.srcQPN, p.psn
 	d.ctr.packets.Add(1)
-	if !d.w.portUp || !p.from.push(event{kind: evPacket, pkt: r}) {
+	if !d.w.portUp || d.fab.loseAnswer() || !p.from.push(event{kind: evPacket, pkt: r}) {
 		d.ctr.packetsDropped.Add(1)
 	}
 }
