@@ -84,6 +84,8 @@ type Config struct {
 	// that double from 20 µs to 1 ms between polls, woken early by work
 	// to send; there 0 means NapSpin.
 	Spin time.Duration
+
+	ackHold time.Duration // tests: the hold instead of ackHold (0: ackHold)
 }
 
 // Arrival is what a header handler gets. It is valid only during the call.
@@ -139,6 +141,12 @@ type Stats struct {
 	// queued, for want of credits: the receiver had no more buffers for it.
 	CreditStalls uint64
 	Doorbells    uint64 // send and receive doorbells rung
+	// RecvDoorbells counts, of Doorbells, those that returned receive
+	// buffers to the SRQ.
+	RecvDoorbells uint64
+	// RideAcks counts the acknowledgements that rode on a data packet;
+	// the rest went in control packets (CtrlPackets).
+	RideAcks uint64
 	// Refused counts the tasks purged for breaking the protocol: a packet
 	// that did not hold together, or did not continue what it claimed to
 	// (a fragment of another message, length or offset), credits never
@@ -169,6 +177,13 @@ type Context struct {
 	ws               *event.WaitSet
 	conns            []*conn
 	spin             time.Duration // Config.Spin, or the CQ's (negative: none)
+	// ackHold is how long an idle progress goroutine keeps an
+	// acknowledgement back for a data packet to ride on (ackHold, at most
+	// half the spin: none when it does not spin).
+	ackHold time.Duration
+	// repostBatch is how many taken buffers go back to the SRQ at once
+	// when the goroutine is busy.
+	repostBatch int
 	// napping: the CQ cannot be armed (Options.PollDoorbell on QEMU): the
 	// progress goroutine naps between polls, woken early by Wake.
 	napping bool
@@ -176,6 +191,8 @@ type Context struct {
 	byQPN   map[uint32]*conn
 
 	handlers [MaxHandlers]atomic.Pointer[HeaderHandler]
+	arrival  Arrival   // the header handler's, progress goroutine only
+	spare    []*outMsg // message records to reuse, under mu
 	counters [MaxCounters]atomic.Pointer[Counter]
 
 	stop context.CancelFunc
@@ -188,6 +205,7 @@ type Context struct {
 
 	mu       sync.Mutex
 	closed   bool
+	inRound  bool        // the progress goroutine is taking a round of completions: Amsend queues, the round's end sends
 	perr     error       // why the context failed (the device or its queues closed under it, ...)
 	down     atomic.Bool // closed or perr set: calls look here before their arguments
 	free     []int32     // free send slots
@@ -211,9 +229,13 @@ type conn struct {
 
 	// Under Context.mu.
 	credits  int
-	owed     int
+	owed     int // credits to return: buffers the task used, back in the SRQ
+	unposted int // buffers the task used, not yet back in the SRQ
 	acks     []uint32
+	ackAt    time.Time // when the oldest of acks was queued
+	ackSoon  bool      // one of acks is for a message whose origin waits for it
 	sendq    []*outMsg
+	sendBack []*outMsg          // sendq's array, from its start
 	sent     map[uint32]*outMsg // sent whole, not yet acknowledged
 	nextID   uint32
 	rxNext   uint32 // the id the task's next message must have
@@ -248,6 +270,7 @@ type inMsg struct {
 	ret    Return
 	tgt    *Counter
 	drop   bool
+	soon   bool // its origin waits for the acknowledgement (flagAckSoon)
 }
 
 // A send's wr_id: sendTag, probeTag for a probe, and the slot.
@@ -311,6 +334,14 @@ func New(ctx context.Context, d *vfrdma.Device, cfg Config) (_ *Context, err err
 	case c.spin == 0:
 		c.spin = c.cq.Spin()
 	}
+	c.ackHold = ackHold
+	if cfg.ackHold != 0 {
+		c.ackHold = cfg.ackHold
+	}
+	if !cfg.Polling {
+		c.ackHold = min(c.ackHold, max(c.spin/2, 0)) // let go well within the spin
+	}
+	c.repostBatch = max(1, min(cfg.Credits/2, repostBatch))
 	if c.srq, err = c.pd.CreateSRQ(ctx, &vfrdma.SRQConfig{Depth: c.bufs, CQ: c.cq}); err != nil {
 		return nil, err
 	}

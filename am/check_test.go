@@ -402,6 +402,24 @@ func TestAckOfAMessageNotAwaitingOneIsRefused(t *testing.T) {
 	j.refused(t, 2, errProtocol)
 }
 
+// Acknowledgements riding on a message's first packet are held to the same
+// rule: one of a message awaiting it is taken (and the message with it),
+// one of anything else purges the sender.
+func TestRidingAckOfAMessageNotAwaitingOneIsRefused(t *testing.T) {
+	j := newPeerJob(t)
+	c := j.c
+	cmpl := NewCounter()
+	c.mu.Lock()
+	c.conns[1].sent[0] = &outMsg{id: 0, cmpl: cmpl}
+	c.pending = 1
+	c.mu.Unlock()
+	j.send(t, 1, pkt(header{kind: kindEager, handler: 1, id: 0, length: 2, flags: flagAcksOne, offset: 0}, []byte("hi")))
+	assert.EqualValues(t, 1, cmpl.Get(), "the ack is taken")
+	assert.Equal(t, 1, j.ready, "and the message it rode on")
+	j.send(t, 1, pkt(header{kind: kindEager, handler: 1, id: 1, length: 2, flags: 2 * flagAcksOne, offset: 0}, []byte("hi"))) // message 0, acknowledged already, twice
+	j.refused(t, 1, errProtocol)
+}
+
 // The fields of a message's first packet are checked on their own: target
 // counter in range and flagged, known flags, a user header of whole
 // 8-byte words; and packets of other kinds carry none of them.

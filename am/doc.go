@@ -64,19 +64,33 @@
 // Credits keep a receiver from ever running out of buffers (no RNR, no
 // drop): a task may have at most Credits packets unreturned at a peer.
 // Every packet carries the credits its sender owes back (one per buffer it
-// reposted); a packet of acknowledgements and credits alone goes when the
-// progress goroutine runs out of work, or when half a packet of
-// acknowledgements or half the credits have gathered. A data packet never
-// takes the last credit, and a credit-only packet takes it only if it
-// returns at least one, so two tasks can never both wait for the other's
-// credits. The target acknowledges each message after its completion
-// handler returned; the acknowledgement drives Cmpl and Fence. Packets are
-// posted deferred and one doorbell rings per QP per round of sending.
+// reposted). A data packet never takes the last credit, and a credit-only
+// packet takes it only if it returns at least one, so two tasks can never
+// both wait for the other's credits.
+//
+// The target acknowledges each message after its completion handler
+// returned; the acknowledgement drives Cmpl and Fence. A message's first
+// packet carries up to two acknowledgements for its target, so that in a
+// request and answer exchange each message acknowledges the one before
+// it. A packet of acknowledgements and credits alone goes when half a
+// packet of acknowledgements or half the credits have gathered, or when
+// the progress goroutine runs out of work with acknowledgements waiting
+// that their origin waits for (the message had a Cmpl counter) or that
+// have waited 200 µs for a data packet to ride on (at most half the spin: a
+// goroutine that does not spin holds nothing back). A Fence therefore
+// waits at most that much longer for messages sent without Cmpl.
+//
+// Packets are posted deferred and one doorbell rings per QP per round of
+// sending; an Amsend made while the progress goroutine runs a round of
+// handlers goes at the round's end, with what the round gathered. Taken
+// buffers go back to the SRQ 16 at a time (at most half the credits),
+// or once the goroutine has been idle for the same 200 µs, one doorbell
+// each time; their credits go back after them.
 //
 // # Progress
 //
 // A goroutine per Context polls its CQ, runs header handlers, reposts
-// buffers (one SRQ doorbell per round) and sends what credits allow. Idle,
+// buffers (one SRQ doorbell per batch) and sends what credits allow. Idle,
 // it sleeps on the CQ's interrupt through an event.WaitSet (TryWait, then
 // sleep), or spins if Config.Polling is set.
 //

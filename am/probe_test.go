@@ -96,29 +96,49 @@ func TestACreditStallIsCountedOncePerStall(t *testing.T) {
 	}
 }
 
-// Data packets carry the credits their sender owes: a task that took a
-// message and then sends one to its origin returns the credit in it, with
-// no control packet.
-func TestDataPacketsCarryTheCreditsOwed(t *testing.T) {
+// Data packets carry the credits and the acknowledgements their sender
+// owes: a task that took a message and then sends one to its origin
+// returns the credit and the acknowledgement in it, with no control
+// packet. An Amsend made while the progress goroutine is in a round of
+// handlers waits for the round's end, so that it carries what the round
+// gathered.
+func TestDataPacketsCarryTheCreditsAndAcksOwed(t *testing.T) {
 	d := openDevice(t)
-	cs := newJob(t, d, 2, Config{})
+	// No spin, so nothing is held back: the buffer goes back to the SRQ
+	// at the end of the round, before the round's packets go.
+	cs := newJob(t, d, 2, Config{Spin: -1})
 	entered, release := stallReceiver(t, cs)
 	ctx := withTimeout(t, time.Minute)
 	require.NoError(t, cs[0].Amsend(1, 1, nil, make([]byte, 8), Counters{}))
-	<-entered // task 1 took it: it owes task 0 one credit
+	<-entered // task 1 took it: it owes task 0 one credit, once the buffer is back
 	owed := func() int {
 		cs[1].mu.Lock()
 		defer cs[1].mu.Unlock()
-		return cs[1].conns[0].owed
+		return cs[1].conns[0].owed + cs[1].conns[0].unposted
 	}
 	require.Equal(t, 1, owed())
-	ctrl := cs[1].Stats().CtrlPackets
-	require.NoError(t, cs[1].Amsend(0, 1, nil, make([]byte, 8), Counters{})) // from another goroutine than task 1's stuck progress
-	assert.Zero(t, owed(), "the data packet carried the owed credit")
-	assert.Equal(t, ctrl, cs[1].Stats().CtrlPackets)
+	// Task 0 holds task 1's message in its handler until the test has
+	// looked: it sends nothing to task 1 meanwhile.
+	arrived, done := make(chan struct{}), make(chan struct{})
+	require.NoError(t, cs[0].SetHandler(2, func(a *Arrival) Return {
+		close(arrived)
+		<-done
+		return Return{}
+	}))
+	require.NoError(t, cs[1].SetHandler(2, func(*Arrival) Return { return Return{} })) // handlers are registered on every task
+	before := cs[1].Stats()
+	require.NoError(t, cs[1].Amsend(0, 2, nil, make([]byte, 8), Counters{})) // from another goroutine than task 1's stuck progress
+	assert.Equal(t, before.Packets, cs[1].Stats().Packets, "sent only at the round's end")
 	release()
-	require.NoError(t, cs[0].Fence(ctx))
+	<-arrived
+	assert.Zero(t, owed(), "the data packet carried the owed credit")
+	close(done)
 	require.NoError(t, cs[1].Fence(ctx))
+	require.NoError(t, cs[0].Fence(ctx))
+	after := cs[1].Stats()
+	assert.Equal(t, before.CtrlPackets, after.CtrlPackets, "no control packet")
+	assert.Equal(t, before.RideAcks+1, after.RideAcks, "the acknowledgement rode on the data packet")
+	assert.EqualValues(t, 1, cs[0].Stats().Delivered)
 }
 
 // A task that dies while a Barrier waits for it makes the Barrier return

@@ -19,8 +19,15 @@ import (
 func (c *Context) progress(ctx context.Context) {
 	defer close(c.done)
 	wcs := make([]vfrdma.WC, 64)
-	reposts := make([]vfrdma.RecvWR, 0, len(wcs))
-	sges := make([]vfrdma.SGE, len(wcs))
+	// The buffers taken and not yet back in the SRQ, since heldAt: they go
+	// back repostBatch at a time, or once idle for ackHold, with one
+	// doorbell, and their credits with them.
+	reposts := make([]vfrdma.RecvWR, 0, c.bufs)
+	sges := make([]vfrdma.SGE, c.bufs)
+	var heldAt time.Time
+	// Before it naps or sleeps, the goroutine lets go of what it holds
+	// back (release), once per idle spell (released).
+	var release, released bool
 	var idleSince time.Time // when polls began to find nothing (Config.Spin)
 	// A napping goroutine's pause doubles from napMin to napMax while
 	// nothing arrives; one timer serves every nap.
@@ -37,7 +44,14 @@ func (c *Context) progress(ctx context.Context) {
 			c.die(fmt.Errorf("am: progress: %w", err))
 			return
 		}
-		reposts = reposts[:0]
+		if n > 0 {
+			// Amsend from the round's header and completion handlers
+			// waits for the round's end: its packets then carry the
+			// acknowledgements the round gathered, and ring once.
+			c.mu.Lock()
+			c.inRound = true
+			c.mu.Unlock()
+		}
 		for i := range wcs[:n] {
 			wc := &wcs[i]
 			if wc.WRID&sendTag != 0 {
@@ -52,27 +66,47 @@ func (c *Context) progress(ctx context.Context) {
 			if !repost {
 				continue
 			}
+			if len(reposts) == 0 && c.ackHold > 0 {
+				heldAt = time.Now()
+			}
 			slot := int(wc.WRID)
 			sges[len(reposts)] = c.recvM.SGE(slot*c.cfg.PacketSize, c.cfg.PacketSize)
 			reposts = append(reposts, vfrdma.RecvWR{WRID: wc.WRID, SGEs: sges[len(reposts) : len(reposts)+1]})
 		}
-		if len(reposts) > 0 {
-			// One doorbell for the round's buffers.
+		idle := n < len(wcs)
+		look := c.tick.Swap(false)
+		var now time.Time // for what is held back
+		if idle && c.ackHold > 0 {
+			now = time.Now()
+			if release {
+				now = now.Add(c.ackHold) // as if held the whole hold
+			}
+		}
+		release = false
+		// The buffers go back in a batch, or once the goroutine has been
+		// idle for the hold: off a ping-pong's critical path, one doorbell
+		// for many in a stream.
+		rang := len(reposts) >= c.repostBatch || len(reposts) > 0 && (c.ackHold == 0 || idle && now.Sub(heldAt) >= c.ackHold)
+		if rang {
 			if _, err := c.srq.PostRecv(reposts, 0); err != nil {
 				c.die(fmt.Errorf("am: reposting receive buffers: %w", err))
 				return
 			}
+			reposts = reposts[:0]
 		}
-		rang := len(reposts) > 0
-		idle := n < len(wcs)
-		look := c.tick.Swap(false)
 		c.mu.Lock()
+		c.inRound = false
 		if rang {
 			c.stats.Doorbells++
+			c.stats.RecvDoorbells++
+			for _, cn := range c.conns { // their buffers are back: credits to return
+				cn.owed += cn.unposted
+				cn.unposted = 0
+			}
 		}
 		for _, cn := range c.conns {
 			c.pump(cn)
-			c.ctrl(cn, idle)
+			c.ctrl(cn, idle, now)
 			if look {
 				c.probe(cn)
 			}
@@ -82,6 +116,7 @@ func (c *Context) progress(ctx context.Context) {
 		if n > 0 {
 			idleSince = time.Time{}
 			pause = napMin
+			released = false
 			continue
 		}
 		if ctx.Err() != nil {
@@ -102,10 +137,15 @@ func (c *Context) progress(ctx context.Context) {
 				runtime.Gosched()
 				continue
 			}
-			if !c.napping { // a napper's idle spell goes on between naps
-				idleSince = time.Time{}
-			}
 		}
+		if !released && (len(reposts) > 0 || c.acksWaiting()) {
+			release, released = true, true
+			continue
+		}
+		if c.spin > 0 && !c.napping { // a napper's idle spell goes on between naps
+			idleSince = time.Time{}
+		}
+		released = false // once more after the nap or sleep
 		if c.napping {
 			if !c.napFor(ctx, nap, pause) {
 				return
@@ -131,6 +171,18 @@ func (c *Context) progress(ctx context.Context) {
 	}
 }
 
+// acksWaiting reports whether a task has acknowledgements waiting to go.
+func (c *Context) acksWaiting() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, cn := range c.conns {
+		if len(cn.acks) > 0 && cn.err == nil {
+			return true
+		}
+	}
+	return false
+}
+
 // A napping progress goroutine's pauses: from napMin, doubling while
 // nothing arrives, to napMax. An idle context then wakes at most 1 000
 // times a second, each wake one poll (and at most one POLL doorbell).
@@ -138,6 +190,19 @@ const (
 	napMin = 20 * time.Microsecond
 	napMax = time.Millisecond
 )
+
+// ackHold is how long an idle progress goroutine keeps back an
+// acknowledgement whose origin does not wait for it (no Cmpl counter), so
+// that it rides on the next message to that task (a ping-pong's answer,
+// the next request) instead of going alone in a control packet that costs
+// a send, a receive and a buffer at each end. A Fence waits for it at
+// most this much longer. A goroutine that does not spin holds nothing.
+const ackHold = 200 * time.Microsecond
+
+// repostBatch is the most buffers a busy progress goroutine holds back
+// from the SRQ (at most half a task's credits, whose return waits for
+// them): one doorbell returns them all.
+const repostBatch = 16
 
 // napFor pauses a napping progress goroutine for d, or until Wake (work
 // to send) or ctx ends; false when the goroutine must stop. TryWait clears the set's
@@ -320,7 +385,7 @@ func (c *Context) take(cn *conn, b []byte) {
 		return
 	}
 	cn.credits += int(h.credits)
-	cn.owed++ // the buffer goes back to the SRQ this round
+	cn.unposted++ // a credit owed once the buffer is back in the SRQ
 	cn.heard++
 	if h.kind == kindCtrl {
 		err := c.acked(cn, b[headerSize:])
@@ -332,6 +397,13 @@ func (c *Context) take(cn *conn, b []byte) {
 	}
 	if h.kind != kindFrag {
 		cn.rxNext++
+		if k := h.rideAcks(); k > 0 {
+			if err := c.acked(cn, b[24:24+4*k]); err != nil {
+				c.mu.Unlock()
+				c.refuse(cn, err)
+				return
+			}
+		}
 	}
 	if h.handler == barrierHandler && h.kind == kindEager {
 		cn.barrier = binary.LittleEndian.Uint64(b[headerSize:])
@@ -353,7 +425,9 @@ func (c *Context) take(cn *conn, b []byte) {
 		return
 	}
 	uhdr, data := body[:h.uhdrLen], body[h.uhdrLen:]
-	m := &inMsg{id: h.id, length: h.length, got: uint64(len(data))}
+	// On the stack: only a message in fragments (cn.rx) or with a
+	// completion handler of its own goroutine goes to the heap.
+	m := inMsg{id: h.id, length: h.length, got: uint64(len(data)), soon: h.flags&flagAckSoon != 0}
 	if h.flags&flagTgtCounter != 0 { // parse made sure it is in range
 		m.tgt = c.counters[h.tgtCntr].Load()
 	}
@@ -363,11 +437,15 @@ func (c *Context) take(cn *conn, b []byte) {
 		m.drop = true
 	} else {
 		hh := c.handlers[h.handler].Load()
-		a := Arrival{Src: cn.task, UHdr: uhdr, Len: int(h.length)}
+		// One Arrival per context, valid only during the call: the
+		// handler gets a pointer that would otherwise escape.
+		a := &c.arrival
+		*a = Arrival{Src: cn.task, UHdr: uhdr, Len: int(h.length)}
 		if h.kind == kindEager {
 			a.Data = data
 		}
-		m.ret = (*hh)(&a)
+		m.ret = (*hh)(a)
+		*a = Arrival{}
 		switch {
 		case m.ret.Buf == nil && h.kind == kindFirst, m.ret.Buf != nil && uint64(len(m.ret.Buf)) < h.length:
 			m.drop = true
@@ -376,10 +454,12 @@ func (c *Context) take(cn *conn, b []byte) {
 		}
 	}
 	if h.kind == kindFirst {
-		cn.rx = m
+		rx := new(inMsg)
+		*rx = m
+		cn.rx = rx
 		return
 	}
-	c.landed(cn, m)
+	c.landed(cn, &m)
 }
 
 // check holds a parsed packet from cn against what this end knows: a
@@ -428,39 +508,52 @@ func (c *Context) check(cn *conn, h *header, body []byte) error {
 // its target counter, then its acknowledgement, in that order, so the
 // origin's Cmpl never counts before the handler returned.
 func (c *Context) landed(cn *conn, m *inMsg) {
-	if m.drop {
-		c.ack(cn, m.id|ackFailed)
-		return
-	}
-	finish := func() {
-		if m.tgt != nil {
-			m.tgt.add(1)
-		}
-		c.mu.Lock()
-		c.stats.Received++
-		c.mu.Unlock()
-		c.ack(cn, m.id)
-	}
 	switch {
+	case m.drop:
+		c.ack(cn, m.id|ackFailed, m.soon, false)
 	case m.ret.Completion == nil:
-		finish()
+		c.finish(cn, m)
 	case m.ret.Inline:
 		m.ret.Completion()
-		finish()
+		c.finish(cn, m)
 	default:
-		go func() {
-			m.ret.Completion()
-			finish()
-			c.ws.Wake() // the progress goroutine sends the acknowledgement
-		}()
+		c.completeLater(cn, *m)
 	}
 }
 
-// ack queues an acknowledgement for cn.
-func (c *Context) ack(cn *conn, a uint32) {
+// completeLater runs m's completion handler on a goroutine of its own,
+// then finishes m (m is a copy: only this path puts it on the heap).
+func (c *Context) completeLater(cn *conn, m inMsg) {
+	go func() {
+		m.ret.Completion()
+		c.finish(cn, &m)
+		c.ws.Wake() // the progress goroutine sends the acknowledgement
+	}()
+}
+
+// finish counts a message whose completion handler has returned (its
+// target counter, Stats.Received) and queues its acknowledgement.
+func (c *Context) finish(cn *conn, m *inMsg) {
+	if m.tgt != nil {
+		m.tgt.add(1)
+	}
+	c.ack(cn, m.id, m.soon, true)
+}
+
+// ack queues an acknowledgement for cn, of a message received (counted
+// in Stats.Received) or dropped; soon when its origin waits for it (a
+// Cmpl counter), else it may wait ackHold for a data packet to ride on.
+func (c *Context) ack(cn *conn, a uint32, soon, received bool) {
 	c.mu.Lock()
+	if received {
+		c.stats.Received++
+	}
 	if cn.err == nil {
+		if len(cn.acks) == 0 && c.ackHold > 0 {
+			cn.ackAt = time.Now()
+		}
 		cn.acks = append(cn.acks, a)
+		cn.ackSoon = cn.ackSoon || soon
 	}
 	c.mu.Unlock()
 }

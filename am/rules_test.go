@@ -130,6 +130,7 @@ func stalledJob(t *testing.T) (cs []*Context, release func()) {
 func TestControlPacketsWaitUntilWorthSendingAndKeepTheLastCredit(t *testing.T) {
 	const credits = 8
 	c := hostContext(t, Config{Tasks: 2, Credits: credits, PacketSize: 256})
+	c.ackHold = ackHold // a spinning context's
 	half := c.maxAcks / 2
 	acks := func(n int) []uint32 { return make([]uint32, n) }
 	for _, tc := range []struct {
@@ -139,31 +140,43 @@ func TestControlPacketsWaitUntilWorthSendingAndKeepTheLastCredit(t *testing.T) {
 		free          int // send slots left free (-1: all)
 		idle          bool
 		due           bool
+		held          bool // the acks have waited less than ackHold, for no one
+		soon          bool // their origin waits for them
 	}{
-		{"nothing to send", credits, 0, nil, -1, true, false},
-		{"busy, a few acks and credits owed", credits, 1, acks(1), -1, false, false},
-		{"busy, credits owed, under half", credits, credits/2 - 1, nil, -1, false, false},
-		{"busy, half the credits owed", credits, credits / 2, nil, -1, false, true},
-		{"busy, half a packet of acks", credits, 0, acks(half), -1, false, true},
-		{"busy, one ack short of half a packet", credits, 0, acks(half - 1), -1, false, false},
-		{"idle, a few credits owed and no acks", credits, 1, nil, -1, true, false},
-		{"idle, one ack and nothing owed", credits, 0, acks(1), -1, true, true},
-		{"idle, one ack and a credit owed", credits, 1, acks(1), -1, true, true},
-		{"idle, acks, only the last credit and none owed", 1, 0, acks(1), -1, true, false},
-		{"idle, acks, the last credit and a credit owed", 1, 1, acks(1), -1, true, true},
-		{"worth it, the last credit, returning credits", 1, credits / 2, nil, -1, false, true},
-		{"worth it, but no credit", 0, credits / 2, acks(half), -1, true, false},
-		{"worth it, in debt (a probe went without a credit)", -1, credits / 2, acks(half), -1, true, false},
-		{"worth it, but no send slot", credits, credits / 2, acks(half), 0, true, false},
-		{"worth it, one send slot", credits, credits / 2, acks(half), 1, true, true},
+		{"nothing to send", credits, 0, nil, -1, true, false, false, false},
+		{"busy, a few acks and credits owed", credits, 1, acks(1), -1, false, false, false, false},
+		{"busy, credits owed, under half", credits, credits/2 - 1, nil, -1, false, false, false, false},
+		{"busy, half the credits owed", credits, credits / 2, nil, -1, false, true, false, false},
+		{"busy, half a packet of acks", credits, 0, acks(half), -1, false, true, false, false},
+		{"busy, one ack short of half a packet", credits, 0, acks(half - 1), -1, false, false, false, false},
+		{"idle, a few credits owed and no acks", credits, 1, nil, -1, true, false, false, false},
+		{"idle, one ack and nothing owed", credits, 0, acks(1), -1, true, true, false, false},
+		{"idle, one ack and a credit owed", credits, 1, acks(1), -1, true, true, false, false},
+		{"idle, acks, only the last credit and none owed", 1, 0, acks(1), -1, true, false, false, false},
+		{"idle, acks, the last credit and a credit owed", 1, 1, acks(1), -1, true, true, false, false},
+		{"worth it, the last credit, returning credits", 1, credits / 2, nil, -1, false, true, false, false},
+		{"worth it, but no credit", 0, credits / 2, acks(half), -1, true, false, false, false},
+		{"worth it, in debt (a probe went without a credit)", -1, credits / 2, acks(half), -1, true, false, false, false},
+		{"worth it, but no send slot", credits, credits / 2, acks(half), 0, true, false, false, false},
+		{"worth it, one send slot", credits, credits / 2, acks(half), 1, true, true, false, false},
+		{"idle, one ack held for a packet to ride on", credits, 0, acks(1), -1, true, false, true, false},
+		{"idle, one ack held, and a credit owed", credits, 1, acks(1), -1, true, false, true, false},
+		{"idle, one ack its origin waits for", credits, 0, acks(1), -1, true, true, true, true},
+		{"busy, one ack its origin waits for", credits, 0, acks(1), -1, false, false, true, true},
+		{"worth it, acks held", credits, credits / 2, acks(half), -1, false, true, true, false},
 	} {
 		cn := c.conns[1]
-		cn.credits, cn.owed, cn.acks = tc.credits, tc.owed, tc.acks
+		cn.credits, cn.owed, cn.acks, cn.ackSoon = tc.credits, tc.owed, tc.acks, tc.soon
+		cn.ackAt = time.Now()
+		now := cn.ackAt.Add(c.ackHold) // held as long as it may be
+		if tc.held {
+			now = cn.ackAt.Add(c.ackHold / 2)
+		}
 		free := c.free
 		if tc.free >= 0 {
 			c.free = c.free[:tc.free]
 		}
-		assert.Equal(t, tc.due, c.ctrlDue(cn, tc.idle), tc.name)
+		assert.Equal(t, tc.due, c.ctrlDue(cn, tc.idle, now), tc.name)
 		c.free = free
 	}
 }
@@ -386,4 +399,111 @@ func TestProgressModeSaysHowTheProgressGoroutineWaits(t *testing.T) {
 		cs := newJob(t, d, 1, tc.cfg)
 		assert.Equal(t, tc.want, cs[0].ProgressMode(), "%+v", tc.cfg)
 	}
+}
+
+// An acknowledgement that no one waits for (the message had no Cmpl
+// counter) waits at its target for a data packet to ride on: the target's
+// answer carries it, and no control packet goes. Here the hold is an hour,
+// so only the answer can deliver it.
+func TestAnAcknowledgementNoOneWaitsForRidesOnTheNextMessage(t *testing.T) {
+	d := openDevice(t)
+	cs := newJob(t, d, 2, Config{Polling: true, ackHold: time.Hour})
+	got := make(chan int, 2)
+	for _, c := range cs {
+		require.NoError(t, c.SetHandler(1, func(a *Arrival) Return { got <- a.Src; return Return{} }))
+	}
+	ctx := withTimeout(t, time.Minute)
+	require.NoError(t, cs[0].Amsend(1, 1, nil, make([]byte, 8), Counters{}))
+	require.Equal(t, 0, <-got)
+	assert.Zero(t, cs[0].Stats().Delivered, "held at the target")
+	require.NoError(t, cs[1].Amsend(0, 1, nil, make([]byte, 8), Counters{}))
+	require.Equal(t, 1, <-got)
+	require.NoError(t, cs[0].Fence(ctx))
+	assert.EqualValues(t, 1, cs[0].Stats().Delivered)
+	assert.EqualValues(t, 1, cs[1].Stats().RideAcks)
+	assert.Zero(t, cs[1].Stats().CtrlPackets)
+}
+
+// An acknowledgement its origin waits for (a Cmpl counter) is not held:
+// it goes in a control packet as soon as the target is idle, though no
+// data packet goes back.
+func TestAnAcknowledgementItsOriginWaitsForGoesAtOnce(t *testing.T) {
+	d := openDevice(t)
+	cs := newJob(t, d, 2, Config{Polling: true, ackHold: time.Hour})
+	for _, c := range cs {
+		require.NoError(t, c.SetHandler(1, func(*Arrival) Return { return Return{} }))
+	}
+	ctx := withTimeout(t, time.Minute)
+	cmpl := NewCounter()
+	require.NoError(t, cs[0].Amsend(1, 1, nil, make([]byte, 8), Counters{Cmpl: cmpl}))
+	_, err := cmpl.Wait(ctx, 1)
+	require.NoError(t, err)
+	assert.EqualValues(t, 1, cs[1].Stats().CtrlPackets)
+	assert.Zero(t, cs[1].Stats().RideAcks)
+}
+
+// A held acknowledgement goes alone once it has waited the hold with no
+// data packet to ride on: a Fence with nothing coming back returns.
+func TestAHeldAcknowledgementGoesAloneAfterTheHold(t *testing.T) {
+	d := openDevice(t)
+	cs := newJob(t, d, 2, Config{Polling: true, ackHold: 20 * time.Millisecond})
+	for _, c := range cs {
+		require.NoError(t, c.SetHandler(1, func(*Arrival) Return { return Return{} }))
+	}
+	ctx := withTimeout(t, time.Minute)
+	require.NoError(t, cs[0].Amsend(1, 1, nil, make([]byte, 8), Counters{}))
+	require.NoError(t, cs[0].Fence(ctx))
+	assert.EqualValues(t, 1, cs[0].Stats().Delivered)
+	assert.EqualValues(t, 1, cs[1].Stats().CtrlPackets)
+}
+
+// An answer sent from a header handler goes at the end of the progress
+// goroutine's round, after the message it answers was acknowledged, and
+// carries that acknowledgement: a ping-pong sends no control packets.
+// The hold is an hour: only the answer can deliver the acknowledgement.
+func TestAnAnswerFromAHandlerCarriesTheAcknowledgement(t *testing.T) {
+	d := openDevice(t)
+	cs := newJob(t, d, 2, Config{Polling: true, ackHold: time.Hour})
+	pongs := make(chan struct{}, 1)
+	require.NoError(t, cs[1].SetHandler(1, func(a *Arrival) Return {
+		assert.NoError(t, cs[1].Amsend(a.Src, 2, nil, a.Data, Counters{}))
+		return Return{}
+	}))
+	require.NoError(t, cs[0].SetHandler(1, func(*Arrival) Return { return Return{} }))
+	require.NoError(t, cs[0].SetHandler(2, func(*Arrival) Return { pongs <- struct{}{}; return Return{} }))
+	require.NoError(t, cs[1].SetHandler(2, func(*Arrival) Return { return Return{} }))
+	ctx := withTimeout(t, 30*time.Second)
+	const rounds = 5
+	for range rounds {
+		require.NoError(t, cs[0].Amsend(1, 1, nil, make([]byte, 8), Counters{}))
+		<-pongs
+	}
+	require.NoError(t, cs[0].Fence(ctx), "every ping acknowledged by its pong")
+	assert.EqualValues(t, rounds, cs[1].Stats().RideAcks, "each pong carried its ping's acknowledgement")
+	assert.Zero(t, cs[1].Stats().CtrlPackets)
+	assert.EqualValues(t, rounds-1, cs[0].Stats().RideAcks, "each ping carried the last pong's")
+	assert.Zero(t, cs[0].Stats().CtrlPackets)
+}
+
+// A busy progress goroutine gives the buffers it took back to the SRQ
+// repostBatch at a time, one doorbell each batch, and their credits with
+// them. The hold is an hour: only a full batch goes back.
+func TestTakenBuffersGoBackToTheSRQInBatches(t *testing.T) {
+	d := openDevice(t)
+	cs := newJob(t, d, 2, Config{Polling: true, ackHold: time.Hour})
+	for _, c := range cs {
+		require.NoError(t, c.SetHandler(1, func(*Arrival) Return { return Return{} }))
+	}
+	ctx := withTimeout(t, time.Minute)
+	const messages = 16 * repostBatch
+	cmpl := NewCounter()
+	for range messages {
+		require.NoError(t, cs[0].Amsend(1, 1, nil, make([]byte, 8), Counters{Cmpl: cmpl}))
+	}
+	_, err := cmpl.Wait(ctx, messages)
+	require.NoError(t, err)
+	st := cs[1].Stats()
+	assert.EqualValues(t, messages, st.Received)
+	assert.LessOrEqual(t, st.RecvDoorbells, uint64(messages/repostBatch))
+	assert.Positive(t, st.RecvDoorbells)
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/vfrdma/vfrdma"
 )
@@ -45,13 +46,27 @@ func (c *Context) send(tgt int, handler uint16, uhdr, data []byte, cs Counters) 
 	if cn.err != nil {
 		return cn.err
 	}
-	m := &outMsg{id: cn.nextID, handler: handler, tgt: uint16(cs.Tgt), uhdr: uhdr, data: data, org: cs.Org, cmpl: cs.Cmpl}
+	var m *outMsg
+	if k := len(c.spare); k > 0 {
+		m, c.spare = c.spare[k-1], c.spare[:k-1]
+	} else {
+		m = new(outMsg)
+	}
+	*m = outMsg{id: cn.nextID, handler: handler, tgt: uint16(cs.Tgt), uhdr: uhdr, data: data, org: cs.Org, cmpl: cs.Cmpl}
 	cn.nextID++
+	if len(cn.sendq) == 0 {
+		cn.sendq = cn.sendBack[:0] // the queue drained: from the start of its array again
+	}
 	cn.sendq = append(cn.sendq, m)
+	if cap(cn.sendq) > cap(cn.sendBack) {
+		cn.sendBack = cn.sendq[:0] // it grew into a new array
+	}
 	c.pending++
 	c.stats.Sent++
-	c.pump(cn)
-	c.flush(cn)
+	if !c.inRound {
+		c.pump(cn)
+		c.flush(cn)
+	}
 	return nil
 }
 
@@ -79,6 +94,10 @@ func (c *Context) pump(cn *conn) {
 			if m.tgt != 0 {
 				h.flags |= flagTgtCounter
 			}
+			if m.cmpl != nil {
+				h.flags |= flagAckSoon
+			}
+			c.rideAcks(cn, &h)
 			n += copy(buf[n:], m.uhdr)
 		}
 		k := copy(buf[n:], m.data[m.off:])
@@ -104,8 +123,8 @@ func (c *Context) pump(cn *conn) {
 		if m.off == len(m.data) {
 			cn.sendq[0] = nil
 			cn.sendq = cn.sendq[1:]
-			if len(cn.sendq) == 0 {
-				cn.sendq = cn.sendq[:0:0] // let the backing array go
+			if len(cn.sendq) == 0 && cap(cn.sendBack) > maxKept {
+				cn.sendBack = nil // let a burst's array go
 			}
 			m.uhdr, m.data = nil, nil
 			cn.sent[m.id] = m
@@ -116,10 +135,34 @@ func (c *Context) pump(cn *conn) {
 	}
 }
 
+// maxKept bounds what a context keeps for reuse after a burst: a task's
+// send queue array, spare message records.
+const maxKept = 1024
+
+// rideAcks moves up to maxRideAcks of cn's acknowledgements into the
+// first packet of a message, h. Under mu.
+func (c *Context) rideAcks(cn *conn, h *header) {
+	k := min(len(cn.acks), maxRideAcks)
+	for i, a := range cn.acks[:k] {
+		h.offset |= uint64(a) << (32 * i)
+	}
+	h.flags |= uint8(k * flagAcksOne)
+	c.takeAcks(cn, k)
+	c.stats.RideAcks += uint64(k)
+}
+
+// takeAcks drops the first k of cn's acknowledgements, sent. Under mu.
+func (c *Context) takeAcks(cn *conn, k int) {
+	cn.acks = append(cn.acks[:0], cn.acks[k:]...)
+	if len(cn.acks) == 0 {
+		cn.ackSoon = false
+	}
+}
+
 // ctrl sends cn's acknowledgements and owed credits while ctrlDue says
 // they are due. Under mu.
-func (c *Context) ctrl(cn *conn, idle bool) {
-	for cn.err == nil && c.ctrlDue(cn, idle) {
+func (c *Context) ctrl(cn *conn, idle bool, now time.Time) {
+	for cn.err == nil && c.ctrlDue(cn, idle, now) {
 		slot := c.takeSlot()
 		buf := c.slotBuf(slot)
 		k := min(len(cn.acks), c.maxAcks)
@@ -133,7 +176,7 @@ func (c *Context) ctrl(cn *conn, idle bool) {
 			return
 		}
 		cn.owed = 0
-		cn.acks = append(cn.acks[:0], cn.acks[k:]...)
+		c.takeAcks(cn, k)
 		cn.dirtyIn = true
 		c.stats.CtrlPackets++
 	}
@@ -141,14 +184,15 @@ func (c *Context) ctrl(cn *conn, idle bool) {
 
 // ctrlDue reports whether a control packet to cn goes now: enough
 // acknowledgements or owed credits have gathered to be worth a packet, or
-// the progress goroutine is idle (found nothing more to do) with
-// acknowledgements waiting; and it can go: a send slot is free,
-// and the task has a credit to spend on it, the last one only if the
-// packet returns credits. Under mu.
-func (c *Context) ctrlDue(cn *conn, idle bool) bool {
+// the progress goroutine is idle (found nothing more to do, at now) with
+// acknowledgements waiting that their origin waits for (flagAckSoon) or
+// that have waited ackHold for a data packet to ride on; and it can go: a
+// send slot is free, and the task has a credit to spend on it, the last
+// one only if the packet returns credits. Under mu.
+func (c *Context) ctrlDue(cn *conn, idle bool, now time.Time) bool {
 	acks, owed := len(cn.acks), cn.owed
 	worth := acks >= c.maxAcks/2 || owed >= c.cfg.Credits/2
-	if !worth && (!idle || acks == 0) {
+	if !worth && (!idle || acks == 0 || !cn.ackSoon && now.Sub(cn.ackAt) < c.ackHold) {
 		return false
 	}
 	return len(c.free) > 0 && (cn.credits > 1 || cn.credits == 1 && owed > 0)
@@ -248,14 +292,19 @@ func (c *Context) acked(cn *conn, acks []byte) error {
 		}
 		delete(cn.sent, id)
 		c.pending--
+		cmpl := m.cmpl
+		if len(c.spare) < maxKept {
+			*m = outMsg{}
+			c.spare = append(c.spare, m)
+		}
 		if a&ackFailed != 0 {
 			c.stats.Failed++
 			c.failed = append(c.failed, fmt.Errorf("%w: message %d to task %d", ErrDropped, id, cn.task))
 			continue
 		}
 		c.stats.Delivered++
-		if m.cmpl != nil {
-			m.cmpl.add(1)
+		if cmpl != nil {
+			cmpl.add(1)
 		}
 	}
 	return nil

@@ -13,9 +13,16 @@ const (
 	kindCtrl  = 4 // credits and acknowledgements only
 )
 
-// Header flags.
+// Header flags (eager and first packets).
 const (
 	flagTgtCounter = 1 << 0 // tgtCntr names a counter at the target
+	// flagAcks (two bits): how many acknowledgements, 0 to 2, ride in the
+	// offset field, which a message's first packet does not use.
+	flagAcks     = 3 << 1
+	flagAcksOne  = 1 << 1
+	flagAckSoon  = 1 << 3 // the origin waits for this message's acknowledgement (a Cmpl counter)
+	flagsMessage = flagTgtCounter | flagAcks | flagAckSoon
+	maxRideAcks  = 2 // acknowledgements a first packet carries
 )
 
 // Ack entries: the message id, with ackFailed set when the target dropped
@@ -32,7 +39,9 @@ const ackFailed = 1 << 31
 //	8  u32 credits returned to the receiver of this packet
 //	12 u32 message id (eager, first, frag)
 //	16 u64 message length (eager, first, frag); ctrl: number of acks
-//	24 u64 offset of this packet's data in the message (frag; 0 otherwise)
+//	24 u64 offset of this packet's data in the message (frag); eager and
+//	       first: up to two acknowledgements, a u32 each, as the flags
+//	       say (the unused rest 0); ctrl: 0
 //
 // Then, for eager and first, the user header, then the data; for frag, the
 // data; for ctrl, the acks, a u32 each. Little endian throughout.
@@ -82,7 +91,7 @@ func (h *header) parse(b []byte, maxMessage int) error {
 	h.length = binary.LittleEndian.Uint64(b[16:])
 	h.offset = binary.LittleEndian.Uint64(b[24:])
 	body := uint64(len(b) - headerSize)
-	if h.kind != kindFrag && h.offset != 0 {
+	if h.kind == kindCtrl && h.offset != 0 {
 		return fmt.Errorf("%w: kind %d packet with offset %d", errProtocol, h.kind, h.offset)
 	}
 	if h.kind != kindEager && h.kind != kindFirst && (h.flags != 0 || h.handler != 0 || h.uhdrLen != 0 || h.tgtCntr != 0) {
@@ -90,8 +99,11 @@ func (h *header) parse(b []byte, maxMessage int) error {
 	}
 	switch h.kind {
 	case kindEager, kindFirst:
-		if h.flags&^flagTgtCounter != 0 || h.flags&flagTgtCounter != 0 && (h.tgtCntr == 0 || h.tgtCntr >= MaxCounters) || h.flags&flagTgtCounter == 0 && h.tgtCntr != 0 {
+		if h.flags&^flagsMessage != 0 || h.flags&flagTgtCounter != 0 && (h.tgtCntr == 0 || h.tgtCntr >= MaxCounters) || h.flags&flagTgtCounter == 0 && h.tgtCntr != 0 {
 			return fmt.Errorf("%w: flags %#x with target counter %d (1 to %d)", errProtocol, h.flags, h.tgtCntr, MaxCounters-1)
+		}
+		if n := h.rideAcks(); n > maxRideAcks || h.offset>>(32*n) != 0 {
+			return fmt.Errorf("%w: %d acknowledgements riding in %#x", errProtocol, n, h.offset)
 		}
 		if h.uhdrLen%8 != 0 {
 			return fmt.Errorf("%w: a %d-byte user header, not a multiple of 8", errProtocol, h.uhdrLen)
@@ -123,3 +135,7 @@ func (h *header) parse(b []byte, maxMessage int) error {
 	}
 	return nil
 }
+
+// rideAcks is how many acknowledgements an eager or first packet carries
+// in its offset field.
+func (h *header) rideAcks() int { return int(h.flags&flagAcks) / flagAcksOne }

@@ -69,3 +69,26 @@ func TestMessageOfExactlyMaxMessageBytesIsDelivered(t *testing.T) {
 	assert.Equal(t, data, <-got)
 	assert.ErrorIs(t, cs[0].Amsend(1, 1, nil, make([]byte, max+1), Counters{}), ErrDataLen)
 }
+
+// A message's first packet carries up to two acknowledgements in its
+// offset field, as many as its flags say and no more: a third, or bytes
+// in the part the flags leave unused, are refused; a control packet
+// carries none there.
+func TestAcksRideInAFirstPacketOnlyAsItsFlagsSay(t *testing.T) {
+	var h header
+	for k := range maxRideAcks + 1 {
+		off := uint64(0)
+		for i := range k {
+			off |= uint64(7+i) << (32 * i)
+		}
+		require.NoError(t, h.parse(wirePacket(header{kind: kindEager, flags: uint8(k * flagAcksOne), offset: off, length: 4}, 4), 1<<20), "%d acks", k)
+		assert.Equal(t, k, h.rideAcks())
+		require.NoError(t, h.parse(wirePacket(header{kind: kindFirst, flags: uint8(k * flagAcksOne), offset: off, length: 8}, 4), 1<<20), "%d acks, first", k)
+	}
+	assert.ErrorIs(t, h.parse(wirePacket(header{kind: kindEager, flags: 3 * flagAcksOne, length: 4}, 4), 1<<20), errProtocol, "three acks")
+	assert.ErrorIs(t, h.parse(wirePacket(header{kind: kindEager, offset: 7, length: 4}, 4), 1<<20), errProtocol, "an ack the flags do not count")
+	assert.ErrorIs(t, h.parse(wirePacket(header{kind: kindEager, flags: flagAcksOne, offset: 7 | 8<<32, length: 4}, 4), 1<<20), errProtocol, "a second ack the flags do not count")
+	assert.ErrorIs(t, h.parse(wirePacket(header{kind: kindCtrl, offset: 7}, 0), 1<<20), errProtocol, "a control packet with an ack in its offset")
+	assert.ErrorIs(t, h.parse(wirePacket(header{kind: kindFrag, flags: flagAcksOne, offset: 0, length: 8}, 4), 1<<20), errProtocol, "a fragment with flags")
+	require.NoError(t, h.parse(wirePacket(header{kind: kindEager, flags: flagAckSoon, length: 4}, 4), 1<<20), "an acknowledgement asked for soon")
+}

@@ -97,7 +97,7 @@ func cmdAM(e *env, args []string) error {
 			res.Mode = "responder"
 		}
 	}
-	tasks, err := amTasks(ctx, d, x, am.Config{Polling: polling, Spin: o.spin})
+	tasks, err := amTasks(ctx, d, x, am.Config{Polling: polling, Spin: o.spin, Credits: o.credits})
 	if err != nil {
 		return err
 	}
@@ -208,6 +208,7 @@ type amOpts struct {
 	iters, messages, bwSize, bwMessages int
 	polling                             bool
 	spin                                time.Duration
+	credits                             int
 }
 
 // amFlags declares am's flags on fs.
@@ -223,6 +224,7 @@ func amFlags(fs *flag.FlagSet) *amOpts {
 	fs.IntVar(&o.bwSize, "bw-size", 1<<20, "message size for the bandwidth")
 	fs.IntVar(&o.bwMessages, "bw-messages", 64, "messages for the bandwidth")
 	fs.BoolVar(&o.polling, "polling", false, "progress by polling without ever sleeping")
+	fs.IntVar(&o.credits, "credits", 0, fmt.Sprintf("packets in flight to the other task (am.Config.Credits; 0: the default, %d); both tasks must use the same", am.DefaultCredits))
 	fs.DurationVar(&o.spin, "spin", 0, "how long the progress goroutine polls an empty CQ before it sleeps or naps (am.Config.Spin; 0: the default, negative: none)")
 	fs.BoolVar(&o.t.pollDoorbell, "poll-doorbell", true, "an empty CQ poll rings the POLL doorbell, as rdma-core's provider does; on QEMU's device CQs are then never armed and the progress goroutine spins, then naps between polls (--poll-doorbell=false: it sleeps on the CQ's interrupt)")
 	return o
