@@ -256,12 +256,12 @@ func TestPacketsOfAPurgedTaskAreDropped(t *testing.T) {
 }
 
 // The CQ holds every completion that can be outstanding at once: a send
-// slot each and a receive buffer each. 64 tasks at the default 32 credits
-// need 4160, over the 4096 a CQ holds: the configuration is refused with
-// an error that names the limit (the context used to cap its CQ at 4096
-// and lose completions).
+// slot each and a receive buffer each. 64 tasks at 32 credits need 4160,
+// over the 4096 a CQ holds: the configuration is refused with an error
+// that names the limit (the context used to cap its CQ at 4096 and lose
+// completions).
 func TestConfigThatCanOverflowTheCQIsRefused(t *testing.T) {
-	cfg := Config{Tasks: 64, Self: 0}
+	cfg := Config{Tasks: 64, Self: 0, Credits: 32}
 	require.NoError(t, cfg.fill())
 	assert.Equal(t, 4160, cfg.cqEntries())
 	err := cfg.fits(1<<20, 4096)
@@ -269,7 +269,7 @@ func TestConfigThatCanOverflowTheCQIsRefused(t *testing.T) {
 	assert.Contains(t, err.Error(), "4160")
 	assert.Contains(t, err.Error(), "at most 4096")
 
-	cfg = Config{Tasks: 63}
+	cfg = Config{Tasks: 63, Credits: 32}
 	require.NoError(t, cfg.fill())
 	assert.LessOrEqual(t, cfg.cqEntries(), 4096)
 	assert.NoError(t, cfg.fits(1<<20, 4096))
@@ -278,6 +278,27 @@ func TestConfigThatCanOverflowTheCQIsRefused(t *testing.T) {
 	require.NoError(t, cfg.fill())
 	assert.NoError(t, cfg.fits(1<<20, 4096), "fewer credits fit")
 
+	cfg = Config{Tasks: 8}
+	require.NoError(t, cfg.fill())
+	err = cfg.fits(100, 4096)
+	assert.ErrorIs(t, err, errInvalid)
+	assert.Contains(t, err.Error(), "at most 100")
+}
+
+// The default credits are DefaultCredits up to 31 tasks and, for more, as
+// many as fit one CQ, the same on every task (they depend on Tasks
+// alone); past the most tasks two credits serve, the error says why.
+func TestDefaultCreditsFitTheCQ(t *testing.T) {
+	for _, tc := range []struct{ tasks, credits int }{{1, DefaultCredits}, {31, DefaultCredits}, {32, 63}, {63, 32}, {64, 31}, {819, 2}} {
+		cfg := Config{Tasks: tc.tasks}
+		require.NoError(t, cfg.fill(), "%d tasks", tc.tasks)
+		assert.Equal(t, tc.credits, cfg.Credits, "%d tasks", tc.tasks)
+		assert.NoError(t, cfg.fits(1<<20, maxCQEntries), "%d tasks", tc.tasks)
+	}
+	cfg := Config{Tasks: 820}
+	err := cfg.fill()
+	require.ErrorIs(t, err, errInvalid)
+	assert.Contains(t, err.Error(), "820 tasks")
 	cfg = Config{Tasks: 8}
 	require.NoError(t, cfg.fill())
 	err = cfg.fits(100, 4096)

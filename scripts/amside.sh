@@ -1,20 +1,18 @@
 # Active messages side by side: UCX (ucx_perftest ucp_am_lat / ucp_am_bw,
 # UCX 1.13 over rc_verbs on Linux's vmw_pvrdma, in two reference guests)
 # and vfrdma's am (pvctl am --vm, in two vfrdma guests), on the same bench
-# and the same emulated device, 8 B, 4 KiB, 64 KiB and 1 MiB. Every figure
-# is the median of REPS runs, with the range beside it; the runs are
-# interleaved (round r runs UCX at every size, then am), so the bench's
-# drift over the invocation falls on both alike. A UCX size that fails
-# shows "failed" in its rows; the script goes on.
+# and the same emulated device, 8 B, 4 KiB, 64 KiB and 1 MiB; and, for the
+# floor the backend sets, UCX between two processes on the host over the
+# backend with no emulator (scripts/ucxhost.sh). Every figure is the
+# median of REPS runs, with the range beside it; the runs are interleaved
+# (round r runs UCX at every size, then am, then UCX on the host), so the
+# bench's drift over the invocation falls on all alike. A UCX size that
+# fails shows "failed" in its rows; the script goes on.
 #
 # ucx_perftest's ucp_am_lat reports one-way latency (half its round trip):
 # the round trips here are twice its average (am's µs/round trip is a mean
-# too). Linux's vmw_pvrdma allows no inline data, so every UCX message is
-# am_bcopy (at most 8255 B a fragment on RC; larger ones go in fragments,
-# UCX_RNDV_THRESH=inf keeping them off rendezvous, which needs RDMA READ).
-# The UCX settings are those of the bench (see ucx-anchor in the shared
-# notes): the device, GID 1, 4 SGEs, flush by flow control; rc_v is
-# rc_verbs with ud_verbs as the auxiliary transport its wire-up needs.
+# too). UCX's settings for this device, and why each, are in
+# scripts/ucx-env.sh.
 # Usage: scripts/amside.sh [REPS]   (ITERS, MSGS, BWMSGS in the environment)
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -25,8 +23,9 @@ MSGS=${MSGS:-5000}     # messages per rate run
 BWMSGS=${BWMSGS:-32}   # 1 MiB messages per bandwidth run
 SIZES=(8 4096 65536)
 BW=1048576
-UCX=(UCX_NET_DEVICES=vmw_pvrdma0:1 UCX_IB_GID_INDEX=1 UCX_RC_VERBS_TX_MIN_SGE=4 UCX_UD_VERBS_TX_MIN_SGE=3
-  UCX_RC_VERBS_FLUSH_MODE=fc UCX_RNDV_THRESH=inf UCX_TLS=rc_v UCX_WARN_UNUSED_ENV_VARS=n)
+. scripts/ucx-env.sh
+ucx_env vmw_pvrdma0
+UCX=("${UCX_ENV[@]}")
 SERVER=192.168.100.1
 
 # run ARGS...: one two-VM pvvm run; its output in $out; its status returned.
@@ -37,6 +36,8 @@ declare -A vals failed
 add() { [ -n "$2" ] && [ "$2" != - ] && vals[$1]+="$2"$'\n'; return 0; }
 # finals N: field N of the client's (VM 1) "Final:" lines, in order.
 finals() { echo "$out" | awk -v n="$1" '$1 == "vm1:" && $2 == "Final:" { print $n }'; }
+# hostfinal N: field N of a host run's "Final:" line.
+hostfinal() { echo "$out" | awk -v n="$1" '$1 == "Final:" { print $n }'; }
 # amrow TEST SIZE N: field N of pvctl am's row (the driving task, VM 1).
 amrow() { echo "$out" | awk -v t="$1" -v s="$2" -v n="$3" '$1 == "vm1:" && $2 == t && $3 == s { print $n }'; }
 
@@ -88,6 +89,26 @@ for ((rep = 0; rep < REPS; rep++)); do
     echo "amside: pvctl am failed; the last lines:" >&2
     echo "$out" | grep -v 'QEMU stack' | tail -8 >&2
   fi
+
+  # UCX on the host over the backend (Final: field 5 one-way µs, 9 msg/s,
+  # 7 MB/s).
+  for size in "${SIZES[@]}" "$BW"; do
+    for t in ucp_am_lat ucp_am_bw; do
+      [ "$size" = "$BW" ] && [ "$t" = ucp_am_lat ] && continue
+      k=$MSGS
+      [ "$t" = ucp_am_lat ] && k=$ITERS
+      [ "$size" = "$BW" ] && k=$BWMSGS
+      if ! out=$(bash scripts/ucxhost.sh "$t" "$size" "$k" 2>&1); then
+        echo "amside: UCX on the host, $t at $size B, failed; the last lines:" >&2
+        echo "$out" | tail -5 >&2
+        continue
+      fi
+      case $t in
+      ucp_am_lat) add "host,rt,$size" "$(awk -v v="$(hostfinal 5)" 'BEGIN { printf "%.1f\n", 2 * v }')" ;;
+      ucp_am_bw) add "host,rate,$size" "$(hostfinal 9)"; add "host,mbs,$size" "$(hostfinal 7)" ;;
+      esac
+    done
+  done
 done
 
 med() { printf '%s' "${vals[$1]:-}" | median; }
@@ -101,20 +122,21 @@ cell() { # KEY FORMAT: "median (min–max)", or "failed" for a UCX size that fai
   printf "%$2%s" "$m" "${r:+ ($r)}"
 }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a != "-" && b != "-" && b > 0) printf "%.2f", a / b; else print "-" }'; }
-row() { printf "| %-8s | %-26s | %-26s | %-26s | %-7s |\n" "$@"; }
-lrow() { printf "| %-8s | %-27s | %-26s | %-26s | %-7s |\n" "$@"; } # printf pads bytes: "µ" is two
+row() { printf "| %-8s | %-26s | %-26s | %-26s | %-7s | %-26s |\n" "$@"; }
+lrow() { printf "| %-8s | %-27s | %-26s | %-26s | %-7s | %-26s |\n" "$@"; } # printf pads bytes: "µ" is two
 echo
 echo "Active messages between two guests on the same bench (QEMU 7.2 pvrdma under TCG, the softverbs backend):"
 echo "UCX 1.13 ucp_am (ucx_perftest, rc_verbs on Linux's vmw_pvrdma) beside vfrdma's am (pvctl am --vm)."
 echo "Medians of $REPS interleaved runs (range in brackets); $ITERS round trips per latency run, $MSGS messages per"
 echo "rate run, $BWMSGS for 1 MiB. Round trip: am's mean, and twice ucp_am_lat's one-way average."
+echo "UCX on the host: two host processes over the backend, no emulator (scripts/ucxhost.sh)."
 echo
-row size figure "UCX ucp_am" "vfrdma am" "am/UCX"
-printf "|%s|%s|%s|%s|%s|\n" ---------- ---------------------------- ---------------------------- ---------------------------- ---------
+row size figure "UCX ucp_am" "vfrdma am" "am/UCX" "UCX on the host"
+printf "|%s|%s|%s|%s|%s|%s|\n" ---------- ---------------------------- ---------------------------- ---------------------------- --------- ----------------------------
 for size in "${SIZES[@]}"; do
-  lrow "$size" "round trip µs (mean)" "$(cell "ucx,rt,$size" .1f)" "$(cell "am,rt,$size" .1f)" "$(ratio "$(med "am,rt,$size")" "$(med "ucx,rt,$size")")"
-  row "$size" "msg/s" "$(cell "ucx,rate,$size" .0f)" "$(cell "am,rate,$size" .0f)" "$(ratio "$(med "am,rate,$size")" "$(med "ucx,rate,$size")")"
+  lrow "$size" "round trip µs (mean)" "$(cell "ucx,rt,$size" .1f)" "$(cell "am,rt,$size" .1f)" "$(ratio "$(med "am,rt,$size")" "$(med "ucx,rt,$size")")" "$(cell "host,rt,$size" .1f)"
+  row "$size" "msg/s" "$(cell "ucx,rate,$size" .0f)" "$(cell "am,rate,$size" .0f)" "$(ratio "$(med "am,rate,$size")" "$(med "ucx,rate,$size")")" "$(cell "host,rate,$size" .0f)"
 done
-row "$BW" "MB/s" "$(cell "ucx,mbs,$BW" .1f)" "$(cell "am,mbs,$BW" .1f)" "$(ratio "$(med "am,mbs,$BW")" "$(med "ucx,mbs,$BW")")"
+row "$BW" "MB/s" "$(cell "ucx,mbs,$BW" .1f)" "$(cell "am,mbs,$BW" .1f)" "$(ratio "$(med "am,mbs,$BW")" "$(med "ucx,mbs,$BW")")" "$(cell "host,mbs,$BW" .1f)"
 echo
 echo "am/UCX: above 1 is am slower for round trips, faster for msg/s and MB/s."

@@ -67,12 +67,14 @@ interop_tier() {
 # fail after its exchange with the server (ibv_ud_pingpong: "Failed to
 # create AH"), and the retry then finds the server no longer listening.
 # UCX's ucp_am_lat (ucx_perftest) between the guests, with the settings
-# UCX needs on this device (scripts/amside.sh says why each): the
+# UCX needs on this device (scripts/ucx-env.sh says why each): the
 # per-command environment and UCX's dlopen'd transport reaching the guest.
 reference_tier() {
   local out rc
-  local ucx=(UCX_NET_DEVICES=vmw_pvrdma0:1 UCX_IB_GID_INDEX=1 UCX_RC_VERBS_TX_MIN_SGE=4 UCX_UD_VERBS_TX_MIN_SGE=3
-    UCX_RC_VERBS_FLUSH_MODE=fc UCX_RNDV_THRESH=inf UCX_TLS=rc_v UCX_WARN_UNUSED_ENV_VARS=n)
+  local UCX_ENV
+  . scripts/ucx-env.sh
+  ucx_env vmw_pvrdma0
+  local ucx=("${UCX_ENV[@]}")
   out=$($GO run ./cmd/pvvm -vms 2 -ref 2 -doorbells -timeout $RUN_LIMIT -limit $CMD_LIMIT -counters -- \
     ibv_devinfo -v + @1 sleep 6 + \
     @0 ibv_rc_pingpong -g 1 -n 1000 -s 4096 + @1 retry ibv_rc_pingpong -g 1 -n 1000 -s 4096 192.168.100.1 + \
@@ -113,12 +115,22 @@ lossy_tier() {
   echo "lossy: the lost datagram failed the run in $((SECONDS - t0)) s (limit $RUN_LIMIT), naming the command and the drop"
 }
 
+# UCX between two host processes over the backend (scripts/ucxhost.sh, the
+# host column of scripts/amside.sh): its client must report all its
+# iterations.
+ucxhost_check() {
+  local out
+  out=$(bash scripts/ucxhost.sh ucp_am_lat 8 1000 2>&1) || { echo "$out" | tail -8; echo "UCX on the host over the backend failed"; return 1; }
+  echo "$out" | grep '^Final:'
+  echo "$out" | grep -q '^Final: *1000 ' || { echo "UCX on the host: the client did not report its 1000 iterations"; return 1; }
+}
+
 run_tier() {
   case $1 in
     vet)       $GO vet ./... && $GO vet -tags guest ./... && $GO vet -tags bench ./qemu/... &&
                $GO tool staticcheck ./... && $GO tool staticcheck -tags guest ./... && $GO tool staticcheck -tags bench ./qemu/... ;;
     host)      $GO test -race -count=1 ./... ;;
-    backend)   make -s -C qemu/softverbs test OUT="$SV_OUT" ;;
+    backend)   make -s -C qemu/softverbs test OUT="$SV_OUT" && ucxhost_check ;;
     guest)     $GO test -tags bench -count=1 ./qemu/... && $GO run ./cmd/pvvm -test all ;;
     guest-2vm) $GO run ./cmd/pvvm -vms 2 -test all -run "$TWO_VM_TESTS" ;;
     guest-3vm) $GO run ./cmd/pvvm -vms 3 -test am -run "$THREE_VM_TESTS" ;;
