@@ -64,6 +64,19 @@ func cmdAM(e *env, args []string) error {
 	if err != nil {
 		return err
 	}
+	tests := map[string]bool{}
+	for _, name := range strings.Split(o.testList, ",") {
+		switch name {
+		case "latency", "rate", "bandwidth":
+			tests[name] = true
+		default:
+			return usageErrorf("--tests %q: %q is not latency, rate or bandwidth", o.testList, name)
+		}
+	}
+	rawSizes := sizes
+	if !tests["rate"] {
+		rawSizes = nil
+	}
 	for _, c := range []struct {
 		name string
 		v    int
@@ -86,7 +99,7 @@ func cmdAM(e *env, args []string) error {
 
 	res := amResult{Mode: "loopback"}
 	// The raw rate first, over a plain RC QP pair (or the peer's QP).
-	raw, x, err := amRaw(ctx, t, d, sizes, messages)
+	raw, x, err := amRaw(ctx, t, d, rawSizes, messages)
 	if err != nil {
 		return fmt.Errorf("raw PostSend rate: %w", err)
 	}
@@ -142,6 +155,9 @@ func cmdAM(e *env, args []string) error {
 		}
 	}
 	for _, size := range sizes {
+		if !tests["latency"] {
+			break
+		}
 		row, err := amLatency(ctx, drv, resp, size, iters, pongs)
 		if err != nil {
 			return err
@@ -149,6 +165,9 @@ func cmdAM(e *env, args []string) error {
 		res.Rows = append(res.Rows, row)
 	}
 	for i, size := range sizes {
+		if !tests["rate"] {
+			break
+		}
 		row, err := amRate(ctx, drv, resp, "rate", size, messages)
 		if err != nil {
 			return err
@@ -159,11 +178,13 @@ func cmdAM(e *env, args []string) error {
 		}
 		res.Rows = append(res.Rows, row)
 	}
-	row, err := amRate(ctx, drv, resp, "bandwidth", bwSize, bwMessages)
-	if err != nil {
-		return err
+	if tests["bandwidth"] {
+		row, err := amRate(ctx, drv, resp, "bandwidth", bwSize, bwMessages)
+		if err != nil {
+			return err
+		}
+		res.Rows = append(res.Rows, row)
 	}
-	res.Rows = append(res.Rows, row)
 	if res.Mode == "driver" {
 		if err := drv.Barrier(ctx); err != nil {
 			return err
@@ -204,7 +225,7 @@ func blank(v float64, f string) string {
 // amOpts are am's flags.
 type amOpts struct {
 	t                                   trafficFlags
-	sizeList                            string
+	sizeList, testList                  string
 	iters, messages, bwSize, bwMessages int
 	polling                             bool
 	spin                                time.Duration
@@ -219,6 +240,7 @@ func amFlags(fs *flag.FlagSet) *amOpts {
 		"connect to the other task at `HOST:PORT` (this one drives)",
 		"the other task is the other VM of a two-VM bench run (VM 1 drives)", "pvctl-am")
 	fs.StringVar(&o.sizeList, "sizes", "8,4096", fmt.Sprintf("message sizes for latency and rate (`LIST` of 0 to %d, comma-separated)", am.DefaultMaxMessage))
+	fs.StringVar(&o.testList, "tests", "latency,rate,bandwidth", "the tests to run (`LIST` of latency, rate and bandwidth, comma-separated; the raw rate goes with rate)")
 	fs.IntVar(&o.iters, "iters", 1000, "ping-pong round trips per size")
 	fs.IntVar(&o.messages, "messages", 20000, "messages per size for the rate")
 	fs.IntVar(&o.bwSize, "bw-size", 1<<20, "message size for the bandwidth")

@@ -19,7 +19,7 @@ func TestAMSizesParse(t *testing.T) {
 }
 
 func TestAMRefusesBadFlagsBeforeTouchingADevice(t *testing.T) {
-	for _, args := range [][]string{{"--sizes", "8,y"}, {"--iters", "0"}, {"--bw-messages", "-1"}, {"--nope"}} {
+	for _, args := range [][]string{{"--sizes", "8,y"}, {"--iters", "0"}, {"--bw-messages", "-1"}, {"--nope"}, {"--tests", "latency,speed"}, {"--tests", ""}} {
 		e, _, _ := testEnv(t)
 		assert.Error(t, cmdAM(e, args), "%v", args)
 	}

@@ -3,8 +3,10 @@ package main
 import (
 	"fmt"
 	"io"
+	"maps"
 	"math"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/vfrdma/vfrdma/qemu"
@@ -36,8 +38,10 @@ type roundTrips struct {
 	// Receive CQEs the VM's vCPU thread wrote (a POLL doorbell harvested
 	// the backend) and all of them, per VM (server 0, client 1).
 	byVCPU, cqes [2]int
-	// POLL doorbells per VM over the round trips broken down.
+	// POLL doorbells per VM over the round trips broken down, and every
+	// doorbell (an exit to the device) by kind.
 	polls [2]int
+	exits [2]map[string]int
 	// The transit to and the turnaround at each VM (server 0, client 1),
 	// split by who wrote the receive's CQE: [vm][0] its vCPU (a POLL
 	// doorbell's harvest), [vm][1] the device's completion thread.
@@ -45,20 +49,24 @@ type roundTrips struct {
 }
 
 // breakDown pairs the k-th SEND doorbell of one VM with the k-th receive
-// CQE of the other. The client is the VM whose first SEND came first.
-// A ping-pong rings one SEND doorbell per message and receives into one
-// QP, so the k-th of each is the k-th message; with anything else in the
-// run the pairs are wrong, and breakDown says so when the counts differ.
+// CQE of the other, on each VM's data path: the QP that rang the most SEND
+// doorbells, and the QP that took the most receives (what else the run
+// sent, a library's wire-up or its messages to itself, goes on other QPs).
+// The client is the VM whose first SEND came first. A ping-pong rings one
+// SEND doorbell per message and receives into one QP, so the k-th of each
+// is the k-th message; with anything else on those QPs the pairs are
+// wrong, and breakDown says so when the counts differ.
 func breakDown(vms [2][]qemu.DeviceEvent) (*roundTrips, error) {
 	var sends, recvs [2][]qemu.DeviceEvent
 	var vcpu [2]int
 	for v, evs := range vms {
+		sendQP, recvQP := busiest(evs)
 		for _, ev := range evs {
 			switch {
-			case ev.Kind == "QP SEND":
+			case ev.Kind == "QP SEND" && ev.Obj == sendQP:
 				sends[v] = append(sends[v], ev)
 				vcpu[v] = ev.Thread
-			case ev.Kind == qemu.CQEKind && ev.Opcode == qemu.CQERecv && ev.Status == 0:
+			case ev.Kind == qemu.CQEKind && ev.Opcode == qemu.CQERecv && ev.Status == 0 && ev.QPN == recvQP:
 				recvs[v] = append(recvs[v], ev)
 			}
 		}
@@ -109,9 +117,13 @@ func breakDown(vms [2][]qemu.DeviceEvent) (*roundTrips, error) {
 	first, last := sends[c][0].At, sends[c][n].At
 	for v, evs := range vms {
 		rv := role[v]
+		r.exits[rv] = map[string]int{}
 		for i, ev := range evs {
 			if ev.At.Before(first) || ev.At.After(last) {
 				continue
+			}
+			if ev.Kind != qemu.CQEKind {
+				r.exits[rv][ev.Kind]++
 			}
 			switch {
 			case ev.Kind == "CQ POLL":
@@ -131,6 +143,30 @@ func breakDown(vms [2][]qemu.DeviceEvent) (*roundTrips, error) {
 		}
 	}
 	return r, nil
+}
+
+// busiest returns the QP handle that rang the most SEND doorbells in a
+// VM's timeline, and the QP number that took the most good receives.
+func busiest(evs []qemu.DeviceEvent) (sendQP, recvQPN uint32) {
+	sends, recvs := map[uint32]int{}, map[uint32]int{}
+	for _, ev := range evs {
+		switch {
+		case ev.Kind == "QP SEND":
+			sends[ev.Obj]++
+		case ev.Kind == qemu.CQEKind && ev.Opcode == qemu.CQERecv && ev.Status == 0:
+			recvs[ev.QPN]++
+		}
+	}
+	top := func(m map[uint32]int) uint32 {
+		var best uint32
+		for k, n := range m {
+			if n > m[best] || n == m[best] && k < best {
+				best = k
+			}
+		}
+		return best
+	}
+	return top(sends), top(recvs)
 }
 
 // median of d (sorted in place), nearest rank; 0 if empty.
@@ -177,6 +213,14 @@ func (r *roundTrips) print(w io.Writer) {
 			per = float64(r.polls[rv]) / float64(r.n)
 		}
 		fmt.Fprintf(w, "  vm%d: %.1f POLL doorbells per round trip; %.0f%% of its receive CQEs written by its vCPU (a POLL doorbell's harvest), the rest by the device's completion thread\n", v, per, pct)
+		if r.n > 0 {
+			kinds := slices.Sorted(maps.Keys(r.exits[rv]))
+			var b strings.Builder
+			for _, k := range kinds {
+				fmt.Fprintf(&b, ", %s %.2f", k, float64(r.exits[rv][k])/float64(r.n))
+			}
+			fmt.Fprintf(w, "    doorbells (exits to the device) per round trip by kind%s\n", b.String())
+		}
 		for h, who := range []string{"its vCPU", "the completion thread"} {
 			if n := len(r.transitBy[rv][h]); n > 0 {
 				fmt.Fprintf(w, "    CQE written by %s (%d): transit to vm%d %s, turnaround %s\n", who, n, v, us(median(r.transitBy[rv][h])), us(median(r.turnBy[rv][h])))

@@ -2,6 +2,7 @@ package main
 
 import (
 	"bytes"
+	"slices"
 	"testing"
 	"time"
 
@@ -91,4 +92,36 @@ func TestTheTimelineReportsTheSendSpacingAndNotesARunThatIsNotAPingPong(t *testi
 	assert.Contains(t, out.String(), "vm1: 11 SEND doorbells, 20.0 µs apart (median; 90th percentile 20.0 µs)")
 	assert.Contains(t, out.String(), "no round trip broken down: vm0 rang no SEND doorbell")
 	assert.Equal(t, time.Duration(70), quantile([]time.Duration{10, 70, 30, 50}, 0.9))
+}
+
+// A ping-pong on one QP pair is broken down though the run sent more on
+// other QPs (a library's wire-up, a task's messages to itself): each VM's
+// data path is its busiest SEND QP and its busiest receiving QP. The
+// doorbells per round trip are counted by kind.
+func TestTheBreakdownFollowsTheDataQPsAndCountsDoorbellsByKind(t *testing.T) {
+	tl := pingpongTimelines(10)
+	at := func(us int) time.Time { return time.Unix(1000, 0).Add(time.Duration(us) * time.Microsecond) }
+	for v := range tl {
+		for i := range tl[v] {
+			if tl[v][i].Kind == "QP SEND" {
+				tl[v][i].Obj = 5
+			}
+			if tl[v][i].Kind == qemu.CQEKind {
+				tl[v][i].QPN = 0x20
+			}
+		}
+		// Wire-up before the ping-pong and a message to itself within it,
+		// on other QPs.
+		tl[v] = append([]qemu.DeviceEvent{{At: at(-50), Kind: "QP SEND", Obj: 9}, {At: at(-40), Kind: qemu.CQEKind, Opcode: qemu.CQERecv, QPN: 0x30}}, tl[v]...)
+		tl[v] = append(tl[v], qemu.DeviceEvent{At: at(1001), Kind: "QP SEND", Obj: 7}, qemu.DeviceEvent{At: at(1002), Kind: qemu.CQEKind, Opcode: qemu.CQERecv, QPN: 0x31})
+		slices.SortStableFunc(tl[v], func(a, b qemu.DeviceEvent) int { return a.At.Compare(b.At) })
+	}
+	r, err := breakDown(tl)
+	require.NoError(t, err)
+	assert.Equal(t, 9, r.n)
+	assert.Equal(t, 300*time.Microsecond, median(r.spans[4]))
+	assert.Equal(t, 9, r.exits[0]["QP RECV"])
+	var out bytes.Buffer
+	r.print(&out)
+	assert.Contains(t, out.String(), "doorbells (exits to the device) per round trip by kind, CQ POLL 0.56, QP RECV 1.00, QP SEND 1.")
 }
