@@ -117,6 +117,13 @@ func (c *Context) progress(ctx context.Context) {
 			idleSince = time.Time{}
 			pause = napMin
 			released = false
+			if idle {
+				// The CQ is drained: let the goroutines the round's
+				// handlers woke (a ping-pong's caller waiting for its
+				// answer) run before the next poll, which finds nothing
+				// and, with the POLL doorbell, costs an exit.
+				runtime.Gosched()
+			}
 			continue
 		}
 		if ctx.Err() != nil {

@@ -7,6 +7,7 @@ import (
 	"flag"
 	"fmt"
 	"strconv"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -123,7 +124,11 @@ func cmdAM(e *env, args []string) error {
 	var checked, bad atomic.Int64
 	pongs := make(chan error, 1)
 	for _, c := range tasks {
-		if err := amHandlers(c, &checked, &bad, pongs); err != nil {
+		install := amHandlers
+		if !o.check {
+			install = amHandlersUnchecked(max(slices.Max(sizes), bwSize))
+		}
+		if err := install(c, &checked, &bad, pongs); err != nil {
 			return err
 		}
 	}
@@ -158,7 +163,7 @@ func cmdAM(e *env, args []string) error {
 		if !tests["latency"] {
 			break
 		}
-		row, err := amLatency(ctx, drv, resp, size, iters, pongs)
+		row, err := amLatency(ctx, drv, resp, size, iters, pongs, o.check)
 		if err != nil {
 			return err
 		}
@@ -203,7 +208,11 @@ func cmdAM(e *env, args []string) error {
 	if res.Mode == "driver" {
 		what = "this task drives, the peer responds"
 	}
-	fmt.Fprintf(e.out, "active messages, %s (%s progress); every byte checked\n", what, res.Progress)
+	checking := "every byte checked"
+	if !o.check {
+		checking = "bytes not checked (--check=false)"
+	}
+	fmt.Fprintf(e.out, "active messages, %s (%s progress); %s\n", what, res.Progress, checking)
 	w := tabwriter.NewWriter(e.out, 2, 0, 2, ' ', tabwriter.AlignRight)
 	fmt.Fprintln(w, "test\tsize\tmessages\tµs/round trip\tmsg/s\tMB/s\tpackets/msg\tdoorbells/msg\traw msg/s\traw÷am\t")
 	for _, r := range res.Rows {
@@ -227,7 +236,7 @@ type amOpts struct {
 	t                                   trafficFlags
 	sizeList, testList                  string
 	iters, messages, bwSize, bwMessages int
-	polling                             bool
+	polling, check                      bool
 	spin                                time.Duration
 	credits                             int
 }
@@ -246,6 +255,7 @@ func amFlags(fs *flag.FlagSet) *amOpts {
 	fs.IntVar(&o.bwSize, "bw-size", 1<<20, "message size for the bandwidth")
 	fs.IntVar(&o.bwMessages, "bw-messages", 64, "messages for the bandwidth")
 	fs.BoolVar(&o.polling, "polling", false, "progress by polling without ever sleeping")
+	fs.BoolVar(&o.check, "check", true, "fill every message with a pattern and check every byte at its target (--check=false: send and answer with the same untouched buffers, as ucx_perftest does, to time the library alone)")
 	fs.IntVar(&o.credits, "credits", 0, fmt.Sprintf("packets in flight to the other task (am.Config.Credits; 0: the default, %d); both tasks must use the same", am.DefaultCredits))
 	fs.DurationVar(&o.spin, "spin", 0, "how long the progress goroutine polls an empty CQ before it sleeps or naps (am.Config.Spin; 0: the default, negative: none)")
 	fs.BoolVar(&o.t.pollDoorbell, "poll-doorbell", true, "an empty CQ poll rings the POLL doorbell, as rdma-core's provider does; on QEMU's device CQs are then never armed and the progress goroutine spins, then naps between polls (--poll-doorbell=false: it sleeps on the CQ's interrupt)")
@@ -416,13 +426,54 @@ func amHandlers(c *am.Context, checked, bad *atomic.Int64, pongs chan<- error) e
 	})
 }
 
+// amHandlersUnchecked registers handlers that do what ucx_perftest's do:
+// nothing with the bytes. The ping handler answers with a buffer of the
+// same length that nothing writes; data that comes in fragments lands in
+// one buffer per context that nothing reads (fragments land one message
+// at a time, on the progress goroutine). checked and bad stay 0.
+func amHandlersUnchecked(maxSize int) func(c *am.Context, checked, bad *atomic.Int64, pongs chan<- error) error {
+	answer, uh := make([]byte, maxSize), seqHeader(0)
+	return func(c *am.Context, _, _ *atomic.Int64, pongs chan<- error) error {
+		sink := make([]byte, maxSize)
+		err := c.SetHandler(amPing, func(a *am.Arrival) am.Return {
+			src, n := a.Src, a.Len
+			if a.Data != nil {
+				_ = c.Amsend(src, amPong, uh, answer[:n], am.Counters{})
+				return am.Return{}
+			}
+			return am.Return{Buf: sink[:n], Completion: func() { _ = c.Amsend(src, amPong, uh, answer[:n], am.Counters{}) }}
+		})
+		if err != nil {
+			return err
+		}
+		err = c.SetHandler(amPong, func(a *am.Arrival) am.Return {
+			if a.Data != nil {
+				pongs <- nil
+				return am.Return{}
+			}
+			return am.Return{Buf: sink[:a.Len], Completion: func() { pongs <- nil }}
+		})
+		if err != nil {
+			return err
+		}
+		return c.SetHandler(amSink, func(a *am.Arrival) am.Return {
+			if a.Data != nil {
+				return am.Return{}
+			}
+			return am.Return{Buf: sink[:a.Len]}
+		})
+	}
+}
+
 func seqHeader(seq int) []byte { return binary.LittleEndian.AppendUint64(nil, uint64(seq)) }
 
 // amLatency bounces size bytes between the driver and the responder.
-func amLatency(ctx context.Context, c *am.Context, resp, size, iters int, pongs <-chan error) (amRow, error) {
+func amLatency(ctx context.Context, c *am.Context, resp, size, iters int, pongs <-chan error, check bool) (amRow, error) {
 	data := make([]byte, size)
 	round := func(seq int) error {
-		pattern(data, seq)
+		if check {
+			pattern(data, seq)
+		}
 		if err := c.Amsend(resp, amPing, seqHeader(seq), data, am.Counters{}); err != nil {
 			return err
 		}

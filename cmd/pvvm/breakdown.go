@@ -6,6 +6,7 @@ import (
 	"maps"
 	"math"
 	"slices"
+	"sort"
 	"strings"
 	"time"
 
@@ -48,14 +49,17 @@ type roundTrips struct {
 	transitBy, turnBy [2][2][]time.Duration
 }
 
-// breakDown pairs the k-th SEND doorbell of one VM with the k-th receive
-// CQE of the other, on each VM's data path: the QP that rang the most SEND
-// doorbells, and the QP that took the most receives (what else the run
-// sent, a library's wire-up or its messages to itself, goes on other QPs).
-// The client is the VM whose first SEND came first. A ping-pong rings one
-// SEND doorbell per message and receives into one QP, so the k-th of each
-// is the k-th message; with anything else on those QPs the pairs are
-// wrong, and breakDown says so when the counts differ.
+// breakDown follows each round trip on the two VMs' data paths (each
+// VM's QP that rang the most SEND doorbells and QP that took the most
+// receives: what else the run sent, a library's wire-up or its messages
+// to itself, goes on other QPs). The client is the VM whose first SEND
+// came first. From each client SEND it takes the server's first receive
+// CQE after it, the server's first SEND after that, the client's first
+// receive CQE after that, and the client's first SEND after that: a round
+// trip when that is the client's next SEND; otherwise (something else
+// went on those QPs in between, a library's own control message or a
+// barrier) it is left out and counted as skipped, as is a round trip
+// whose server CQE the one before took.
 func breakDown(vms [2][]qemu.DeviceEvent) (*roundTrips, error) {
 	var sends, recvs [2][]qemu.DeviceEvent
 	var vcpu [2]int
@@ -80,32 +84,50 @@ func breakDown(vms [2][]qemu.DeviceEvent) (*roundTrips, error) {
 	if sends[1][0].At.Before(sends[0][0].At) {
 		c, s = 1, 0
 	}
-	// Round trip k: the client's send k and the server's echo k, then the
-	// client's send k+1.
-	n := min(len(sends[c])-1, len(recvs[s]), len(sends[s]), len(recvs[c]))
-	if n < 1 || len(sends[c]) != len(recvs[s]) || len(sends[s]) != len(recvs[c]) {
-		return nil, fmt.Errorf("the SEND doorbells and receive CQEs do not pair up as a ping-pong's: vm%d sent %d and vm%d received %d; vm%d sent %d and vm%d received %d",
-			c, len(sends[c]), s, len(recvs[s]), s, len(sends[s]), c, len(recvs[c]))
-	}
 	r := &roundTrips{client: c, server: s}
 	role := [2]int{} // VM index → 0 server, 1 client
 	role[c], role[s] = 1, 0
-	for k := 0; k < n; k++ {
-		t := [5]time.Time{sends[c][k].At, recvs[s][k].At, sends[s][k].At, recvs[c][k].At, sends[c][k+1].At}
-		ordered := true
-		for i := 1; i < len(t); i++ {
-			ordered = ordered && !t[i].Before(t[i-1])
+	// after returns the first of evs (in time order) at or after t.
+	after := func(evs []qemu.DeviceEvent, t time.Time) (qemu.DeviceEvent, bool) {
+		i := sort.Search(len(evs), func(i int) bool { return !evs[i].At.Before(t) })
+		if i == len(evs) {
+			return qemu.DeviceEvent{}, false
 		}
-		if !ordered {
+		return evs[i], true
+	}
+	var firstRT, lastRT, claimed time.Time // claimed: the server CQE the last round trip took
+	for k := 0; k+1 < len(sends[c]); k++ {
+		var cqeS, sendS, cqeC, next qemu.DeviceEvent
+		ok := true
+		for _, step := range []struct {
+			into *qemu.DeviceEvent
+			evs  []qemu.DeviceEvent
+			from *qemu.DeviceEvent
+		}{{&cqeS, recvs[s], &sends[c][k]}, {&sendS, sends[s], &cqeS}, {&cqeC, recvs[c], &sendS}, {&next, sends[c], &cqeC}} {
+			if ok {
+				*step.into, ok = after(step.evs, step.from.At)
+			}
+		}
+		if !ok {
+			break // the run ended before this round trip did
+		}
+		taken := cqeS.At.Equal(claimed) // a send that something else came after
+		claimed = cqeS.At
+		if next != sends[c][k+1] || taken {
 			r.skipped++
 			continue
 		}
+		t := [5]time.Time{sends[c][k].At, cqeS.At, sendS.At, cqeC.At, next.At}
+		if r.n == 0 {
+			firstRT = t[0]
+		}
+		lastRT = t[4]
 		r.n++
 		for i := 0; i < 4; i++ {
 			r.spans[i] = append(r.spans[i], t[i+1].Sub(t[i]))
 		}
 		r.spans[4] = append(r.spans[4], t[4].Sub(t[0]))
-		for rv, cqe := range [2]qemu.DeviceEvent{recvs[s][k], recvs[c][k]} {
+		for rv, cqe := range [2]qemu.DeviceEvent{cqeS, cqeC} {
 			h := 1
 			if cqe.Thread == vcpu[[2]int{s, c}[rv]] {
 				h = 0
@@ -114,7 +136,10 @@ func breakDown(vms [2][]qemu.DeviceEvent) (*roundTrips, error) {
 			r.turnBy[rv][h] = append(r.turnBy[rv][h], t[2*rv+2].Sub(t[2*rv+1]))
 		}
 	}
-	first, last := sends[c][0].At, sends[c][n].At
+	if r.n == 0 {
+		return nil, fmt.Errorf("no round trip: vm%d's SEND doorbells (%d) never met an answer from vm%d before the next (%d skipped)", c, len(sends[c]), s, r.skipped)
+	}
+	first, last := firstRT, lastRT
 	for v, evs := range vms {
 		rv := role[v]
 		r.exits[rv] = map[string]int{}

@@ -67,14 +67,38 @@ func TestTheBreakdownSplitsARoundTripIntoTransitsAndTurnarounds(t *testing.T) {
 }
 
 // Events that are not a ping-pong's are refused, not broken down wrongly:
-// a VM that never sent, and counts that do not pair up.
+// a VM that never sent, and a stream one way that the other end answers
+// once at the end. A round trip cut short by the end of the run is left
+// out, and one that something else came into the middle of is skipped.
 func TestTheBreakdownRefusesWhatIsNotAPingPong(t *testing.T) {
 	tl := pingpongTimelines(4)
 	_, err := breakDown([2][]qemu.DeviceEvent{tl[0], nil})
 	assert.ErrorContains(t, err, "rang no SEND doorbell")
+
+	var oneWay [2][]qemu.DeviceEvent
+	for _, ev := range tl[1] {
+		if ev.Kind == "QP SEND" {
+			oneWay[1] = append(oneWay[1], ev)
+		}
+	}
+	for _, ev := range tl[0] {
+		if ev.Kind == qemu.CQEKind {
+			oneWay[0] = append(oneWay[0], ev)
+		}
+	}
+	oneWay[0] = append(oneWay[0], qemu.DeviceEvent{At: time.Unix(1005, 0), Kind: "QP SEND"})
+	_, err = breakDown(oneWay)
+	assert.ErrorContains(t, err, "no round trip")
+
+	tl = pingpongTimelines(5)
 	tl[0] = tl[0][:len(tl[0])-1] // vm0's last echo never sent
-	_, err = breakDown(tl)
-	assert.ErrorContains(t, err, "do not pair up")
+	// vm1 sends once more between its second send and the answer to it.
+	tl[1] = append(tl[1], qemu.DeviceEvent{At: time.Unix(1000, 0).Add(310 * time.Microsecond), Kind: "QP SEND"})
+	slices.SortStableFunc(tl[1], func(a, b qemu.DeviceEvent) int { return a.At.Compare(b.At) })
+	r, err := breakDown(tl)
+	require.NoError(t, err)
+	assert.Equal(t, 3, r.n, "the last round trip was cut short")
+	assert.Equal(t, 2, r.skipped, "the send in the middle: the round trips on either side of it")
 }
 
 // Every run with -timeline reports how far apart each VM's SEND doorbells
