@@ -39,6 +39,18 @@ type amRow struct {
 	// same run, and how many times faster that is.
 	RawMessagesPerSec float64 `json:"raw_messages_per_s,omitempty"`
 	RawOverAM         float64 `json:"raw_over_am,omitempty"`
+	// Latency, at the driver, on the guest's clock (medians): from the
+	// answer's handler (its first packet taken) to the caller waiting for
+	// it running again, and from there to the next request's Amsend
+	// returning (its doorbell rung).
+	HandlerToCallerUS float64 `json:"handler_to_caller_us,omitempty"`
+	CallerToSentUS    float64 `json:"caller_to_sent_us,omitempty"`
+}
+
+// pong is an answer's verdict, and when its handler took it.
+type pong struct {
+	err error
+	at  time.Time
 }
 
 type amResult struct {
@@ -122,7 +134,7 @@ func cmdAM(e *env, args []string) error {
 		}
 	}()
 	var checked, bad atomic.Int64
-	pongs := make(chan error, 1)
+	pongs := make(chan pong, 1)
 	for _, c := range tasks {
 		install := amHandlers
 		if !o.check {
@@ -220,7 +232,25 @@ func cmdAM(e *env, args []string) error {
 			blank(r.RoundTripUS, "%.1f"), blank(r.MessagesPerSec, "%.0f"), blank(r.MBPerSec, "%.1f"),
 			r.PacketsPerMsg, r.DoorbellsPerMsg, blank(r.RawMessagesPerSec, "%.0f"), blank(r.RawOverAM, "%.2f"))
 	}
-	return w.Flush()
+	if err := w.Flush(); err != nil {
+		return err
+	}
+	for _, r := range res.Rows {
+		if r.Test == "latency" && res.Mode != "responder" {
+			fmt.Fprintf(e.out, "latency %d B at the driver (guest clock, medians): answer's handler → caller running %.1f µs, caller → next Amsend returned (doorbell rung) %.1f µs\n",
+				r.Size, r.HandlerToCallerUS, r.CallerToSentUS)
+		}
+	}
+	return nil
+}
+
+// medianDuration is the median of d (sorted in place), 0 if empty.
+func medianDuration(d []time.Duration) time.Duration {
+	if len(d) == 0 {
+		return 0
+	}
+	slices.Sort(d)
+	return d[(len(d)-1)/2]
 }
 
 // blank formats v, or nothing for 0.
@@ -376,7 +406,7 @@ func (p amPeerExchange) AllGather(ctx context.Context, mine []byte) ([][]byte, e
 // message's data is pattern(seq) with seq in its user header; checked
 // counts the messages checked, bad those with a wrong byte; pongs gets
 // each answer's verdict.
-func amHandlers(c *am.Context, checked, bad *atomic.Int64, pongs chan<- error) error {
+func amHandlers(c *am.Context, checked, bad *atomic.Int64, pongs chan<- pong) error {
 	check := func(b []byte, seq int) error {
 		checked.Add(1)
 		if err := checkPattern(b, seq); err != nil {
@@ -406,11 +436,13 @@ func amHandlers(c *am.Context, checked, bad *atomic.Int64, pongs chan<- error) e
 	err = c.SetHandler(amPong, func(a *am.Arrival) am.Return {
 		seq := int(binary.LittleEndian.Uint64(a.UHdr))
 		if a.Data != nil {
-			pongs <- check(a.Data, seq)
+			at := time.Now()
+			pongs <- pong{check(a.Data, seq), at}
 			return am.Return{}
 		}
 		buf := make([]byte, a.Len)
-		return am.Return{Buf: buf, Completion: func() { pongs <- check(buf, seq) }}
+		at := time.Now()
+		return am.Return{Buf: buf, Completion: func() { pongs <- pong{check(buf, seq), at} }}
 	})
 	if err != nil {
 		return err
@@ -431,9 +463,9 @@ func amHandlers(c *am.Context, checked, bad *atomic.Int64, pongs chan<- error) e
 // same length that nothing writes; data that comes in fragments lands in
 // one buffer per context that nothing reads (fragments land one message
 // at a time, on the progress goroutine). checked and bad stay 0.
-func amHandlersUnchecked(maxSize int) func(c *am.Context, checked, bad *atomic.Int64, pongs chan<- error) error {
+func amHandlersUnchecked(maxSize int) func(c *am.Context, checked, bad *atomic.Int64, pongs chan<- pong) error {
 	answer, uh := make([]byte, maxSize), seqHeader(0)
-	return func(c *am.Context, _, _ *atomic.Int64, pongs chan<- error) error {
+	return func(c *am.Context, _, _ *atomic.Int64, pongs chan<- pong) error {
 		sink := make([]byte, maxSize)
 		err := c.SetHandler(amPing, func(a *am.Arrival) am.Return {
 			src, n := a.Src, a.Len
@@ -447,11 +479,12 @@ func amHandlersUnchecked(maxSize int) func(c *am.Context, checked, bad *atomic.I
 			return err
 		}
 		err = c.SetHandler(amPong, func(a *am.Arrival) am.Return {
+			at := time.Now()
 			if a.Data != nil {
-				pongs <- nil
+				pongs <- pong{at: at}
 				return am.Return{}
 			}
-			return am.Return{Buf: sink[:a.Len], Completion: func() { pongs <- nil }}
+			return am.Return{Buf: sink[:a.Len], Completion: func() { pongs <- pong{at: at} }}
 		})
 		if err != nil {
 			return err
@@ -468,8 +501,12 @@ func amHandlersUnchecked(maxSize int) func(c *am.Context, checked, bad *atomic.I
 func seqHeader(seq int) []byte { return binary.LittleEndian.AppendUint64(nil, uint64(seq)) }
 
 // amLatency bounces size bytes between the driver and the responder.
-func amLatency(ctx context.Context, c *am.Context, resp, size, iters int, pongs <-chan error, check bool) (amRow, error) {
+func amLatency(ctx context.Context, c *am.Context, resp, size, iters int, pongs <-chan pong, check bool) (amRow, error) {
 	data := make([]byte, size)
+	var resumed time.Time // when the caller ran again after the last answer
+	h2c := make([]time.Duration, 0, iters)
+	c2s := make([]time.Duration, 0, iters)
+	measure := false
 	round := func(seq int) error {
 		if check {
 			pattern(data, seq)
@@ -477,9 +514,16 @@ func amLatency(ctx context.Context, c *am.Context, resp, size, iters int, pongs 
 		if err := c.Amsend(resp, amPing, seqHeader(seq), data, am.Counters{}); err != nil {
 			return err
 		}
+		if measure && !resumed.IsZero() {
+			c2s = append(c2s, time.Since(resumed))
+		}
 		select {
-		case err := <-pongs:
-			return err
+		case p := <-pongs:
+			resumed = time.Now()
+			if measure {
+				h2c = append(h2c, resumed.Sub(p.at))
+			}
+			return p.err
 		case <-ctx.Done():
 			return fmt.Errorf("no answer to round trip %d: %w", seq, ctx.Err())
 		}
@@ -490,6 +534,7 @@ func amLatency(ctx context.Context, c *am.Context, resp, size, iters int, pongs 
 		}
 	}
 	before := c.Stats()
+	measure, resumed = true, time.Time{}
 	start := time.Now()
 	for i := range iters {
 		if err := round(i); err != nil {
@@ -499,8 +544,9 @@ func amLatency(ctx context.Context, c *am.Context, resp, size, iters int, pongs 
 	el := time.Since(start)
 	after := c.Stats()
 	return amRow{Test: "latency", Size: size, Messages: iters, Seconds: el.Seconds(), RoundTripUS: us(el) / float64(iters),
-		PacketsPerMsg:   float64(after.Packets-before.Packets) / float64(iters),
-		DoorbellsPerMsg: float64(after.Doorbells-before.Doorbells) / float64(iters)}, nil
+		PacketsPerMsg:     float64(after.Packets-before.Packets) / float64(iters),
+		DoorbellsPerMsg:   float64(after.Doorbells-before.Doorbells) / float64(iters),
+		HandlerToCallerUS: us(medianDuration(h2c)), CallerToSentUS: us(medianDuration(c2s))}, nil
 }
 
 // amRate sends messages of size bytes one way and waits until the
