@@ -5,7 +5,7 @@
 # floor the backend sets, UCX between two processes on the host over the
 # backend with no emulator (scripts/ucxhost.sh). Every figure is the
 # median of REPS runs, with the range beside it; the runs are interleaved
-# (round r runs UCX at every size, then am, then UCX on the host), so the
+# (round r runs UCX at every size, then am unchecked and checked, then UCX on the host), so the
 # bench's drift over the invocation falls on all alike. A UCX size that
 # fails shows "failed" in its rows; the script goes on.
 #
@@ -77,18 +77,24 @@ for ((rep = 0; rep < REPS; rep++)); do
     done
   done
 
-  # vfrdma: pvctl am between two vfrdma guests (VM 1 drives).
+  # vfrdma: pvctl am between two vfrdma guests (VM 1 drives): as
+  # ucx_perftest runs (the bytes untouched: --check=false), then with its
+  # default, every message filled with a pattern and every byte checked.
   sizes=$(IFS=,; echo "${SIZES[*]}")
-  if run -- am --vm --sizes "$sizes" --bw-size "$BW" --iters "$ITERS" --messages "$MSGS" --bw-messages "$BWMSGS"; then
-    for size in "${SIZES[@]}"; do
-      add "am,rt,$size" "$(amrow latency "$size" 5)"
-      add "am,rate,$size" "$(amrow rate "$size" 5)"
-    done
-    add "am,mbs,$BW" "$(amrow bandwidth "$BW" 5)"
-  else
-    echo "amside: pvctl am failed; the last lines:" >&2
-    echo "$out" | grep -v 'QEMU stack' | tail -8 >&2
-  fi
+  for check in false true; do
+    key=am
+    [ $check = true ] && key=amchk
+    if run -- am --vm --check=$check --sizes "$sizes" --bw-size "$BW" --iters "$ITERS" --messages "$MSGS" --bw-messages "$BWMSGS"; then
+      for size in "${SIZES[@]}"; do
+        add "$key,rt,$size" "$(amrow latency "$size" 5)"
+        add "$key,rate,$size" "$(amrow rate "$size" 5)"
+      done
+      add "$key,mbs,$BW" "$(amrow bandwidth "$BW" 5)"
+    else
+      echo "amside: pvctl am --check=$check failed; the last lines:" >&2
+      echo "$out" | grep -v 'QEMU stack' | tail -8 >&2
+    fi
+  done
 
   # UCX on the host over the backend (Final: field 5 one-way µs, 9 msg/s,
   # 7 MB/s).
@@ -122,21 +128,23 @@ cell() { # KEY FORMAT: "median (min–max)", or "failed" for a UCX size that fai
   printf "%$2%s" "$m" "${r:+ ($r)}"
 }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a != "-" && b != "-" && b > 0) printf "%.2f", a / b; else print "-" }'; }
-row() { printf "| %-8s | %-26s | %-26s | %-26s | %-7s | %-26s |\n" "$@"; }
-lrow() { printf "| %-8s | %-27s | %-26s | %-26s | %-7s | %-26s |\n" "$@"; } # printf pads bytes: "µ" is two
+row() { printf "| %-8s | %-26s | %-26s | %-26s | %-7s | %-26s | %-26s |\n" "$@"; }
+lrow() { printf "| %-8s | %-27s | %-26s | %-26s | %-7s | %-26s | %-26s |\n" "$@"; } # printf pads bytes: "µ" is two
 echo
 echo "Active messages between two guests on the same bench (QEMU 7.2 pvrdma under TCG, the softverbs backend):"
 echo "UCX 1.13 ucp_am (ucx_perftest, rc_verbs on Linux's vmw_pvrdma) beside vfrdma's am (pvctl am --vm)."
 echo "Medians of $REPS interleaved runs (range in brackets); $ITERS round trips per latency run, $MSGS messages per"
 echo "rate run, $BWMSGS for 1 MiB. Round trip: am's mean, and twice ucp_am_lat's one-way average."
+echo "vfrdma am: pvctl am --check=false, the bytes untouched as ucx_perftest leaves them (am/UCX compares these);"
+echo "checked: pvctl am's default, every message filled with a pattern and every byte checked at its target."
 echo "UCX on the host: two host processes over the backend, no emulator (scripts/ucxhost.sh)."
 echo
-row size figure "UCX ucp_am" "vfrdma am" "am/UCX" "UCX on the host"
-printf "|%s|%s|%s|%s|%s|%s|\n" ---------- ---------------------------- ---------------------------- ---------------------------- --------- ----------------------------
+row size figure "UCX ucp_am" "vfrdma am" "am/UCX" "vfrdma am, checked" "UCX on the host"
+printf "|%s|%s|%s|%s|%s|%s|%s|\n" ---------- ---------------------------- ---------------------------- ---------------------------- --------- ---------------------------- ----------------------------
 for size in "${SIZES[@]}"; do
-  lrow "$size" "round trip µs (mean)" "$(cell "ucx,rt,$size" .1f)" "$(cell "am,rt,$size" .1f)" "$(ratio "$(med "am,rt,$size")" "$(med "ucx,rt,$size")")" "$(cell "host,rt,$size" .1f)"
-  row "$size" "msg/s" "$(cell "ucx,rate,$size" .0f)" "$(cell "am,rate,$size" .0f)" "$(ratio "$(med "am,rate,$size")" "$(med "ucx,rate,$size")")" "$(cell "host,rate,$size" .0f)"
+  lrow "$size" "round trip µs (mean)" "$(cell "ucx,rt,$size" .1f)" "$(cell "am,rt,$size" .1f)" "$(ratio "$(med "am,rt,$size")" "$(med "ucx,rt,$size")")" "$(cell "amchk,rt,$size" .1f)" "$(cell "host,rt,$size" .1f)"
+  row "$size" "msg/s" "$(cell "ucx,rate,$size" .0f)" "$(cell "am,rate,$size" .0f)" "$(ratio "$(med "am,rate,$size")" "$(med "ucx,rate,$size")")" "$(cell "amchk,rate,$size" .0f)" "$(cell "host,rate,$size" .0f)"
 done
-row "$BW" "MB/s" "$(cell "ucx,mbs,$BW" .1f)" "$(cell "am,mbs,$BW" .1f)" "$(ratio "$(med "am,mbs,$BW")" "$(med "ucx,mbs,$BW")")" "$(cell "host,mbs,$BW" .1f)"
+row "$BW" "MB/s" "$(cell "ucx,mbs,$BW" .1f)" "$(cell "am,mbs,$BW" .1f)" "$(ratio "$(med "am,mbs,$BW")" "$(med "ucx,mbs,$BW")")" "$(cell "amchk,mbs,$BW" .1f)" "$(cell "host,mbs,$BW" .1f)"
 echo
 echo "am/UCX: above 1 is am slower for round trips, faster for msg/s and MB/s."
