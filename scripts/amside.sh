@@ -39,7 +39,7 @@ finals() { echo "$out" | awk -v n="$1" '$1 == "vm1:" && $2 == "Final:" { print $
 # hostfinal N: field N of a host run's "Final:" line.
 hostfinal() { echo "$out" | awk -v n="$1" '$1 == "Final:" { print $n }'; }
 # amrow TEST SIZE N: field N of pvctl am's row (the driving task, VM 1).
-amrow() { echo "$out" | awk -v t="$1" -v s="$2" -v n="$3" '$1 == "vm1:" && $2 == t && $3 == s { print $n }'; }
+amrow() { echo "$out" | awk -v t="$1" -v s="$2" -v n="$3" '$1 == "vm1:" && $2 == t && $3 == s && $4 ~ /^[0-9]+$/ { print $n }'; }
 
 for ((rep = 0; rep < REPS; rep++)); do
   # UCX: one boot per size, latency then rate (1 MiB: bandwidth only); VM 0
