@@ -159,6 +159,7 @@ func cmdAM(e *env, args []string) error {
 			}
 		} else {
 			fmt.Fprintf(e.out, "am responder: %d messages checked, %d bad\n", res.Checked, bad.Load())
+			fmt.Fprintln(e.out, amStatsLine(c.Stats()))
 		}
 		if bad.Load() > 0 {
 			return fmt.Errorf("%d messages arrived with wrong bytes", bad.Load())
@@ -235,6 +236,7 @@ func cmdAM(e *env, args []string) error {
 	if err := w.Flush(); err != nil {
 		return err
 	}
+	fmt.Fprintln(e.out, amStatsLine(drv.Stats()))
 	for _, r := range res.Rows {
 		if r.Test == "latency" && res.Mode != "responder" {
 			fmt.Fprintf(e.out, "latency %d B at the driver (guest clock, medians): answer's handler → caller running %.1f µs, caller → next Amsend returned (doorbell rung) %.1f µs\n",
@@ -242,6 +244,13 @@ func cmdAM(e *env, args []string) error {
 		}
 	}
 	return nil
+}
+
+// amStatsLine is a task's whole run in one line: its messages, and its
+// packets and doorbells by kind.
+func amStatsLine(s am.Stats) string {
+	return fmt.Sprintf("am stats: %d messages sent, %d received; %d data packets, %d control packets (credits and acknowledgements), %d acknowledgements rode on data packets; %d doorbells, %d of them receive buffers back to the SRQ; %d credit stalls",
+		s.Sent, s.Received, s.Packets, s.CtrlPackets, s.RideAcks, s.Doorbells, s.RecvDoorbells, s.CreditStalls)
 }
 
 // medianDuration is the median of d (sorted in place), 0 if empty.
