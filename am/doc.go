@@ -84,8 +84,9 @@
 // sending; an Amsend made while the progress goroutine runs a round of
 // handlers goes at the round's end, with what the round gathered. Taken
 // buffers go back to the SRQ 16 at a time (at most half the credits),
-// or once the goroutine has been idle for the same 200 µs, one doorbell
-// each time; their credits go back after them.
+// or once the goroutine has been idle for the same 200 µs (at once when
+// idle, for a goroutine that does not spin), one doorbell each time;
+// their credits go back after them.
 //
 // # Progress
 //

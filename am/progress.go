@@ -84,9 +84,9 @@ func (c *Context) progress(ctx context.Context) {
 		}
 		release = false
 		// The buffers go back in a batch, or once the goroutine has been
-		// idle for the hold: off a ping-pong's critical path, one doorbell
-		// for many in a stream.
-		rang := len(reposts) >= c.repostBatch || len(reposts) > 0 && (c.ackHold == 0 || idle && now.Sub(heldAt) >= c.ackHold)
+		// idle for the hold (at once when idle, without one): off a
+		// ping-pong's critical path, one doorbell for many in a stream.
+		rang := len(reposts) >= c.repostBatch || len(reposts) > 0 && idle && now.Sub(heldAt) >= c.ackHold
 		if rang {
 			if _, err := c.srq.PostRecv(reposts, 0); err != nil {
 				c.die(fmt.Errorf("am: reposting receive buffers: %w", err))

@@ -495,15 +495,23 @@ func TestTakenBuffersGoBackToTheSRQInBatches(t *testing.T) {
 		require.NoError(t, c.SetHandler(1, func(*Arrival) Return { return Return{} }))
 	}
 	ctx := withTimeout(t, time.Minute)
-	const messages = 16 * repostBatch
 	cmpl := NewCounter()
-	for range messages {
-		require.NoError(t, cs[0].Amsend(1, 1, nil, make([]byte, 8), Counters{Cmpl: cmpl}))
+	send := func(n int) {
+		t.Helper()
+		for range n {
+			require.NoError(t, cs[0].Amsend(1, 1, nil, make([]byte, 8), Counters{Cmpl: cmpl}))
+		}
+		_, err := cmpl.Wait(ctx, int64(n)) // taken, and acknowledged
+		require.NoError(t, err)
 	}
-	_, err := cmpl.Wait(ctx, messages)
-	require.NoError(t, err)
+	send(repostBatch - 1)
+	assert.Zero(t, cs[1].Stats().RecvDoorbells, "one buffer short of a batch: all held")
+	send(1)
+	assert.EqualValues(t, 1, cs[1].Stats().RecvDoorbells, "a batch: one doorbell")
+	const more = 8 * repostBatch
+	send(more)
 	st := cs[1].Stats()
-	assert.EqualValues(t, messages, st.Received)
-	assert.LessOrEqual(t, st.RecvDoorbells, uint64(messages/repostBatch))
+	assert.EqualValues(t, repostBatch+more, st.Received)
+	assert.LessOrEqual(t, st.RecvDoorbells, uint64(1+more/repostBatch))
 	assert.Positive(t, st.RecvDoorbells)
 }

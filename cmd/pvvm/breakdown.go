@@ -74,6 +74,11 @@ func breakDown(vms [2][]qemu.DeviceEvent) (*roundTrips, error) {
 				recvs[v] = append(recvs[v], ev)
 			}
 		}
+		// Two threads write a VM's log (the vCPU's, the completion
+		// thread's): put each list in time order for the searches below.
+		byTime := func(a, b qemu.DeviceEvent) int { return a.At.Compare(b.At) }
+		slices.SortStableFunc(sends[v], byTime)
+		slices.SortStableFunc(recvs[v], byTime)
 	}
 	for v := range sends {
 		if len(sends[v]) == 0 {
@@ -111,7 +116,7 @@ func breakDown(vms [2][]qemu.DeviceEvent) (*roundTrips, error) {
 		if !ok {
 			break // the run ended before this round trip did
 		}
-		taken := cqeS.At.Equal(claimed) // a send that something else came after
+		taken := cqeS.At.Equal(claimed) // the round trip before took this CQE: this send was not answered on its own
 		claimed = cqeS.At
 		if next != sends[c][k+1] || taken {
 			r.skipped++
