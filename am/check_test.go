@@ -36,6 +36,17 @@ func newPeerJob(t *testing.T) *peerJob {
 	return j
 }
 
+// awaiting makes message id to task 1 one sent and awaiting its
+// acknowledgement, and returns its Cmpl counter.
+func (j *peerJob) awaiting(id uint32) *Counter {
+	cmpl := NewCounter()
+	j.c.mu.Lock()
+	j.c.conns[1].sent[id] = &outMsg{id: id, cmpl: cmpl}
+	j.c.pending++
+	j.c.mu.Unlock()
+	return cmpl
+}
+
 // send completes packet b from task src in the next receive buffer.
 func (j *peerJob) send(t *testing.T, src int, b []byte) {
 	t.Helper()
@@ -401,12 +412,7 @@ func TestZeroCounterIsReadyToUse(t *testing.T) {
 // refused; the acks before it in the packet are taken.
 func TestAckOfAMessageNotAwaitingOneIsRefused(t *testing.T) {
 	j := newPeerJob(t)
-	c := j.c
-	cmpl := NewCounter()
-	c.mu.Lock()
-	c.conns[1].sent[0] = &outMsg{id: 0, cmpl: cmpl}
-	c.pending = 1
-	c.mu.Unlock()
+	cmpl := j.awaiting(0)
 	acks := func(ids ...uint32) []byte {
 		var b []byte
 		for _, id := range ids {
@@ -428,12 +434,7 @@ func TestAckOfAMessageNotAwaitingOneIsRefused(t *testing.T) {
 // one of anything else purges the sender.
 func TestRidingAckOfAMessageNotAwaitingOneIsRefused(t *testing.T) {
 	j := newPeerJob(t)
-	c := j.c
-	cmpl := NewCounter()
-	c.mu.Lock()
-	c.conns[1].sent[0] = &outMsg{id: 0, cmpl: cmpl}
-	c.pending = 1
-	c.mu.Unlock()
+	cmpl := j.awaiting(0)
 	j.send(t, 1, pkt(header{kind: kindEager, handler: 1, id: 0, length: 2, flags: flagAcksOne, offset: 0}, []byte("hi")))
 	assert.EqualValues(t, 1, cmpl.Get(), "the ack is taken")
 	assert.Equal(t, 1, j.ready, "and the message it rode on")

@@ -428,11 +428,7 @@ func TestAnAcknowledgementNoOneWaitsForRidesOnTheNextMessage(t *testing.T) {
 // it goes in a control packet as soon as the target is idle, though no
 // data packet goes back.
 func TestAnAcknowledgementItsOriginWaitsForGoesAtOnce(t *testing.T) {
-	d := openDevice(t)
-	cs := newJob(t, d, 2, Config{Polling: true, ackHold: time.Hour})
-	for _, c := range cs {
-		require.NoError(t, c.SetHandler(1, func(*Arrival) Return { return Return{} }))
-	}
+	cs := pollingJob(t, time.Hour)
 	ctx := withTimeout(t, time.Minute)
 	cmpl := NewCounter()
 	require.NoError(t, cs[0].Amsend(1, 1, nil, make([]byte, 8), Counters{Cmpl: cmpl}))
@@ -445,11 +441,7 @@ func TestAnAcknowledgementItsOriginWaitsForGoesAtOnce(t *testing.T) {
 // A held acknowledgement goes alone once it has waited the hold with no
 // data packet to ride on: a Fence with nothing coming back returns.
 func TestAHeldAcknowledgementGoesAloneAfterTheHold(t *testing.T) {
-	d := openDevice(t)
-	cs := newJob(t, d, 2, Config{Polling: true, ackHold: 20 * time.Millisecond})
-	for _, c := range cs {
-		require.NoError(t, c.SetHandler(1, func(*Arrival) Return { return Return{} }))
-	}
+	cs := pollingJob(t, 20 * time.Millisecond)
 	ctx := withTimeout(t, time.Minute)
 	require.NoError(t, cs[0].Amsend(1, 1, nil, make([]byte, 8), Counters{}))
 	require.NoError(t, cs[0].Fence(ctx))
@@ -489,11 +481,7 @@ func TestAnAnswerFromAHandlerCarriesTheAcknowledgement(t *testing.T) {
 // repostBatch at a time, one doorbell each batch, and their credits with
 // them. The hold is an hour: only a full batch goes back.
 func TestTakenBuffersGoBackToTheSRQInBatches(t *testing.T) {
-	d := openDevice(t)
-	cs := newJob(t, d, 2, Config{Polling: true, ackHold: time.Hour})
-	for _, c := range cs {
-		require.NoError(t, c.SetHandler(1, func(*Arrival) Return { return Return{} }))
-	}
+	cs := pollingJob(t, time.Hour)
 	ctx := withTimeout(t, time.Minute)
 	cmpl := NewCounter()
 	send := func(n int) {
@@ -514,4 +502,16 @@ func TestTakenBuffersGoBackToTheSRQInBatches(t *testing.T) {
 	assert.EqualValues(t, repostBatch+more, st.Received)
 	assert.LessOrEqual(t, st.RecvDoorbells, uint64(1+more/repostBatch))
 	assert.Positive(t, st.RecvDoorbells)
+}
+
+// pollingJob is a two-task job on one model whose progress goroutines
+// poll, holding acknowledgements back for hold, with a handler at index 1
+// that takes every message in the call.
+func pollingJob(t *testing.T, hold time.Duration) []*Context {
+	t.Helper()
+	cs := newJob(t, openDevice(t), 2, Config{Polling: true, ackHold: hold})
+	for _, c := range cs {
+		require.NoError(t, c.SetHandler(1, func(*Arrival) Return { return Return{} }))
+	}
+	return cs
 }
