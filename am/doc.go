@@ -77,8 +77,10 @@
 // the progress goroutine runs out of work with acknowledgements waiting
 // that their origin waits for (the message had a Cmpl counter) or that
 // have waited 200 µs for a data packet to ride on (at most half the spin: a
-// goroutine that does not spin holds nothing back). A Fence therefore
-// waits at most that much longer for messages sent without Cmpl.
+// goroutine that does not spin holds nothing back; one queued while the
+// goroutine naps goes at its first wake after that, a nap being at most
+// 1 ms). A Fence therefore waits at most that much longer for messages
+// sent without Cmpl.
 //
 // Packets are posted deferred and one doorbell rings per QP per round of
 // sending; an Amsend made while the progress goroutine runs a round of

@@ -24,10 +24,11 @@ func (c *Context) progress(ctx context.Context) {
 	// doorbell, and their credits with them.
 	reposts := make([]vfrdma.RecvWR, 0, c.bufs)
 	sges := make([]vfrdma.SGE, c.bufs)
+	// What is held back goes within the spin (the hold is at most half
+	// of it, and every spinning round looks), so nothing is held when the
+	// goroutine sleeps; a napping one lets it go at its first round after
+	// the hold (a nap is at most napMax).
 	var heldAt time.Time
-	// Before it naps or sleeps, the goroutine lets go of what it holds
-	// back (release), once per idle spell (released).
-	var release, released bool
 	var idleSince time.Time // when polls began to find nothing (Config.Spin)
 	// A napping goroutine's pause doubles from napMin to napMax while
 	// nothing arrives; one timer serves every nap.
@@ -78,11 +79,7 @@ func (c *Context) progress(ctx context.Context) {
 		var now time.Time // for what is held back
 		if idle && c.ackHold > 0 {
 			now = time.Now()
-			if release {
-				now = now.Add(c.ackHold) // as if held the whole hold
-			}
 		}
-		release = false
 		// The buffers go back in a batch, or once the goroutine has been
 		// idle for the hold (at once when idle, without one): off a
 		// ping-pong's critical path, one doorbell for many in a stream.
@@ -116,7 +113,6 @@ func (c *Context) progress(ctx context.Context) {
 		if n > 0 {
 			idleSince = time.Time{}
 			pause = napMin
-			released = false
 			if idle {
 				// The CQ is drained: let the goroutines the round's
 				// handlers woke (a ping-pong's caller waiting for its
@@ -144,15 +140,10 @@ func (c *Context) progress(ctx context.Context) {
 				runtime.Gosched()
 				continue
 			}
+			if !c.napping { // a napper's idle spell goes on between naps
+				idleSince = time.Time{}
+			}
 		}
-		if !released && (len(reposts) > 0 || c.acksWaiting()) {
-			release, released = true, true
-			continue
-		}
-		if c.spin > 0 && !c.napping { // a napper's idle spell goes on between naps
-			idleSince = time.Time{}
-		}
-		released = false // once more after the nap or sleep
 		if c.napping {
 			if !c.napFor(ctx, nap, pause) {
 				return
@@ -176,18 +167,6 @@ func (c *Context) progress(ctx context.Context) {
 			return
 		}
 	}
-}
-
-// acksWaiting reports whether a task has acknowledgements waiting to go.
-func (c *Context) acksWaiting() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for _, cn := range c.conns {
-		if len(cn.acks) > 0 && cn.err == nil {
-			return true
-		}
-	}
-	return false
 }
 
 // A napping progress goroutine's pauses: from napMin, doubling while
@@ -404,7 +383,7 @@ func (c *Context) take(cn *conn, b []byte) {
 	}
 	if h.kind != kindFrag {
 		cn.rxNext++
-		if k := h.rideAcks(); k > 0 {
+		if k := h.rideAcks(); k > 0 { // mutation: equivalent — >= instead: with k == 0 acked takes an empty list, which changes nothing
 			if err := c.acked(cn, b[24:24+4*k]); err != nil {
 				c.mu.Unlock()
 				c.refuse(cn, err)

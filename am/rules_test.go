@@ -436,12 +436,21 @@ func TestAnAcknowledgementItsOriginWaitsForGoesAtOnce(t *testing.T) {
 	require.NoError(t, err)
 	assert.EqualValues(t, 1, cs[1].Stats().CtrlPackets)
 	assert.Zero(t, cs[1].Stats().RideAcks)
+
+	// The next message's origin waits for nothing: its acknowledgement is
+	// held again, and rides on the answer.
+	require.NoError(t, cs[0].Amsend(1, 1, nil, make([]byte, 8), Counters{}))
+	require.Eventually(t, func() bool { return cs[1].Stats().Received == 2 }, time.Minute, time.Millisecond)
+	require.NoError(t, cs[1].Amsend(0, 1, nil, make([]byte, 8), Counters{}))
+	require.NoError(t, cs[0].Fence(ctx))
+	assert.EqualValues(t, 1, cs[1].Stats().CtrlPackets, "no second control packet")
+	assert.EqualValues(t, 1, cs[1].Stats().RideAcks)
 }
 
 // A held acknowledgement goes alone once it has waited the hold with no
 // data packet to ride on: a Fence with nothing coming back returns.
 func TestAHeldAcknowledgementGoesAloneAfterTheHold(t *testing.T) {
-	cs := pollingJob(t, 20 * time.Millisecond)
+	cs := pollingJob(t, 20*time.Millisecond)
 	ctx := withTimeout(t, time.Minute)
 	require.NoError(t, cs[0].Amsend(1, 1, nil, make([]byte, 8), Counters{}))
 	require.NoError(t, cs[0].Fence(ctx))
