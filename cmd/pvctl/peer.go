@@ -295,7 +295,9 @@ func (p *peerFlags) open(ctx context.Context) (exchanger, error) {
 			return &tcpExchange{c: c}, nil
 		case ctx.Err() != nil:
 			return nil, fmt.Errorf("connecting to %s: %w", p.connect, ctx.Err())
-		case wctx.Err() != nil:
+		case wctx.Err() != nil, errors.Is(err, context.DeadlineExceeded):
+			// --wait-peer ran out (Dial can see the deadline pass a
+			// moment before the context reads as done).
 			addr, reason := p.connect, dialReason(err)
 			var ce *connect.Error
 			if errors.As(err, &ce) {
