@@ -34,7 +34,7 @@ install_missing() {
   local why=$1; shift
   local missing=() p
   for p in "$@"; do
-    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q 'install ok installed' || missing+=("$p")
+    [ "$(dpkg-query -W -f='${Status}' "$p" 2>/dev/null)" = 'install ok installed' ] || missing+=("$p")
   done
   [ "${#missing[@]}" -gt 0 ] || return 0
   echo "setup: installing ${missing[*]}$why"
@@ -47,9 +47,9 @@ install_missing "" "${pkgs[@]}"
 # The guest kernel: whatever linux-image-amd64 currently depends on (Debian
 # bumps the ABI number, so the name is resolved, not written down).
 if [ -z "${VFRDMA_KERNEL_PKG:-}" ]; then
-  if ! VFRDMA_KERNEL_PKG=$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/{print $2; exit}') || [ -z "$VFRDMA_KERNEL_PKG" ]; then
+  if ! VFRDMA_KERNEL_PKG=$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/ && !n++ {print $2}') || [ -z "$VFRDMA_KERNEL_PKG" ]; then
     apt-get update -qq || true
-    VFRDMA_KERNEL_PKG=$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/{print $2; exit}')
+    VFRDMA_KERNEL_PKG=$(apt-cache depends linux-image-amd64 2>/dev/null | awk '/Depends: linux-image-[0-9]/ && !n++ {print $2}')
   fi
 fi
 [ -n "$VFRDMA_KERNEL_PKG" ] || die "cannot resolve the kernel package behind linux-image-amd64 (apt-get update?)"
@@ -67,7 +67,7 @@ copy_modules() { # copy_modules DIR NAME...: the named modules of the kernel pac
   local dir=$1; shift
   mkdir -p "$dir"
   for m in "$@"; do
-    f=$(find "$tmp/root/lib/modules/$ver" -name "$m.ko*" | head -1)
+    f=$(find "$tmp/root/lib/modules/$ver" -name "$m.ko*" -print -quit)
     [ -n "$f" ] || die "module $m not found in $VFRDMA_KERNEL_PKG"
     cp "$f" "$dir/"
   done

@@ -25,7 +25,7 @@ RUN_LIMIT=5m
 # commands, backend drop counters and console tail, lines "pvvm: ...") and
 # its other problem lines.
 pvvm_failure() {
-  echo "$1" | grep -E -- '^pvvm|^vm[0-9]+: .*(exited|never ran|did not finish|reported no|stalled)|QEMU|qemu-system|signal' | head -120
+  grep -E -- '^pvvm|^vm[0-9]+: .*(exited|never ran|did not finish|reported no|stalled)|QEMU|qemu-system|signal' <<<"$1" | sed -n 1,120p
 }
 
 # Interop: a vfrdma guest (VM 0, pvctl pingpong --rdma-core, every byte it
@@ -54,7 +54,7 @@ interop_tier() {
   echo "$out" > "$LOGS/interop-pvvm.log" # the whole run, for a failure's post-mortem
   echo "$out" | grep -E 'pingpong: 1000|SRQ pingpong|iters in|received, 0% loss|backend:'
   [ $rc = 0 ] || { pvvm_failure "$out"; return $rc; }
-  echo "$out" | grep -q '5 sent, 5 received' || { echo "the reference guest did not answer the vfrdma guest's pings"; return 1; }
+  grep -q '5 sent, 5 received' <<<"$out" || { echo "the reference guest did not answer the vfrdma guest's pings"; return 1; }
   [ "$(echo "$out" | grep -c 'every byte checked')" = 10 ] || { echo "not every vfrdma pingpong finished"; return 1; }
   [ "$(echo "$out" | grep -c 'iters in')" = 10 ] || { echo "not every rdma-core pingpong finished"; return 1; }
 }
@@ -109,9 +109,9 @@ lossy_tier() {
   echo "$out" > "$LOGS/lossy-pvvm.log"
   echo "$out" | grep -E '^pvvm: (stopped|vm[0-9]: (`|backend))|stalled' | cut -c1-240
   [ $rc != 0 ] || { echo "a run that lost a datagram passed"; return 1; }
-  echo "$out" | grep -q 'drop_injected=1' || { echo "the post-mortem does not show the backend's drop counter"; return 1; }
-  echo "$out" | grep -q 'stalled: no completion' || { echo "pvctl did not report the stall"; return 1; }
-  echo "$out" | grep -q 'pvvm: stopped: .*pingpong' || { echo "the post-mortem does not name the failed command"; return 1; }
+  grep -q 'drop_injected=1' <<<"$out" || { echo "the post-mortem does not show the backend's drop counter"; return 1; }
+  grep -q 'stalled: no completion' <<<"$out" || { echo "pvctl did not report the stall"; return 1; }
+  grep -q 'pvvm: stopped: .*pingpong' <<<"$out" || { echo "the post-mortem does not name the failed command"; return 1; }
   echo "lossy: the lost datagram failed the run in $((SECONDS - t0)) s (limit $RUN_LIMIT), naming the command and the drop"
 }
 
@@ -122,7 +122,7 @@ ucxhost_check() {
   local out
   out=$(bash scripts/ucxhost.sh ucp_am_lat 8 1000 2>&1) || { echo "$out" | tail -8; echo "UCX on the host over the backend failed"; return 1; }
   echo "$out" | grep '^Final:'
-  echo "$out" | grep -q '^Final: *1000 ' || { echo "UCX on the host: the client did not report its 1000 iterations"; return 1; }
+  grep -q '^Final: *1000 ' <<<"$out" || { echo "UCX on the host: the client did not report its 1000 iterations"; return 1; }
 }
 
 run_tier() {
@@ -153,7 +153,7 @@ ln -sfn "$(basename "$LOGS")" "$PWD/build/test-logs/latest"
 ls -1d "$PWD"/build/test-logs/2*/ 2>/dev/null | head -n -30 | xargs -r rm -rf
 
 digest() {
-  grep -E -- '--- FAIL|^FAIL|  FAIL \(|panic:|Error Trace:|Error:|Messages:|init error|timed out|failed|FAILED' "$1" | head -40
+  grep -E -- '--- FAIL|^FAIL|  FAIL \(|panic:|Error Trace:|Error:|Messages:|init error|timed out|failed|FAILED' "$1" | sed -n 1,40p
 }
 
 tiers=("$@")
