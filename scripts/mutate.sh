@@ -6,6 +6,7 @@
 #   scripts/mutate.sh am/send.go
 #   scripts/mutate.sh -j 2 -n 20 -seed 7 am/send.go
 #   scripts/mutate.sh -only am/send.go:88
+#   scripts/mutate.sh -faults docs/faults-sample.txt   (hand-written faults)
 # It never writes the work tree: each mutant is compiled from a temporary
 # copy through go test -overlay.
 set -euo pipefail

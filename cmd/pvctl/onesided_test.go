@@ -136,12 +136,10 @@ func TestOneSidedRefusedOnQEMU(t *testing.T) {
 	} {
 		var out bytes.Buffer
 		e := &env{out: &out, model: "qemu"}
-		start := time.Now()
 		err := tc.cmd(e, tc.args)
-		require.ErrorIs(t, err, vfrdma.ErrNotSupported, "%v", tc.args)
+		require.ErrorIs(t, err, vfrdma.ErrNotSupported, "%v", tc.args) // a stall would end in another error
 		assert.Contains(t, err.Error(), tc.args[0]+": ")
 		assert.Contains(t, err.Error(), "QEMU 7.2")
-		assert.Less(t, time.Since(start), 5*time.Second, "%v: refused early, not after a stall", tc.args)
 		assert.Empty(t, out.String())
 	}
 }

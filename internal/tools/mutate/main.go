@@ -24,6 +24,7 @@
 //	-timeout D    passed to go test -timeout (default 120s)
 //	-tags T       passed to go list and go test -tags (default none: the host tests)
 //	-min P        exit 1 if the score is below P percent
+//	-faults FILE  run the hand-written faults in FILE instead (see below)
 //
 // # Mutants
 //
@@ -77,6 +78,23 @@
 //
 // and its mutants are listed as "equivalent" without being run, and left
 // out of the score. Say why after the dash, for the next reader.
+//
+// # Hand-written faults
+//
+// Generated mutants change one token; the faults people make are often
+// larger (a branch taken in the wrong order, a limit checked against the
+// wrong field). -faults FILE runs such faults, written apart from the
+// tests, and judges each like a mutant. FILE holds one block per fault:
+//
+//	## flush-before-device
+//	file: cq.go
+//	<<<<
+//	the exact text in cq.go (it must occur there once)
+//	====
+//	the text that replaces it
+//	>>>>
+//
+// Lines outside blocks are notes and are ignored.
 //
 // # Output and exit status
 //
@@ -148,6 +166,7 @@ func parseFlags(args []string, stderr io.Writer) (Config, float64, error) {
 	fs.StringVar(&cfg.Run, "run", "", "passed to go test -run")
 	fs.DurationVar(&cfg.Timeout, "timeout", 120*time.Second, "passed to go test -timeout")
 	fs.StringVar(&cfg.Tags, "tags", "", "build tags passed to go list and go test")
+	fs.StringVar(&cfg.Faults, "faults", "", "run the hand-written faults in `FILE` instead of generated mutants")
 	fs.Float64Var(&min, "min", 0, "exit 1 if the score is below `P` percent")
 	if err := fs.Parse(args); err != nil {
 		return Config{}, 0, err
@@ -158,7 +177,7 @@ func parseFlags(args []string, stderr io.Writer) (Config, float64, error) {
 			cfg.Pkgs = append(cfg.Pkgs, p)
 		}
 	}
-	if len(cfg.Files) == 0 && cfg.Only == "" {
+	if len(cfg.Files) == 0 && cfg.Only == "" && cfg.Faults == "" {
 		fs.Usage()
 		return Config{}, 0, errors.New("no files given")
 	}

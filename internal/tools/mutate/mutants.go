@@ -52,6 +52,7 @@ type Mutant struct {
 	Before     string // the original text, src[Start:End]
 	After      string // its replacement; empty deletes it
 	Equivalent bool   // its line is marked "mutation: equivalent"
+	Name       string // a hand-written fault's name (OpFault); "" for generated ones
 }
 
 // Apply returns a copy of src, the file's original source, with the mutant
@@ -67,7 +68,13 @@ func (m Mutant) Apply(src []byte) []byte {
 func (m Mutant) Pos() string { return fmt.Sprintf("%s:%d:%d", m.File, m.Line, m.Col) }
 
 // Change describes the mutant as "before → after" on one short line.
-func (m Mutant) Change() string { return brief(m.Before) + " → " + brief(m.After) }
+func (m Mutant) Change() string {
+	c := brief(m.Before) + " → " + brief(m.After)
+	if m.Name != "" {
+		c = m.Name + ": " + c
+	}
+	return c
+}
 
 // brief squeezes a piece of source onto one line of at most 60 characters:
 // a removed statement can span lines, and a report line should not.

@@ -28,6 +28,7 @@ type Config struct {
 	N       int           // run a sample of N mutants per file (0: all)
 	Seed    uint64        // the sample's seed
 	Only    string        // file:line: run only the mutants on that line
+	Faults  string        // a file of hand-written faults to run instead of generated mutants
 }
 
 // Counts tallies the verdicts.
@@ -165,6 +166,9 @@ func run(ctx context.Context, cfg Config, w io.Writer) (*Summary, error) {
 // loadTargets resolves the files, reads them and generates and selects
 // their mutants.
 func loadTargets(dir, root string, cfg Config) ([]*target, error) {
+	if cfg.Faults != "" {
+		return loadFaultTargets(dir, root, cfg)
+	}
 	files := cfg.Files
 	var only lineRef
 	if cfg.Only != "" {
@@ -228,6 +232,52 @@ func loadTargets(dir, root string, cfg Config) ([]*target, error) {
 	}
 	if onlyRel != "" && len(targets) == 0 {
 		return nil, fmt.Errorf("-only %s names none of the files given", cfg.Only)
+	}
+	return targets, nil
+}
+
+// loadFaultTargets reads cfg.Faults and makes a target of each file its
+// faults name, in the order of their first fault.
+func loadFaultTargets(dir, root string, cfg Config) ([]*target, error) {
+	if len(cfg.Files) > 0 || cfg.Only != "" || cfg.N > 0 {
+		return nil, errors.New("-faults runs the faults it names: give no files, -only or -n with it")
+	}
+	path := cfg.Faults
+	if !filepath.IsAbs(path) {
+		path = filepath.Join(dir, path)
+	}
+	r, err := os.Open(path)
+	if err != nil {
+		return nil, err
+	}
+	defer r.Close()
+	faults, err := parseFaults(r, cfg.Faults)
+	if err != nil {
+		return nil, err
+	}
+	var targets []*target
+	byRel := make(map[string]*target)
+	for _, f := range faults {
+		abs, rel, err := resolveFile(root, root, f.File)
+		if err != nil {
+			return nil, fmt.Errorf("fault %q (line %d): %w", f.Name, f.Line, err)
+		}
+		t := byRel[rel]
+		if t == nil {
+			src, err := os.ReadFile(abs)
+			if err != nil {
+				return nil, err
+			}
+			t = &target{abs: abs, rel: rel, src: src}
+			t.counts.File = rel
+			byRel[rel] = t
+			targets = append(targets, t)
+		}
+		m, err := f.mutant(rel, t.src)
+		if err != nil {
+			return nil, err
+		}
+		t.mutants = append(t.mutants, m)
 	}
 	return targets, nil
 }
