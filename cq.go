@@ -395,6 +395,9 @@ func (cq *CQ) poll(wcs []WC) (int, error) {
 			cq.stats.Dropped++
 			continue
 		}
+		if e.Status != rings.WCSuccess {
+			qp.failedBy(e.Status)
+		}
 		// Field by field: a composite literal is built on the stack and
 		// copied in 16-byte moves that stall on the 4-byte stores.
 		w := &wcs[n]

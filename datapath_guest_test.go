@@ -15,3 +15,7 @@ func TestDeferredPosts(t *testing.T) { suiteDeferredPosts(t, openGuest(t)) }
 func TestExactlyOnce(t *testing.T) { suiteExactlyOnce(t, openGuest(t)) }
 
 func TestWaitCQ(t *testing.T) { suiteWaitCQ(t, openGuest(t)) }
+
+func TestAFailedRCQPIsInERRInStateAndOnTheDevice(t *testing.T) {
+	suiteAFailedRCQPIsInERRInStateAndOnTheDevice(t, openGuest(t))
+}

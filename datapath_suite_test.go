@@ -29,6 +29,7 @@ var dataPathSuite = []struct {
 	{"DeferredPosts", suiteDeferredPosts},
 	{"ExactlyOnce", suiteExactlyOnce},
 	{"WaitCQ", suiteWaitCQ},
+	{"AFailedRCQPIsInERRInStateAndOnTheDevice", suiteAFailedRCQPIsInERRInStateAndOnTheDevice},
 }
 
 // pair is two connected QPs of one device with their CQs and buffers.
@@ -473,6 +474,52 @@ func suiteWaitCQ(t *testing.T, d *Device) {
 	if st := p.bcq.Stats(); st.Interrupts == 0 {
 		t.Fatalf("Wait returned without an interrupt: %+v", st)
 	}
+}
+
+// An RC message longer than the receive it lands in fails both QPs (the
+// error QEMU's device can produce: it runs no one-sided operation): the
+// receiver's LOC_LEN_ERR, once polled, puts it in ERR in State, and the
+// device agrees; the sender, whose completion is not polled, is in ERR
+// on the device, which QueryState reports and State follows. Posts on
+// either are refused.
+func suiteAFailedRCQPIsInERRInStateAndOnTheDevice(t *testing.T, d *Device) {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	p := newPair(t, d, RC, 16, 4096)
+	_, err := p.b.PostRecv([]RecvWR{{WRID: 0x10, SGEs: []SGE{p.bmr.SGE(0, 64)}}}, 0)
+	require.NoError(t, err)
+	_, err = p.a.PostSend([]SendWR{{WRID: 0x20, SGEs: []SGE{p.amr.SGE(0, 1000)}}}, 0)
+	require.NoError(t, err)
+
+	wcs := make([]WC, 4)
+	n := pollWait(t, p.bcq, wcs)
+	require.Equal(t, 1, n)
+	require.Equal(t, WCLocLenErr, wcs[0].Status, "%+v", wcs[0])
+	assert.Equal(t, StateErr, p.b.State(), "the receiver once its error is polled")
+	st, err := p.b.QueryState(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, StateErr, st, "the receiver on the device")
+	_, err = p.b.PostRecv([]RecvWR{{WRID: 0x11, SGEs: []SGE{p.bmr.SGE(0, 64)}}}, 0)
+	assert.ErrorIs(t, err, ErrQPState, "a receive on the receiver")
+
+	// The sender fails when the receiver's answer reaches it.
+	for {
+		st, err = p.a.QueryState(ctx)
+		require.NoError(t, err)
+		if st == StateErr {
+			break
+		}
+		require.NoError(t, ctx.Err(), "the device never reported the sender in ERR (last %v)", st)
+		time.Sleep(time.Millisecond)
+	}
+	assert.Equal(t, StateErr, p.a.State(), "the sender after the query")
+	_, err = p.a.PostSend([]SendWR{{WRID: 0x21, SGEs: []SGE{p.amr.SGE(0, 8)}}}, 0)
+	assert.ErrorIs(t, err, ErrQPState, "a send on the sender")
+	n = pollWait(t, p.acq, wcs)
+	require.Equal(t, 1, n)
+	assert.Equal(t, uint64(0x20), wcs[0].WRID)
+	assert.NotEqual(t, WCSuccess, wcs[0].Status, "%+v", wcs[0])
+	quiet(t, p.acq, p.bcq)
 }
 
 // quiet asserts that cq has nothing more to poll, after a pause.

@@ -42,12 +42,16 @@ func (t QPType) String() string {
 // QPState is a queue pair's state.
 type QPState uint32
 
-// QP states (the verbs numbering).
+// QP states (the verbs numbering). The driver moves a QP through RESET,
+// INIT, RTR, RTS and ERR; SQD and SQE are states only a device's answer
+// to QueryState can name (SQE: a UD QP whose send failed).
 const (
 	StateReset QPState = QPState(firmware.QPStateReset)
 	StateInit  QPState = QPState(firmware.QPStateInit)
 	StateRTR   QPState = QPState(firmware.QPStateRTR)
 	StateRTS   QPState = QPState(firmware.QPStateRTS)
+	StateSQD   QPState = QPState(firmware.QPStateSQD)
+	StateSQE   QPState = QPState(firmware.QPStateSQE)
 	StateErr   QPState = QPState(firmware.QPStateErr)
 )
 
@@ -61,6 +65,10 @@ func (s QPState) String() string {
 		return "RTR"
 	case StateRTS:
 		return "RTS"
+	case StateSQD:
+		return "SQD"
+	case StateSQE:
+		return "SQE"
 	case StateErr:
 		return "ERR"
 	}
@@ -126,6 +134,19 @@ type Remote struct {
 // the posters. It follows the lifecycle rule (doc.go): a post racing Close
 // completes or is refused with ErrClosed (one racing SetError on QEMU,
 // with ErrQPState), and the rings are freed once no post is inside.
+//
+// Its state has two readings. State is the driver's copy, read without
+// asking the device (posts check it): the driver's own transitions set
+// it, and it goes to ERR when the driver learns that the device failed the
+// QP: an async error event (QP_FATAL, QP_REQ_ERR, QP_ACCESS_ERR, and
+// DEVICE_FATAL for every QP), or, for an RC QP, a completion with an error
+// status polled from its CQs (the verbs' rule: a failed request fails its
+// RC QP; on QEMU, GENERAL_ERR excepted, QEMU's own failures, after which
+// its QP runs on). QueryState asks the device (QUERY_QP, as
+// ibv_query_qp does) and brings State up to date with the answer: it
+// learns an ERR that nothing else reported yet, such as a requester's
+// remote access error before its completion is polled, or a UD QP's
+// failure. ERR is final: no answer takes State out of it.
 type QP struct {
 	pd                 *PD
 	d                  *Device
@@ -383,8 +404,35 @@ func (qp *QP) QPN() uint32 { return qp.qpn }
 // Type returns the transport.
 func (qp *QP) Type() QPType { return qp.typ }
 
-// State returns the QP's state as the driver knows it.
+// State returns the QP's state as the driver knows it, without asking the
+// device: see QP for what keeps it up to date, and QueryState.
 func (qp *QP) State() QPState { return QPState(qp.state.Load()) }
+
+// failedBy notes a completion with error status st polled for the QP: an
+// RC QP is in ERR (the device flushes its other requests), unless st is
+// QEMU's GENERAL_ERR (facts sheet §11 item 19: QEMU fails the request
+// itself and its QP runs on). A UD QP's failure is the device's to tell
+// (QueryState): a failed send moves it to SQE, not ERR.
+func (qp *QP) failedBy(st uint32) {
+	if qp.typ != RC || st == uint32(WCGeneral) && qp.d.emulated {
+		return
+	}
+	qp.state.Store(uint32(StateErr))
+}
+
+// learn brings State up to date with the device's answer now to a query
+// sent when State was before: ERR is taken at once; another state replaces
+// before unless State has moved meanwhile (an ERR learned while the
+// command ran stays) or before is ERR (final: the driver knows the QP
+// failed, whatever a device says).
+func (qp *QP) learn(before, now QPState) {
+	switch {
+	case now == StateErr:
+		qp.state.Store(uint32(StateErr))
+	case before != StateErr:
+		qp.state.CompareAndSwap(uint32(before), uint32(now))
+	}
+}
 
 // SendDepth returns the send queue's size.
 func (qp *QP) SendDepth() int { return qp.sq.Slots() }
@@ -501,7 +549,9 @@ func (qp *QP) modify(ctx context.Context, to QPState, mask uint32, r *Remote, sq
 	}); err != nil {
 		return err
 	}
-	qp.state.Store(uint32(to))
+	// An ERR learned while the command ran (an event, an error
+	// completion) stays.
+	qp.state.CompareAndSwap(uint32(cur), uint32(to))
 	return nil
 }
 
@@ -561,7 +611,9 @@ func (qp *QP) Connect(ctx context.Context, r Remote, psn uint32) error {
 // ErrQPState. On QEMU (Quirks.Emulated), which records ERR without telling
 // its backend and so would still complete them, the driver destroys the
 // device's QP here and generates the flush completions itself; posts
-// racing it there complete first or are refused with ErrQPState.
+// racing it there complete first or are refused with ErrQPState. On a QP
+// whose State is ERR already it does nothing: the device that failed the
+// QP flushes its requests.
 func (qp *QP) SetError(ctx context.Context) error {
 	if err := qp.d.enter(); err != nil {
 		return qp.d.opErr("modify QP", err)
@@ -601,7 +653,12 @@ func (qp *QP) SetError(ctx context.Context) error {
 	return nil
 }
 
-// QueryState asks the device for the QP's state.
+// QueryState asks the device for the QP's state (QUERY_QP) and returns its
+// answer, which State reflects from then on, unless State is ERR already
+// (see QP). It is how the driver learns of a failure no event or polled
+// completion reported: a device that moved the QP to ERR says so here.
+// On QEMU the answer is its backend QP's state. On QEMU after SetError,
+// which destroyed the device's QP, it returns ERR without a command.
 func (qp *QP) QueryState(ctx context.Context) (QPState, error) {
 	if err := qp.d.enter(); err != nil {
 		return 0, qp.d.opErr("query QP", err)
@@ -615,11 +672,14 @@ func (qp *QP) QueryState(ctx context.Context) (QPState, error) {
 	if !qp.devicesQP {
 		return qp.State(), nil
 	}
+	before := qp.State()
 	r, err := qp.d.ch.QueryQP(ctx, qp.handle, firmware.QPAttrState)
 	if err != nil {
 		return 0, qp.d.opErr("query QP", err)
 	}
-	return QPState(r.QPState), nil
+	st := QPState(r.QPState)
+	qp.learn(before, st)
+	return st, nil
 }
 
 // destroyOnDevice destroys the device's QP; called with qp.mu and the
