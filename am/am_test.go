@@ -99,7 +99,7 @@ func TestPacketHeaderRoundTripsAndBadPacketsAreRefused(t *testing.T) {
 	}
 	for _, g := range good {
 		var got header
-		require.NoError(t, got.parse(pkt(g.h, g.body), max), "%+v", g.h)
+		require.NoError(t, got.parse(pkt(g.h, g.body), max, anyUHdr), "%+v", g.h)
 		assert.Equal(t, g.h, got)
 	}
 	bad := []struct {
@@ -118,7 +118,7 @@ func TestPacketHeaderRoundTripsAndBadPacketsAreRefused(t *testing.T) {
 	}
 	for _, b := range bad {
 		var h header
-		assert.ErrorIs(t, h.parse(b.b, max), errProtocol, b.name)
+		assert.ErrorIs(t, h.parse(b.b, max, anyUHdr), errProtocol, b.name)
 	}
 }
 
