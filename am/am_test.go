@@ -199,7 +199,7 @@ func dialWhenListening(t *testing.T, ctx context.Context, addr string) net.Conn 
 		}
 		select {
 		case <-ctx.Done():
-			t.Fatalf("nobody listens on %s: %v", addr, err)
+			require.FailNowf(t, "nobody listens", "on %s: %v", addr, err)
 		case <-time.After(10 * time.Millisecond):
 		}
 	}

@@ -87,7 +87,7 @@ func TestDataNeverSpendsTheLastCredit(t *testing.T) {
 	select {
 	case <-entered:
 	case <-ctx.Done():
-		t.Fatal("the receiver's handler never ran")
+		require.FailNow(t, "the receiver's handler never ran")
 	}
 	s := settle(t, ctx, cs[0], 1)
 	assert.EqualValues(t, credits-1, s.packets, "data packets to the stalled receiver: every credit but the last")

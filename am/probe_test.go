@@ -160,7 +160,7 @@ func TestABarrierWithATaskThatDiesDuringItReturnsErrPurged(t *testing.T) {
 	case err := <-done:
 		assert.ErrorIs(t, err, ErrPurged)
 	case <-ctx.Done():
-		t.Fatal("the Barrier outlived its context")
+		require.FailNow(t, "the Barrier outlived its context")
 	}
 }
 
