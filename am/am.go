@@ -54,12 +54,14 @@ const barrierHandler = 0xffff
 
 // Config describes a context. Zero fields mean their defaults.
 type Config struct {
-	Tasks int // tasks in the job (at least 1)
+	Tasks int // tasks in the job (1 to 819, the most whose completions fit one CQ at 2 credits: see Credits)
 	Self  int // this task's index, 0 to Tasks-1
 	// Exchange gathers every task's address; required when Tasks > 1.
 	Exchange Exchanger
 	// PacketSize is the bytes a SEND carries, its 32-byte header included
-	// (at least 256; default 16 KiB). Every task must use the same.
+	// (256 to 1 MiB; default 16 KiB). Every task must use the same: a
+	// task's packet longer than a receive buffer is refused (see
+	// Stats.Refused).
 	PacketSize int
 	// Credits is how many packets a task may have in flight to one peer
 	// (at least 2). Receive buffers: Tasks × Credits. Every completion
@@ -71,10 +73,15 @@ type Config struct {
 	// faster than 32 on the bench (docs/benchmarks.md), for 1 MiB of
 	// receive buffers per peer at the default packet size.
 	Credits int
-	// MaxMessage is the largest message Amsend takes (default 64 MiB).
+	// MaxMessage is the largest message Amsend takes, and the largest a
+	// task takes from its peers (at most 1 TiB; default 64 MiB).
 	MaxMessage int
-	// MaxUHdr is the largest user header, a multiple of 8 that fits in a
-	// packet (default 256).
+	// MaxUHdr is the largest user header Amsend takes, and the largest a
+	// task takes from its peers: a multiple of 8 that fits in a packet
+	// and in 16 bits, 8 to min(PacketSize-32, 65528) (default 256, or
+	// less when the packet is smaller). Give every task the same
+	// MaxMessage and MaxUHdr: a message over the target's is refused
+	// there, and its origin purged (see Stats.Refused).
 	MaxUHdr int
 	// Polling makes the progress goroutine spin on the CQ instead of
 	// sleeping on its interrupt when idle: lower latency, a CPU spent.
@@ -153,9 +160,12 @@ type Stats struct {
 	RideAcks uint64
 	// Refused counts the tasks purged for breaking the protocol: a packet
 	// that did not hold together, or did not continue what it claimed to
-	// (a fragment of another message, length or offset), credits never
-	// taken, a message out of sequence; or a completion for a buffer or
-	// length the device was never given.
+	// (a fragment of another message, length or offset), a packet longer
+	// than a receive buffer (PacketSize), a user header longer than
+	// MaxUHdr or a message longer than MaxMessage, credits never taken, a
+	// message out of sequence; or a completion for a buffer or length the
+	// device was never given. Each task counts once, at its first such
+	// packet; what it sends after is dropped unread.
 	Refused uint64
 }
 
@@ -511,7 +521,7 @@ func (cfg *Config) fill() error {
 	case cfg.MaxMessage < 0 || cfg.MaxMessage > 1<<40:
 		return fmt.Errorf("%w: maximum message %d", errInvalid, cfg.MaxMessage)
 	case cfg.MaxUHdr < 8 || cfg.MaxUHdr%8 != 0 || cfg.MaxUHdr > cfg.PacketSize-headerSize || cfg.MaxUHdr > 0xffff:
-		return fmt.Errorf("%w: maximum user header %d (a multiple of 8 that fits a packet)", errInvalid, cfg.MaxUHdr)
+		return fmt.Errorf("%w: maximum user header %d (a multiple of 8, 8 to %d with %d-byte packets)", errInvalid, cfg.MaxUHdr, min(cfg.PacketSize-headerSize, 0xffff)&^7, cfg.PacketSize)
 	}
 	return nil
 }

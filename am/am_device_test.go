@@ -198,11 +198,14 @@ func TestAmsendErrorsAreInlineDistinctAndSendNothing(t *testing.T) {
 		{"data over the maximum", ErrDataLen, func() error { return c.Amsend(1, 1, nil, big, Counters{}) }},
 		{"user header not a multiple of 8", ErrUHdrLen, func() error { return c.Amsend(1, 1, make([]byte, 12), nil, Counters{}) }},
 		{"user header over the maximum", ErrUHdrLen, func() error { return c.Amsend(1, 1, make([]byte, c.MaxUHdr()+8), nil, Counters{}) }},
+		{"user header a byte over the maximum", ErrUHdrLen, func() error { return c.Amsend(1, 1, make([]byte, c.MaxUHdr()+1), nil, Counters{}) }},
 		{"no handler at the index", ErrNoHandler, func() error { return c.Amsend(1, 9, nil, nil, Counters{}) }},
 		{"handler index out of range", ErrNoHandler, func() error { return c.Amsend(1, MaxHandlers, nil, nil, Counters{}) }},
+		{"handler index below 0", ErrNoHandler, func() error { return c.Amsend(1, -1, nil, nil, Counters{}) }},
 		{"target below 0", ErrTarget, func() error { return c.Amsend(-1, 1, nil, nil, Counters{}) }},
 		{"target past the last task", ErrTarget, func() error { return c.Amsend(2, 1, nil, nil, Counters{}) }},
 		{"target counter index out of range", ErrCounter, func() error { return c.Amsend(1, 1, nil, nil, Counters{Tgt: MaxCounters}) }},
+		{"target counter index below 0", ErrCounter, func() error { return c.Amsend(1, 1, nil, nil, Counters{Tgt: -1}) }},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			assert.ErrorIs(t, tc.send(), tc.err)

@@ -140,15 +140,15 @@ func TestFragmentsOfOneMessageLandInOrder(t *testing.T) {
 func TestFragmentWhoseOffsetWrapsAroundIsRefused(t *testing.T) {
 	var h header
 	b := pkt(header{kind: kindFrag, length: 100, offset: ^uint64(0) - 5}, make([]byte, 20))
-	assert.ErrorIs(t, h.parse(b, 1<<20), errProtocol)
+	assert.ErrorIs(t, h.parse(b, 1<<20, anyUHdr), errProtocol)
 	b = pkt(header{kind: kindFrag, length: 1 << 40, offset: 0}, make([]byte, 20))
-	assert.ErrorIs(t, h.parse(b, 1<<20), errProtocol, "a fragment of a message over the maximum")
+	assert.ErrorIs(t, h.parse(b, 1<<20, anyUHdr), errProtocol, "a fragment of a message over the maximum")
 }
 
 // An acknowledgement count whose ×4 wraps to the body's length is refused.
 func TestAckCountThatWrapsAroundIsRefused(t *testing.T) {
 	var h header
-	assert.ErrorIs(t, h.parse(pkt(header{kind: kindCtrl, length: 1 << 62}, nil), 1<<20), errProtocol)
+	assert.ErrorIs(t, h.parse(pkt(header{kind: kindCtrl, length: 1 << 62}, nil), 1<<20, anyUHdr), errProtocol)
 }
 
 // wc.ByteLen is the device's word: a receive longer than the buffer it was
@@ -456,7 +456,7 @@ func TestFirstPacketFieldsAreCheckedOnTheirOwn(t *testing.T) {
 		"ctrl packet naming a counter": pkt(header{kind: kindCtrl, flags: flagTgtCounter, tgtCntr: 1}, nil),
 	} {
 		var h header
-		assert.ErrorIs(t, h.parse(b, 1<<20), errProtocol, name)
+		assert.ErrorIs(t, h.parse(b, 1<<20, anyUHdr), errProtocol, name)
 	}
 }
 

@@ -38,33 +38,43 @@ func stallReceiver(t *testing.T, cs []*Context) (entered <-chan struct{}, releas
 	return in, release
 }
 
-// settle waits until the sender's state for task tgt stops changing: its
-// packets are out and nothing it can still send is left to send.
-func settle(t *testing.T, c *Context, tgt int) (credits, free, queued int) {
+// settled is a sender's state for one task once settle returns, read at
+// once: the credits it has left, the messages still queued, and its
+// Stats.Packets and Stats.CtrlPackets.
+type settled struct {
+	credits, queued int
+	packets, ctrl   uint64
+}
+
+// settle waits until the sender has done all it can for task tgt before
+// the task answers: every send it posted has completed (each send slot is
+// free again), and it sends nothing more (nothing queued, or only what
+// waits for credits: fewer than two left). Only a hang meets ctx's end.
+func settle(t *testing.T, ctx context.Context, c *Context, tgt int) settled {
 	t.Helper()
-	deadline := time.Now().Add(30 * time.Second)
-	last := [3]int{-1}
-	for stable := 0; stable < 20; {
-		require.True(t, time.Now().Before(deadline), "the sender never settled")
-		time.Sleep(5 * time.Millisecond)
+	for {
 		c.mu.Lock()
 		cn := c.conns[tgt]
-		now := [3]int{cn.credits, len(c.free), len(cn.sendq)}
+		s := settled{cn.credits, len(cn.sendq), c.stats.Packets, c.stats.CtrlPackets}
+		done := len(c.free) == len(c.busy) && (s.queued == 0 || s.credits < 2)
 		c.mu.Unlock()
-		if now == last {
-			stable++
-		} else {
-			stable, last = 0, now
+		if done {
+			return s
+		}
+		select {
+		case <-ctx.Done():
+			require.FailNow(t, "the sender never settled", "%+v", s)
+		case <-time.After(time.Millisecond):
 		}
 	}
-	return last[0], last[1], last[2]
 }
 
 // Credit rule: a data packet never spends a task's last credit; it is
 // left to a packet that returns credits, so that two tasks sending to
 // each other can always tell the other it may go on. With the receiver
 // stalled, the sender stops at one credit with data still queued, and
-// counts the stall.
+// counts the stall. (The ticker's probes of the silent receiver go
+// without a credit: each takes one more.)
 func TestDataNeverSpendsTheLastCredit(t *testing.T) {
 	d := openDevice(t)
 	const credits = 4
@@ -77,11 +87,12 @@ func TestDataNeverSpendsTheLastCredit(t *testing.T) {
 	select {
 	case <-entered:
 	case <-ctx.Done():
-		t.Fatal("the receiver's handler never ran")
+		require.FailNow(t, "the receiver's handler never ran")
 	}
-	left, _, queued := settle(t, cs[0], 1)
-	assert.Equal(t, 1, left, "credits left with data queued and the receiver silent")
-	assert.Positive(t, queued, "data still queued")
+	s := settle(t, ctx, cs[0], 1)
+	assert.EqualValues(t, credits-1, s.packets, "data packets to the stalled receiver: every credit but the last")
+	assert.Equal(t, 1, s.credits+int(s.ctrl), "credits left with data queued and the receiver silent, the probes' aside (%d)", s.ctrl)
+	assert.Positive(t, s.queued, "data still queued")
 	assert.Positive(t, cs[0].Stats().CreditStalls)
 	release()
 	require.NoError(t, cs[0].Fence(ctx))

@@ -106,11 +106,14 @@
 // Counters count only what was delivered. Purge does the same on request.
 //
 // A peer is another process, and the device's completions are its word:
-// every packet and completion is checked before use (a fragment continues
-// its message, with the same length, at the offset reached; a message
-// comes with the next id; credits come back only as taken; a completion
-// names a buffer or slot in flight and a length within it). A task whose
-// packet does not hold together is purged as above, counted in
+// every packet and completion is checked before use (a packet fits a
+// receive buffer of PacketSize bytes; a message's user header and length
+// are within this task's MaxUHdr and MaxMessage; a fragment continues its
+// message, with the same length, at the offset reached; a message comes
+// with the next id; credits come back only as taken; a completion names a
+// buffer or slot in flight and a length within it). A task whose packet
+// does not hold together is refused: purged as above (its later packets
+// are dropped unread, and it is owed no credits), counted in
 // Stats.Refused, and Fence reports why; the process never panics on it.
 //
 // # Lifecycle

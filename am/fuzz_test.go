@@ -12,24 +12,25 @@ import (
 )
 
 // FuzzParse: no packet panics parse, and what it accepts holds together:
-// the user header within the body, a fragment within its message, the
-// acks filling the body; and it re-encodes to the same header.
+// the user header within the body and the receiver's maximum, a fragment
+// within its message, the acks filling the body; and it re-encodes to the
+// same header.
 func FuzzParse(f *testing.F) {
 	f.Add(pkt(header{kind: kindFirst, handler: 1, uhdrLen: 8, length: 300}, make([]byte, 108)))
 	f.Add(pkt(header{kind: kindFrag, length: 5000, offset: 100}, make([]byte, 200)))
 	f.Add(pkt(header{kind: kindFrag, length: 100, offset: ^uint64(0) - 5}, make([]byte, 20)))
 	f.Add(pkt(header{kind: kindCtrl, length: 1 << 62}, nil))
 	f.Add(pkt(header{kind: kindEager, handler: 2, uhdrLen: 16, length: 4}, make([]byte, 20)))
-	const maxMessage = 1 << 20
+	const maxMessage, maxUHdr = 1 << 20, 64
 	f.Fuzz(func(t *testing.T, b []byte) {
 		var h header
-		if h.parse(b, maxMessage) != nil {
+		if h.parse(b, maxMessage, maxUHdr) != nil {
 			return
 		}
 		body := uint64(len(b) - headerSize)
 		switch h.kind {
 		case kindEager, kindFirst:
-			if uint64(h.uhdrLen) > body || h.length > maxMessage {
+			if uint64(h.uhdrLen) > body || h.uhdrLen > maxUHdr || h.length > maxMessage {
 				require.Failf(t, "broken", "accepted %+v with a %d-byte body", h, body)
 			}
 		case kindFrag:

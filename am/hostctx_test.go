@@ -44,6 +44,10 @@ func hostContext(t testing.TB, cfg Config) *Context {
 	return c
 }
 
+// anyUHdr is a receiver's user header limit that refuses nothing the
+// wire's 16-bit field can say: for tests of parse's other checks.
+const anyUHdr = 0xffff
+
 // pkt builds a packet: h, then body (user header and data, or acks).
 func pkt(h header, body []byte) []byte {
 	b := make([]byte, headerSize+len(body))

@@ -512,7 +512,7 @@ func blobsOf(job string, n int) [][]byte {
 // End to end: the tasks of an srun step, each with its own environment,
 // gather every task's blob over TCP on the loopback.
 func TestLauncherExchangerGathersASrunJobOverTCP(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // a hang guard
 	defer cancel()
 	const n = 4
 	res, errs := gatherJob(ctx, "4242", freeAddr(t), n, 0)
@@ -523,7 +523,7 @@ func TestLauncherExchangerGathersASrunJobOverTCP(t *testing.T) {
 // sent to the other's task 0 by mistake is refused by the token, and the
 // other job goes on.
 func TestLauncherExchangerKeepsTwoSlurmJobsApart(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // a hang guard
 	defer cancel()
 	const n = 3
 	addrA, addrB := freeAddr(t), freeAddr(t)

@@ -35,7 +35,7 @@ func TestAMessageAwaitingTheAckOfAPeerGoneSilentIsProbedAndPurged(t *testing.T) 
 	ctx := withTimeout(t, time.Minute)
 	require.NoError(t, cs[0].Amsend(1, 1, nil, make([]byte, 8), Counters{}))
 	<-entered
-	settle(t, cs[0], 1) // sent and acknowledged by the device: nothing in flight
+	settle(t, ctx, cs[0], 1) // sent and acknowledged by the device: nothing in flight
 	goSilent()
 	err := cs[0].Fence(ctx)
 	assert.ErrorIs(t, err, ErrPurged)
@@ -54,8 +54,7 @@ func TestASenderStarvedOfCreditsByAPeerGoneSilentIsProbedAndPurged(t *testing.T)
 		require.NoError(t, cs[0].Amsend(1, 1, nil, make([]byte, 8), Counters{}))
 	}
 	<-entered
-	_, _, queued := settle(t, cs[0], 1)
-	require.Positive(t, queued, "data queued for want of credits")
+	require.Positive(t, settle(t, ctx, cs[0], 1).queued, "data queued for want of credits")
 	goSilent()
 	err := cs[0].Fence(ctx)
 	assert.ErrorIs(t, err, ErrPurged)
@@ -89,7 +88,7 @@ func TestACreditStallIsCountedOncePerStall(t *testing.T) {
 		for range 3 * credits {
 			require.NoError(t, cs[0].Amsend(1, 1, nil, make([]byte, 8), Counters{}))
 		}
-		settle(t, cs[0], 1)
+		settle(t, ctx, cs[0], 1)
 		assert.EqualValues(t, 1, cs[0].Stats().CreditStalls-before, "round %d: one stall while the receiver holds", round)
 		close(h)
 		require.NoError(t, cs[0].Fence(ctx))
@@ -150,13 +149,18 @@ func TestABarrierWithATaskThatDiesDuringItReturnsErrPurged(t *testing.T) {
 	ctx := withTimeout(t, time.Minute)
 	done := make(chan error, 1)
 	go func() { done <- cs[0].Barrier(ctx) }() // task 1 never joins it
-	settle(t, cs[0], 1)                        // the barrier's message is out: Barrier waits
+	waitUntil(t, ctx, func() bool {            // the Barrier sent its messages and waits
+		cs[0].mu.Lock()
+		defer cs[0].mu.Unlock()
+		return cs[0].barriers == 1
+	}, "the Barrier never sent its messages")
+	settle(t, ctx, cs[0], 1) // the barrier's message is out
 	require.NoError(t, ms[1].SetPort(false))
 	select {
 	case err := <-done:
 		assert.ErrorIs(t, err, ErrPurged)
 	case <-ctx.Done():
-		t.Fatal("the Barrier outlived its context")
+		require.FailNow(t, "the Barrier outlived its context")
 	}
 }
 

@@ -323,6 +323,12 @@ func (c *Context) recv(wc *vfrdma.WC) (repost bool, err error) {
 		c.refuse(cn, fmt.Errorf("%w: a receive completion for buffer %d, of %d posted", vfrdma.ErrDeviceFault, wc.WRID, c.bufs))
 		return false, nil
 	}
+	if wc.Status == vfrdma.WCLocLenErr {
+		// The task sent more than a receive buffer holds: no packet of the
+		// protocol is longer than PacketSize, the same on every task.
+		c.refuse(cn, fmt.Errorf("%w: a packet longer than the %d-byte receive buffer (the receive completed with %v)", errProtocol, c.cfg.PacketSize, wc.Status))
+		return true, nil
+	}
 	if wc.Status != vfrdma.WCSuccess {
 		cause := c.failedCompletion(cn, fmt.Errorf("receive completed with %v", wc.Status))
 		c.mu.Lock()
@@ -356,7 +362,7 @@ func (c *Context) refuse(cn *conn, err error) {
 // its buffer, not yet on its own.
 func (c *Context) take(cn *conn, b []byte) {
 	var h header
-	err := h.parse(b, c.cfg.MaxMessage)
+	err := h.parse(b, c.cfg.MaxMessage, c.cfg.MaxUHdr)
 	c.mu.Lock()
 	if cn.err != nil {
 		c.mu.Unlock()

@@ -42,8 +42,9 @@ func TestAnIdleContextRingsNoDoorbell(t *testing.T) {
 		require.NoError(t, c.SetHandler(1, func(*Arrival) Return { return Return{} }))
 	}
 	trafficBothWays(t, cs)
-	before := stillBells(cs)
-	time.Sleep(3 * probeEvery) // rounds of the progress goroutine, woken by its ticker
+	ctx := withTimeout(t, 5*time.Minute) // a hang guard
+	before := stillBells(t, ctx, cs)
+	rounds(t, ctx, cs, polls(cs), 3) // rounds of the progress goroutines, woken by their tickers
 	assert.Equal(t, before, bells(cs))
 }
 
@@ -60,20 +61,17 @@ func TestStatsCountEveryDoorbellTheContextRings(t *testing.T) {
 	}
 	trafficBothWays(t, cs)
 	require.NotZero(t, cs[0].Stats().CtrlPackets+cs[1].Stats().CtrlPackets, "no control packet was sent")
-	// The contexts count a doorbell as they ring it, the model as its
-	// worker takes it, and a context may return held buffers after a
-	// still spell: the counts are compared until both sides agree, and a
-	// miscount never does.
-	var got []uint64
-	var st pvsim.Stats
-	agree := func() bool {
-		got = stillBells(cs)
-		st = m.Stats()
-		return st.SQDoorbells+st.SRQDoorbells == got[0]+got[1]
+	// Closed, the contexts ring no more (Stats is read after Close), and
+	// their Close destroys queues with commands, which the model takes
+	// from the same queue as doorbells, after them: once the Closes
+	// return, the model has taken every doorbell the contexts rang.
+	var got uint64
+	for _, c := range cs {
+		require.NoError(t, c.Close())
+		got += c.Stats().Doorbells
 	}
-	for deadline := time.Now().Add(30 * time.Second); !agree() && time.Now().Before(deadline); {
-	}
-	assert.Equal(t, st.SQDoorbells+st.SRQDoorbells, got[0]+got[1], "device: %d send and %d SRQ doorbells", st.SQDoorbells, st.SRQDoorbells)
+	st := m.Stats()
+	assert.Equal(t, st.SQDoorbells+st.SRQDoorbells, got, "device: %d send and %d SRQ doorbells", st.SQDoorbells, st.SRQDoorbells)
 }
 
 // trafficBothWays has each of two tasks send the other 20 messages, then
@@ -102,26 +100,53 @@ func bells(cs []*Context) []uint64 {
 	return b
 }
 
+// polls returns how many times each context's progress goroutine has
+// polled its CQ: once a round.
+func polls(cs []*Context) []uint64 {
+	p := make([]uint64, len(cs))
+	for i, c := range cs {
+		p[i] = c.cq.Stats().Polls
+	}
+	return p
+}
+
+// rounds waits until each context's progress goroutine has polled its CQ
+// k times more than from says: the round under way at from has ended, and
+// k-1 rounds more have begun. Only a hang meets ctx's end.
+func rounds(t *testing.T, ctx context.Context, cs []*Context, from []uint64, k uint64) {
+	t.Helper()
+	for i, c := range cs {
+		for c.cq.Stats().Polls < from[i]+k {
+			select {
+			case <-ctx.Done():
+				require.FailNow(t, "a progress goroutine stopped", "task %d polled %d times, waiting for %d", i, c.cq.Stats().Polls, from[i]+k)
+			case <-time.After(time.Millisecond):
+			}
+		}
+	}
+}
+
 // stillBells returns the contexts' doorbell counts once they hold still:
 // the last acknowledgements' buffers go back to the SRQ (a doorbell) just
-// after the Fences return.
-func stillBells(cs []*Context) []uint64 {
-	before, still := bells(cs), 0
-	for deadline := time.Now().Add(time.Minute); ; {
-		time.Sleep(20 * time.Millisecond)
+// after the Fences return, and what is rung may bring a packet that makes
+// the peer ring. Still is the same counts across two rounds of every
+// progress goroutine, three times in a row. What is left to ring after
+// traffic is a few doorbells, each of which can break at most one spell:
+// contexts that still ring after 50 spells ring when idle.
+func stillBells(t *testing.T, ctx context.Context, cs []*Context) []uint64 {
+	t.Helper()
+	before := bells(cs)
+	for spells, still := 0, 0; still < 3; spells++ {
+		require.Less(t, spells, 50, "the contexts rang in spells of idling: %v doorbells", before)
+		rounds(t, ctx, cs, polls(cs), 2)
 		now := bells(cs)
 		if slices.Equal(now, before) {
 			still++
 		} else {
-			still = 0
+			still, before = 0, now
 		}
-		// Three still spells in a row: buffers held back go after a
-		// spell of idling, later on a loaded machine.
-		if still == 3 || time.Now().After(deadline) {
-			return now
-		}
-		before = now
 	}
+	return before
 }
 
 // stalledJob is a two-task job whose task 1 has taken one message from
@@ -399,12 +424,15 @@ func TestOnACQThatCannotBeArmedTheProgressGoroutineNaps(t *testing.T) {
 	}
 	trafficBothWays(t, cs)
 	time.Sleep(NapSpin + 20*time.Millisecond) // past the spin, the naps at their longest
-	before := cs[0].cq.Stats().Polls
+	before, start := polls(cs[:1]), time.Now()
 	time.Sleep(100 * time.Millisecond)
-	polls := cs[0].cq.Stats().Polls - before
-	assert.Less(t, polls, uint64(1000), "an idle context polled %d times in 100 ms: it does not nap", polls)
-	assert.Positive(t, polls, "an idle context stopped polling")
-	trafficBothWays(t, cs) // after the idle spell: Amsend's Wake ends a nap
+	// Over the time that passed, however long the sleep took: a napper
+	// polls about once per napMax, a loop without naps thousands of times
+	// as often; the bound is ten times the napper's rate.
+	n, elapsed := polls(cs[:1])[0]-before[0], time.Since(start)
+	assert.Less(t, n, uint64(10*elapsed/napMax), "an idle context polled %d times in %v: it does not nap", n, elapsed)
+	rounds(t, withTimeout(t, time.Minute), cs[:1], before, 1) // an idle context goes on polling
+	trafficBothWays(t, cs)                                    // after the idle spell: Amsend's Wake ends a nap
 }
 
 // ProgressMode names how the progress goroutine waits: on QEMU's device

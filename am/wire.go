@@ -76,8 +76,11 @@ func (h *header) put(b []byte) {
 // another process, and a packet that does not hold together is refused
 // rather than trusted. What a packet must agree with (the message being
 // reassembled, the credits outstanding, the next message id) the receiver
-// checks against its state: see Context.check.
-func (h *header) parse(b []byte, maxMessage int) error {
+// checks against its state: see Context.check. maxMessage and maxUHdr
+// are the receiver's Config.MaxMessage and Config.MaxUHdr: a peer that
+// fits more in its packets than this task takes is refused, as Amsend
+// refuses it here.
+func (h *header) parse(b []byte, maxMessage, maxUHdr int) error {
 	if len(b) < headerSize {
 		return fmt.Errorf("%w: a %d-byte packet, shorter than its header", errProtocol, len(b))
 	}
@@ -105,8 +108,8 @@ func (h *header) parse(b []byte, maxMessage int) error {
 		if n := h.rideAcks(); n > maxRideAcks || h.offset>>(32*n) != 0 {
 			return fmt.Errorf("%w: %d acknowledgements riding in %#x", errProtocol, n, h.offset)
 		}
-		if h.uhdrLen%8 != 0 {
-			return fmt.Errorf("%w: a %d-byte user header, not a multiple of 8", errProtocol, h.uhdrLen)
+		if h.uhdrLen%8 != 0 || int(h.uhdrLen) > maxUHdr {
+			return fmt.Errorf("%w: a %d-byte user header (a multiple of 8, at most %d)", errProtocol, h.uhdrLen, maxUHdr)
 		}
 		if uint64(h.uhdrLen) > body {
 			return fmt.Errorf("%w: user header of %d bytes in a %d-byte body", errProtocol, h.uhdrLen, body)

@@ -22,19 +22,19 @@ func wirePacket(h header, n int) []byte {
 // length is refused as surely as data short of it.
 func TestEagerPacketWithMoreDataThanItsLengthIsRefused(t *testing.T) {
 	var h header
-	require.NoError(t, h.parse(wirePacket(header{kind: kindEager, uhdrLen: 8, length: 10}, 18), 1<<20), "exactly its length")
-	assert.ErrorIs(t, h.parse(wirePacket(header{kind: kindEager, uhdrLen: 8, length: 10}, 19), 1<<20), errProtocol, "one byte more")
-	assert.ErrorIs(t, h.parse(wirePacket(header{kind: kindEager, uhdrLen: 8, length: 10}, 17), 1<<20), errProtocol, "one byte less")
+	require.NoError(t, h.parse(wirePacket(header{kind: kindEager, uhdrLen: 8, length: 10}, 18), 1<<20, anyUHdr), "exactly its length")
+	assert.ErrorIs(t, h.parse(wirePacket(header{kind: kindEager, uhdrLen: 8, length: 10}, 19), 1<<20, anyUHdr), errProtocol, "one byte more")
+	assert.ErrorIs(t, h.parse(wirePacket(header{kind: kindEager, uhdrLen: 8, length: 10}, 17), 1<<20, anyUHdr), errProtocol, "one byte less")
 }
 
 // A control packet's body is exactly its acknowledgements, four bytes
 // each: a body shorter than the count says is refused, as is a longer one.
 func TestControlPacketBodyNotExactlyItsAckCountIsRefused(t *testing.T) {
 	var h header
-	require.NoError(t, h.parse(wirePacket(header{kind: kindCtrl, length: 3}, 12), 1<<20))
-	assert.ErrorIs(t, h.parse(wirePacket(header{kind: kindCtrl, length: 3}, 8), 1<<20), errProtocol, "shorter than its acks")
-	assert.ErrorIs(t, h.parse(wirePacket(header{kind: kindCtrl, length: 3}, 16), 1<<20), errProtocol, "longer than its acks")
-	assert.ErrorIs(t, h.parse(wirePacket(header{kind: kindCtrl, length: 3}, 13), 1<<20), errProtocol, "not a whole number of acks")
+	require.NoError(t, h.parse(wirePacket(header{kind: kindCtrl, length: 3}, 12), 1<<20, anyUHdr))
+	assert.ErrorIs(t, h.parse(wirePacket(header{kind: kindCtrl, length: 3}, 8), 1<<20, anyUHdr), errProtocol, "shorter than its acks")
+	assert.ErrorIs(t, h.parse(wirePacket(header{kind: kindCtrl, length: 3}, 16), 1<<20, anyUHdr), errProtocol, "longer than its acks")
+	assert.ErrorIs(t, h.parse(wirePacket(header{kind: kindCtrl, length: 3}, 13), 1<<20, anyUHdr), errProtocol, "not a whole number of acks")
 }
 
 // The maximum message size is inclusive: a message of exactly MaxMessage
@@ -43,12 +43,12 @@ func TestControlPacketBodyNotExactlyItsAckCountIsRefused(t *testing.T) {
 func TestMessageOfExactlyMaxMessageBytesIsDelivered(t *testing.T) {
 	const max = 64 << 10
 	var h header
-	require.NoError(t, h.parse(wirePacket(header{kind: kindFirst, length: max}, 100), max), "first packet")
-	require.NoError(t, h.parse(wirePacket(header{kind: kindFrag, length: max, offset: max - 100}, 100), max), "last fragment")
-	assert.ErrorIs(t, h.parse(wirePacket(header{kind: kindFirst, length: max + 1}, 100), max), errProtocol)
-	assert.ErrorIs(t, h.parse(wirePacket(header{kind: kindFrag, length: max + 1, offset: max - 100}, 100), max), errProtocol)
-	assert.ErrorIs(t, h.parse(wirePacket(header{kind: kindEager, length: 257}, 257), 256), errProtocol, "eager over the maximum")
-	require.NoError(t, h.parse(wirePacket(header{kind: kindEager, length: 256}, 256), 256), "eager at the maximum")
+	require.NoError(t, h.parse(wirePacket(header{kind: kindFirst, length: max}, 100), max, anyUHdr), "first packet")
+	require.NoError(t, h.parse(wirePacket(header{kind: kindFrag, length: max, offset: max - 100}, 100), max, anyUHdr), "last fragment")
+	assert.ErrorIs(t, h.parse(wirePacket(header{kind: kindFirst, length: max + 1}, 100), max, anyUHdr), errProtocol)
+	assert.ErrorIs(t, h.parse(wirePacket(header{kind: kindFrag, length: max + 1, offset: max - 100}, 100), max, anyUHdr), errProtocol)
+	assert.ErrorIs(t, h.parse(wirePacket(header{kind: kindEager, length: 257}, 257), 256, anyUHdr), errProtocol, "eager over the maximum")
+	require.NoError(t, h.parse(wirePacket(header{kind: kindEager, length: 256}, 256), 256, anyUHdr), "eager at the maximum")
 
 	d := openDevice(t)
 	cs := newJob(t, d, 2, Config{MaxMessage: max})
@@ -81,14 +81,14 @@ func TestAcksRideInAFirstPacketOnlyAsItsFlagsSay(t *testing.T) {
 		for i := range k {
 			off |= uint64(7+i) << (32 * i)
 		}
-		require.NoError(t, h.parse(wirePacket(header{kind: kindEager, flags: uint8(k * flagAcksOne), offset: off, length: 4}, 4), 1<<20), "%d acks", k)
+		require.NoError(t, h.parse(wirePacket(header{kind: kindEager, flags: uint8(k * flagAcksOne), offset: off, length: 4}, 4), 1<<20, anyUHdr), "%d acks", k)
 		assert.Equal(t, k, h.rideAcks())
-		require.NoError(t, h.parse(wirePacket(header{kind: kindFirst, flags: uint8(k * flagAcksOne), offset: off, length: 8}, 4), 1<<20), "%d acks, first", k)
+		require.NoError(t, h.parse(wirePacket(header{kind: kindFirst, flags: uint8(k * flagAcksOne), offset: off, length: 8}, 4), 1<<20, anyUHdr), "%d acks, first", k)
 	}
-	assert.ErrorIs(t, h.parse(wirePacket(header{kind: kindEager, flags: 3 * flagAcksOne, length: 4}, 4), 1<<20), errProtocol, "three acks")
-	assert.ErrorIs(t, h.parse(wirePacket(header{kind: kindEager, offset: 7, length: 4}, 4), 1<<20), errProtocol, "an ack the flags do not count")
-	assert.ErrorIs(t, h.parse(wirePacket(header{kind: kindEager, flags: flagAcksOne, offset: 7 | 8<<32, length: 4}, 4), 1<<20), errProtocol, "a second ack the flags do not count")
-	assert.ErrorIs(t, h.parse(wirePacket(header{kind: kindCtrl, offset: 7}, 0), 1<<20), errProtocol, "a control packet with an ack in its offset")
-	assert.ErrorIs(t, h.parse(wirePacket(header{kind: kindFrag, flags: flagAcksOne, offset: 0, length: 8}, 4), 1<<20), errProtocol, "a fragment with flags")
-	require.NoError(t, h.parse(wirePacket(header{kind: kindEager, flags: flagAckSoon, length: 4}, 4), 1<<20), "an acknowledgement asked for soon")
+	assert.ErrorIs(t, h.parse(wirePacket(header{kind: kindEager, flags: 3 * flagAcksOne, length: 4}, 4), 1<<20, anyUHdr), errProtocol, "three acks")
+	assert.ErrorIs(t, h.parse(wirePacket(header{kind: kindEager, offset: 7, length: 4}, 4), 1<<20, anyUHdr), errProtocol, "an ack the flags do not count")
+	assert.ErrorIs(t, h.parse(wirePacket(header{kind: kindEager, flags: flagAcksOne, offset: 7 | 8<<32, length: 4}, 4), 1<<20, anyUHdr), errProtocol, "a second ack the flags do not count")
+	assert.ErrorIs(t, h.parse(wirePacket(header{kind: kindCtrl, offset: 7}, 0), 1<<20, anyUHdr), errProtocol, "a control packet with an ack in its offset")
+	assert.ErrorIs(t, h.parse(wirePacket(header{kind: kindFrag, flags: flagAcksOne, offset: 0, length: 8}, 4), 1<<20, anyUHdr), errProtocol, "a fragment with flags")
+	require.NoError(t, h.parse(wirePacket(header{kind: kindEager, flags: flagAckSoon, length: 4}, 4), 1<<20, anyUHdr), "an acknowledgement asked for soon")
 }
