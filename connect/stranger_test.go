@@ -316,48 +316,104 @@ func TestASilentClientIsRefusedAfterTheExchangeTimeout(t *testing.T) {
 // Between its messages the peer is at work (connecting QPs, posting
 // receives, running a batch until a barrier): that wait is bounded by the
 // context alone, however much longer than Options.ExchangeTimeout it is.
-// Here each end lingers several timeouts before each step, in turn.
+// Here the peer lingers several timeouts before each of its steps: a
+// server here waits on a raw client that wrote its first message at once,
+// a client here on a server here (whose own timeout is long).
 func TestThePeersTurnIsNotBoundedByTheExchangeTimeout(t *testing.T) {
 	const limit = 30 * time.Millisecond
 	linger := func() { time.Sleep(5 * limit) }
-	for _, f := range []connect.Format{connect.Native, connect.RDMACore} {
-		for _, slow := range []string{"server", "client"} {
-			t.Run(f.String()+"/slow "+slow, func(t *testing.T) {
-				ctx := withTimeout(t, 20*time.Second)
-				srv, cli := pair(t, ctx, &connect.Options{Format: f, ExchangeTimeout: limit})
-				side := func(c *connect.Conn, qpn uint32, lingers bool) func() error {
-					return func() error {
-						one := connect.Info{Endpoints: []connect.Endpoint{{QPN: qpn, GID: gidA}}}
-						if _, err := c.Exchange(ctx, one); err != nil {
-							return err
-						}
-						if lingers {
-							linger() // connecting its QP, posting receives
-						}
-						if err := c.Ready(ctx); err != nil {
-							return err
-						}
-						if f != connect.Native {
-							return nil
-						}
-						if lingers {
-							linger() // a batch
-						}
-						if err := c.Barrier(ctx, "batch done"); err != nil {
-							return err
-						}
-						if lingers {
-							linger() // a second set of QPs
-						}
-						_, err := c.Exchange(ctx, one)
-						return err
-					}
-				}
-				srvErr, cliErr := both(side(srv, 1, slow == "server"), side(cli, 2, slow == "client"))
-				require.NoError(t, srvErr)
-				require.NoError(t, cliErr)
-			})
+	short := connect.Options{ExchangeTimeout: limit}
+	hello := nativeMsg(1, 1, helloPayload(1, []connect.Endpoint{{QPN: 1, GID: gidA}}, nil))
+	barrier := func(name string) []byte { return nativeMsg(1, 2, []byte(name)) }
+	// steps runs this end's steps: Exchange, Ready and, in the native
+	// format, a Barrier and a second Exchange; before each, if lingers,
+	// it lingers.
+	steps := func(ctx context.Context, c *connect.Conn, f connect.Format, lingers bool) error {
+		pause := func() {
+			if lingers {
+				linger()
+			}
 		}
+		if err := exchange(ctx, c); err != nil {
+			return err
+		}
+		pause() // connecting its QP, posting receives
+		if err := c.Ready(ctx); err != nil {
+			return err
+		}
+		if f != connect.Native {
+			return nil
+		}
+		pause() // a batch
+		if err := c.Barrier(ctx, "batch done"); err != nil {
+			return err
+		}
+		pause() // a second set of QPs
+		return exchange(ctx, c)
+	}
+
+	for _, f := range []connect.Format{connect.Native, connect.RDMACore} {
+		t.Run("server/"+f.String(), func(t *testing.T) {
+			ctx := withTimeout(t, 20*time.Second)
+			srv, raw := acceptRaw(t, ctx, f, short)
+			first := hello
+			if f == connect.RDMACore {
+				first = rdmaCoreMsg(0, 0x11, 7, gidAHex)
+			}
+			_, err := raw.Write(first) // at once, as a client does
+			require.NoError(t, err)
+			served := make(chan error, 1)
+			go func() {
+				err := steps(ctx, srv, f, false)
+				if err != nil {
+					srv.Close() // ends the raw client's read
+				}
+				served <- err
+			}()
+			read := func(n int) {
+				if _, err := io.ReadFull(raw, make([]byte, n)); err != nil {
+					t.Fatalf("reading the server's message: %v; the server: %v", err, <-served)
+				}
+			}
+			if f == connect.RDMACore {
+				read(52) // the server's address, at its Ready
+				linger()
+				_, err = raw.Write([]byte("done\x00"))
+				require.NoError(t, err)
+			} else {
+				read(len(hello))
+				for _, msg := range [][]byte{barrier("ready"), barrier("batch done"), hello} {
+					linger()
+					_, err = raw.Write(msg)
+					require.NoError(t, err)
+					read(len(msg))
+				}
+			}
+			require.NoError(t, <-served)
+		})
+		t.Run("client/"+f.String(), func(t *testing.T) {
+			ctx := withTimeout(t, 20*time.Second)
+			ln, err := connect.Listen(ctx, "127.0.0.1:0", &connect.Options{Format: f, ExchangeTimeout: time.Minute})
+			require.NoError(t, err)
+			defer ln.Close()
+			served := make(chan error, 1)
+			go func() {
+				srv, err := ln.Accept(ctx)
+				if err == nil {
+					defer srv.Close()
+					linger()
+					err = steps(ctx, srv, f, true)
+				}
+				served <- err
+			}()
+			opts := short
+			opts.Format = f
+			cli, err := connect.Dial(ctx, ln.Addr().String(), &opts)
+			require.NoError(t, err)
+			defer cli.Close()
+			require.NoError(t, steps(ctx, cli, f, false))
+			require.NoError(t, <-served)
+		})
 	}
 }
 
