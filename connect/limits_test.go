@@ -264,7 +264,7 @@ func TestCloseEndsAStepUnderWay(t *testing.T) {
 // one under way goes on.
 func TestACallWhileAnotherRunsIsErrBusy(t *testing.T) {
 	ctx := withTimeout(t, 10*time.Second)
-	srv, cli := pair(t, ctx, nil)
+	srv, cli := pair(t, ctx, &connect.Options{ExchangeTimeout: time.Minute}) // the client's hello comes once the probe saw ErrBusy
 	exchanged := make(chan error, 1)
 	go func() { exchanged <- exchange(ctx, srv) }() // waits for the client's hello
 	require.Eventually(t, func() bool {

@@ -27,16 +27,17 @@ func TestAPeerThatDoesNotReadIsRefusedAfterTheExchangeTimeout(t *testing.T) {
 				mine, theirs := net.Pipe()
 				defer theirs.Close()
 				o := (&Options{Format: f, ExchangeTimeout: 50 * time.Millisecond}).withDefaults()
-				c := newConn(mine, o, server)
-				defer c.Close()
 				in := Info{Endpoints: []Endpoint{{QPN: 1, GID: gid}}}
-				if server { // the client's message comes, and then the peer reads nothing
+				var conn net.Conn = mine
+				if server { // the client's message is there, and then the peer reads nothing
 					msg := appendMessage(nil, kindHello, encodeHello(in))
 					if f == RDMACore {
 						msg = appendRDMACore(nil, in.Endpoints[0])
 					}
-					go func() { _, _ = theirs.Write(msg) }()
+					conn = &preloaded{Conn: mine, pre: bytes.NewReader(msg)}
 				}
+				c := newConn(conn, o, server)
+				defer c.Close()
 				_, err := c.Exchange(ctx, in)
 				if err == nil && f == RDMACore && server {
 					err = c.Ready(ctx) // the server's message goes out here
@@ -47,6 +48,19 @@ func TestAPeerThatDoesNotReadIsRefusedAfterTheExchangeTimeout(t *testing.T) {
 			})
 		}
 	}
+}
+
+// preloaded is a connection whose first bytes are pre's.
+type preloaded struct {
+	net.Conn
+	pre *bytes.Reader
+}
+
+func (p *preloaded) Read(b []byte) (int, error) {
+	if p.pre.Len() > 0 {
+		return p.pre.Read(b)
+	}
+	return p.Conn.Read(b)
 }
 
 // quote shows at most quoteMax bytes, escaped, and says when it cut.
