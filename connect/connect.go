@@ -10,6 +10,7 @@ import (
 	"os"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/vfrdma/vfrdma"
@@ -70,6 +71,11 @@ var (
 	// ErrRefused reports a peer that refused what this end sent (native
 	// format); the error carries its reason.
 	ErrRefused = errors.New("the peer refused the exchange")
+	// ErrTimeout reports a peer that broke off inside the exchange, for
+	// Options.ExchangeTimeout: a message it began and did not finish,
+	// this end's message it did not take, or (at the server) a first
+	// message it did not begin.
+	ErrTimeout = errors.New("the exchange timed out")
 )
 
 // Error is the error of a step of the exchange: the step (Op: "listen",
@@ -177,9 +183,18 @@ func (f Format) checkMine(in Info) error {
 func RandomPSN() uint32 { return rand.Uint32() & 0xffffff }
 
 // Options configure Listen, Dial and DialTCP. The zero value (or nil)
-// speaks the native format with the default retry.
+// speaks the native format with the default retry and exchange timeout.
 type Options struct {
 	Format Format
+	// ExchangeTimeout (default DefaultExchangeTimeout) bounds, once a peer
+	// is connected, each message of the exchange: the peer takes each of
+	// this end's within it, sends each of its own whole within it of the
+	// message's first byte, and, at the server, begins the first within
+	// it of the first Exchange. The wait between the peer's messages (the
+	// peer at work: connecting its QPs, posting receives, running until a
+	// barrier) is bounded by the step's context alone. A failure wraps
+	// ErrTimeout. It does not bound the dial or the accept.
+	ExchangeTimeout time.Duration
 	// Retry is the pause between dial attempts (default DefaultRetry).
 	Retry time.Duration
 	// AttemptTimeout bounds one dial attempt (default
@@ -200,6 +215,9 @@ func (o *Options) withDefaults() Options {
 	}
 	if v.AttemptTimeout <= 0 {
 		v.AttemptTimeout = DefaultAttemptTimeout
+	}
+	if v.ExchangeTimeout <= 0 {
+		v.ExchangeTimeout = DefaultExchangeTimeout
 	}
 	return v
 }
@@ -251,12 +269,15 @@ func ctxErr(ctx context.Context, err error) error {
 }
 
 // Listener waits for peers: the server's end. Accept takes one caller at
-// a time; Close is safe for concurrent use.
+// a time (a second at once gets vfrdma.ErrBusy); Close is safe for
+// concurrent use.
 type Listener struct {
-	ln   net.Listener
-	o    Options
-	once sync.Once
-	err  error
+	ln     net.Listener
+	o      Options
+	busy   atomic.Bool
+	closed atomic.Bool
+	once   sync.Once
+	err    error
 }
 
 // Listen listens on addr (host:port; in the rdma-core formats a host alone
@@ -278,6 +299,14 @@ func (l *Listener) Addr() net.Addr { return l.ln.Addr() }
 // Accept waits for a peer to connect, until ctx ends; the Conn it returns
 // is the server's end.
 func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
+	addr := l.ln.Addr().String()
+	if l.closed.Load() {
+		return nil, &Error{Op: "accept", Addr: addr, Err: fmt.Errorf("%w: the Listener is closed", vfrdma.ErrClosed)}
+	}
+	if !l.busy.CompareAndSwap(false, true) {
+		return nil, &Error{Op: "accept", Addr: addr, Err: fmt.Errorf("%w: another Accept is under way (one caller at a time)", vfrdma.ErrBusy)}
+	}
+	defer l.busy.Store(false)
 	var c net.Conn
 	var err error
 	if d, ok := l.ln.(deadliner); ok {
@@ -288,25 +317,33 @@ func (l *Listener) Accept(ctx context.Context) (*Conn, error) {
 		c, err = l.ln.Accept()
 	}
 	if err != nil {
-		if e := ctxErr(ctx, err); e != nil {
+		switch e := ctxErr(ctx, err); {
+		case l.closed.Load():
+			err = fmt.Errorf("%w: the Listener was closed (%w)", vfrdma.ErrClosed, err)
+		case e != nil:
 			err = fmt.Errorf("%w waiting for the peer", e)
 		}
-		return nil, &Error{Op: "accept", Addr: l.ln.Addr().String(), Err: err}
+		return nil, &Error{Op: "accept", Addr: addr, Err: err}
 	}
 	return newConn(c, l.o, true), nil
 }
 
-// Close stops listening; a Conn accepted stays open. Close is idempotent.
+// Close stops listening; a Conn accepted stays open. Close is idempotent;
+// Accept returns vfrdma.ErrClosed after it.
 func (l *Listener) Close() error {
-	l.once.Do(func() { l.err = l.ln.Close() })
+	l.once.Do(func() {
+		l.closed.Store(true)
+		l.err = l.ln.Close()
+	})
 	return l.err
 }
 
 // Conn is one end of an exchange: Exchange, then Ready, then any Barriers
-// and further Exchanges (native format), then Close. It is single-owner; Close may be called
-// from any goroutine and ends the step under way.
+// and further Exchanges (native format), then Close. It is single-owner (a
+// step called while another runs gets vfrdma.ErrBusy); Close may be
+// called from any goroutine and ends the step under way.
 type Conn struct {
-	c      net.Conn
+	c      *wire
 	r      *bufio.Reader
 	o      Options
 	server bool
@@ -314,6 +351,9 @@ type Conn struct {
 	step   int   // stepNew, stepExchanged, stepReady
 	err    error // the first failure of the exchange: returned ever after
 	mine   Info  // the rdma-core server's, written at Ready
+	heard  bool  // the server's first Exchange ran: the client's first message is no longer due
+	busy   atomic.Bool
+	closed atomic.Bool
 	once   sync.Once
 	cerr   error
 }
@@ -325,7 +365,8 @@ const (
 )
 
 func newConn(c net.Conn, o Options, server bool) *Conn {
-	return &Conn{c: c, r: bufio.NewReader(c), o: o, server: server, peer: c.RemoteAddr().String()}
+	w := &wire{Conn: c, limit: o.ExchangeTimeout, f: o.Format}
+	return &Conn{c: w, r: bufio.NewReader(w), o: o, server: server, peer: c.RemoteAddr().String()}
 }
 
 // Dial connects to the server at addr (host:port; in the rdma-core
@@ -353,9 +394,13 @@ func (c *Conn) RemoteAddr() net.Addr { return c.c.RemoteAddr() }
 // LocalAddr returns this end's address.
 func (c *Conn) LocalAddr() net.Addr { return c.c.LocalAddr() }
 
-// Close closes the connection. It is idempotent.
+// Close closes the connection. It is idempotent; every step returns
+// vfrdma.ErrClosed after it.
 func (c *Conn) Close() error {
-	c.once.Do(func() { c.cerr = c.c.Close() })
+	c.once.Do(func() {
+		c.closed.Store(true)
+		c.cerr = c.c.Close()
+	})
 	return c.cerr
 }
 
@@ -365,19 +410,50 @@ func (c *Conn) misuse(op, format string, args ...any) error {
 	return &Error{Op: op, Addr: c.peer, Err: fmt.Errorf("%w: %s", vfrdma.ErrInvalid, fmt.Sprintf(format, args...))}
 }
 
+// enter begins a step: it refuses one on a closed Conn (vfrdma.ErrClosed),
+// one while another runs (vfrdma.ErrBusy, the Conn being single-owner),
+// and any on a broken Conn (its error). leave ends the step.
+func (c *Conn) enter(op string) error {
+	if c.closed.Load() {
+		return &Error{Op: op, Addr: c.peer, Err: fmt.Errorf("%w: the Conn is closed", vfrdma.ErrClosed)}
+	}
+	if !c.busy.CompareAndSwap(false, true) {
+		return &Error{Op: op, Addr: c.peer, Err: fmt.Errorf("%w: another step of the Conn is under way (a Conn is single-owner)", vfrdma.ErrBusy)}
+	}
+	if c.err != nil {
+		c.busy.Store(false)
+		return c.err
+	}
+	return nil
+}
+
+func (c *Conn) leave() { c.busy.Store(false) }
+
 // run runs a step of the exchange under ctx; its failure breaks the Conn.
 func (c *Conn) run(ctx context.Context, op string, step func() error) error {
-	undo := watch(ctx, c.c)
+	stop := c.c.start(ctx)
 	err := step()
-	undo()
+	stop()
 	if err == nil {
 		return nil
 	}
-	if e := ctxErr(ctx, err); e != nil {
+	switch e := ctxErr(ctx, err); {
+	case c.closed.Load():
+		err = fmt.Errorf("%w: closed during the step (%w)", vfrdma.ErrClosed, err)
+	case e != nil:
 		err = fmt.Errorf("%w (%w)", e, err)
 	}
 	c.err = &Error{Op: op, Addr: c.peer, Err: err}
 	return c.err
+}
+
+// endMessage tells the deadlines that the peer's message ended here.
+func (c *Conn) endMessage() {
+	var next []byte
+	if n := c.r.Buffered(); n > 0 {
+		next, _ = c.r.Peek(min(n, quoteMax+1))
+	}
+	c.c.endMessage(next)
 }
 
 // Exchange sends this end's Info and returns the peer's. The client sends
@@ -386,15 +462,23 @@ func (c *Conn) run(ctx context.Context, op string, step func() error) error {
 // client's Exchange returns once the server called Ready). The
 // peer's Info is checked: the fields are in range, the counts and lengths
 // within the bounds, and in the rdma-core formats every message is
-// well-formed and names a GID.
+// well-formed and names a GID. What the peer sends is checked as it
+// arrives: a peer of another protocol is refused at its first bytes that
+// cannot be the exchange.
+//
+// The client calls its first Exchange as soon as it is connected (its QPs
+// made before Dial, as rdma-core's programs make them): the server's
+// first Exchange waits at most Options.ExchangeTimeout for its message
+// to begin.
 //
 // In the native format Exchange may run again, before or after Ready (a
 // second set of QPs over the same connection: a Barrier is then their
 // Ready); the rdma-core formats exchange once.
 func (c *Conn) Exchange(ctx context.Context, mine Info) (Info, error) {
-	if c.err != nil {
-		return Info{}, c.err
+	if err := c.enter("exchange"); err != nil {
+		return Info{}, err
 	}
+	defer c.leave()
 	if c.step != stepNew && c.o.Format != Native {
 		return Info{}, c.misuse("exchange", "the %v exchange runs once per Conn", c.o.Format)
 	}
@@ -403,6 +487,10 @@ func (c *Conn) Exchange(ctx context.Context, mine Info) (Info, error) {
 	}
 	var peer Info
 	err := c.run(ctx, "exchange", func() error {
+		if c.server && !c.heard {
+			c.heard = true
+			c.c.expectFirst()
+		}
 		var err error
 		if c.o.Format == Native {
 			peer, err = c.nativeExchange(mine)
@@ -423,16 +511,19 @@ func (c *Conn) Exchange(ctx context.Context, mine Info) (Info, error) {
 // returns once the peer said the same: from then on either end may send.
 // In the rdma-core formats, the server writes its address messages here
 // and waits for the client's "done"; the client writes "done" (an
-// rdma-core server posted its receives before the exchange).
+// rdma-core server posted its receives before the exchange). Ready runs
+// once per Conn: before Exchange, or a second time, it returns
+// vfrdma.ErrInvalid.
 func (c *Conn) Ready(ctx context.Context) error {
-	if c.err != nil {
-		return c.err
+	if err := c.enter("ready"); err != nil {
+		return err
 	}
+	defer c.leave()
 	switch c.step {
 	case stepNew:
 		return c.misuse("ready", "Ready before Exchange")
 	case stepReady:
-		return c.misuse("ready", "Ready runs once per Conn")
+		return c.misuse("ready", "Ready runs once per Conn (Barrier meets the peer again)")
 	}
 	err := c.run(ctx, "ready", func() error {
 		if c.o.Format == Native {
@@ -452,9 +543,10 @@ func (c *Conn) Ready(ctx context.Context) error {
 // often as the two ends need; the rdma-core formats have no barrier but
 // Ready (ErrNotSupported).
 func (c *Conn) Barrier(ctx context.Context, name string) error {
-	if c.err != nil {
-		return c.err
+	if err := c.enter("barrier"); err != nil {
+		return err
 	}
+	defer c.leave()
 	if c.o.Format != Native {
 		return &Error{Op: "barrier", Addr: c.peer, Err: fmt.Errorf("%w: %v exchange has no barrier but Ready", vfrdma.ErrNotSupported, c.o.Format)}
 	}
@@ -465,24 +557,4 @@ func (c *Conn) Barrier(ctx context.Context, name string) error {
 		return c.misuse("barrier", "a barrier name of %d bytes: at most %d", len(name), MaxBarrierName)
 	}
 	return c.run(ctx, "barrier", func() error { return c.nativeBarrier(name) })
-}
-
-// printable returns b for an error message: at most 64 bytes, anything
-// but printable ASCII as '?'.
-func printable(b []byte) string {
-	cut := len(b) > 64
-	if cut {
-		b = b[:64]
-	}
-	out := make([]byte, len(b))
-	for i, v := range b {
-		if v < 0x20 || v > 0x7e {
-			v = '?'
-		}
-		out[i] = v
-	}
-	if cut {
-		return string(out) + "..."
-	}
-	return string(out)
 }

@@ -266,16 +266,6 @@ func TestExchangeEndsWithItsContext(t *testing.T) {
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 }
 
-// Close ends a step under way on another goroutine.
-func TestCloseEndsAStepUnderWay(t *testing.T) {
-	ctx := withTimeout(t, 10*time.Second)
-	srv, _ := pair(t, ctx, nil)
-	time.AfterFunc(50*time.Millisecond, func() { srv.Close() })
-	_, err := srv.Exchange(ctx, connect.Info{})
-	require.ErrorIs(t, err, net.ErrClosed)
-	assert.NoError(t, srv.Close(), "Close is idempotent")
-}
-
 // Calls out of order and Infos a format cannot send are refused with
 // ErrInvalid, before anything is sent; the Conn goes on.
 func TestMisuseIsRefusedAndLeavesTheConnWhole(t *testing.T) {

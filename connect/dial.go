@@ -20,8 +20,9 @@ type Progress struct {
 
 // Defaults of Options.
 const (
-	DefaultRetry          = 100 * time.Millisecond
-	DefaultAttemptTimeout = 5 * time.Second
+	DefaultRetry           = 100 * time.Millisecond
+	DefaultAttemptTimeout  = 5 * time.Second
+	DefaultExchangeTimeout = 3 * time.Second
 )
 
 // DialTCP connects to addr over TCP as Dial does, retrying until ctx ends

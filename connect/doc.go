@@ -49,26 +49,52 @@
 // they return is RDMACoreQKey, the one ibv_ud_pingpong uses. Their port is
 // RDMACorePort, which Listen and Dial add to an address given without one.
 //
+// # Strangers and stalls
+//
+// Whoever connects to a listener, or answers a dial, may speak another
+// protocol: perftest's ib_send_lat and kin (their own exchange, which
+// begins with their version, on rdma-core's port), a port scanner, a web
+// client. What the peer sends is checked as it arrives, a read at a time,
+// so such a peer is refused at its first bytes that cannot be the
+// exchange (ErrProtocol), not once it sent a whole message's worth, which
+// it may never do. The error quotes what arrived (escaped, at most 64
+// bytes) and names the protocol it looks like.
+//
+// Once connected, each message has Options.ExchangeTimeout (default
+// DefaultExchangeTimeout): the peer takes each of this end's within it,
+// sends each of its own whole within it of the message's first byte, and
+// the client's first message begins within it of the server's first
+// Exchange (a client writes first, as soon as it is connected: make the
+// QPs before Dial). A peer that breaks off gets an error wrapping
+// ErrTimeout. The wait between the peer's messages, the peer at work
+// (connecting its QPs, posting receives, running until the next barrier),
+// is bounded by the step's context alone.
+//
 // # Errors
 //
 // Every error of a Conn, Listener, Dial or DialTCP is an *Error naming the
 // step and the peer's address. What the peer sent is input: a message
-// that is not the exchange (wrong magic or version, a count or length out
-// of bounds, a truncated message, a bad GID or number) is an error
-// wrapping ErrProtocol, never a panic, and no length read from the network
-// allocates more than what arrived (plus a bounded chunk). A misused call
-// (Ready before Exchange, an endpoint that is not 24-bit) wraps
-// vfrdma.ErrInvalid. After an error of the exchange itself the Conn is
-// broken: later calls return the same error.
+// that is not the exchange (another protocol, wrong magic or version, a
+// count or length out of bounds, a truncated message, a bad GID or
+// number) is an error wrapping ErrProtocol, never a panic, and no length
+// read from the network allocates more than what arrived (plus a bounded
+// chunk); a peer that stalls inside the exchange, ErrTimeout. A misused
+// call (Ready before Exchange or a second time, an endpoint that is not
+// 24-bit, a count or length past its bound) wraps vfrdma.ErrInvalid and
+// leaves the Conn whole. After an error of the exchange itself the Conn
+// is broken: later calls return the same error.
 //
 // # Concurrency and lifecycle
 //
-// A Conn is single-owner: one goroutine runs its steps, in order; Close
-// may be called from any goroutine and ends a step under way. A Listener's
-// Accept takes one caller at a time; Close is safe at any time. Close both
-// when done: the QPs outlive the connection, which is only for setup.
-// Every wait takes a context; a context's deadline bounds the reads and
-// writes under way, and its cancellation ends them.
+// A Conn is single-owner: one goroutine runs its steps, in order (a step
+// called while another runs returns vfrdma.ErrBusy); Close may be called
+// from any goroutine and ends a step under way. A Listener's Accept takes
+// one caller at a time (a second at once gets vfrdma.ErrBusy); Close is
+// safe at any time. After Close, every step of a Conn and Accept of a
+// Listener return vfrdma.ErrClosed. Close both when done: the QPs outlive
+// the connection, which is only for setup. Every wait takes a context; a
+// context's deadline bounds the reads and writes under way, and its
+// cancellation ends them.
 //
 // The package never prints or logs; Options.Progress reports dial retries
 // to a caller that wants to.

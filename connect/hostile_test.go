@@ -190,10 +190,10 @@ func TestHostileInputIsAnErrorRDMACore(t *testing.T) {
 		sent []byte
 		want string
 	}{
-		{"bad GID text", connect.RDMACore, rdmaCoreMsg(0, 0x11, 7, "fe80zz0000000000505400fffe123456"), `GID "fe80zz0000000000505400fffe123456" is not 32 hex digits`},
-		{"no colons", connect.RDMACore, append(bytes.Repeat([]byte{'0'}, 51), 0), "is not LID:QPN:PSN:GID"},
-		{"no NUL", connect.RDMACore, append(good[:51:51], 'x'), "is not LID:QPN:PSN:GID"},
-		{"QPN not hex", connect.RDMACore, []byte(strings.Replace(string(good), "000011", "00001g", 1)), "not hex"},
+		{"bad GID text", connect.RDMACore, rdmaCoreMsg(0, 0x11, 7, "fe80zz0000000000505400fffe123456"), "byte 23 is 'z', not a hex digit of the GID"},
+		{"no colons", connect.RDMACore, append(bytes.Repeat([]byte{'0'}, 51), 0), "byte 4 is '0', not a colon"},
+		{"no NUL", connect.RDMACore, append(good[:51:51], 'x'), "byte 51 is 'x', not the closing NUL"},
+		{"QPN not hex", connect.RDMACore, []byte(strings.Replace(string(good), "000011", "00001g", 1)), "byte 10 is 'g', not a hex digit of the QPN"},
 		{"truncated", connect.RDMACore, good[:30], "cut at 30 of 52 bytes"},
 		{"QPN 0", connect.RDMACore, zero, "names no QP"},
 		{"no GID", connect.RDMACore, rdmaCoreMsg(0, 0x11, 7, strings.Repeat("0", 32)), "-g GID_INDEX"},
@@ -217,7 +217,7 @@ func TestHostileInputIsAnErrorRDMACore(t *testing.T) {
 		return c.Ready(ctx)
 	})
 	require.ErrorIs(t, err, connect.ErrProtocol)
-	assert.ErrorContains(t, err, `"nope?" where its "done" was due`)
+	assert.ErrorContains(t, err, `the peer sent "nope\x00" where its "done" was due`)
 	assert.Len(t, back, 52, "the server's address went out at Ready")
 }
 

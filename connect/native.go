@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"time"
 )
 
 // The native format. Every message is a 12-byte header (the magic, the
@@ -122,27 +121,21 @@ func decodeHello(p []byte) (Info, error) {
 
 // readMessage reads the peer's next message, which must be of kind want,
 // and returns its payload. A refusal is returned as an error wrapping
-// ErrRefused with the peer's reason.
+// ErrRefused with the peer's reason. The magic is checked byte by byte as
+// it arrives: a peer of another protocol is refused at its first byte
+// that differs.
 func readMessage(r io.Reader, want uint16) ([]byte, error) {
 	var h [headerLen]byte
-	if n, err := io.ReadFull(r, h[:]); err != nil {
+	if n, err := readChecked(r, h[:], checkMagic); err != nil {
 		switch {
+		case errors.Is(err, errNotNative):
+			return nil, fmt.Errorf("%w: %w: it sent %s%s", ErrProtocol, err, quote(arrived(r, h[:n])), lookalike(arrived(r, h[:n]), Native))
 		case n == 0 && errors.Is(err, io.EOF):
 			return nil, fmt.Errorf("the peer closed the connection (%w)", err)
 		case errors.Is(err, io.ErrUnexpectedEOF):
-			if !bytes.HasPrefix([]byte(nativeMagic), h[:min(n, len(nativeMagic))]) {
-				return nil, fmt.Errorf("%w: %w: it sent %q and closed", ErrProtocol, errNotNative, printable(h[:n]))
-			}
 			return nil, fmt.Errorf("%w: a header cut at %d of %d bytes (%w)", ErrProtocol, n, headerLen, err)
 		}
 		return nil, err
-	}
-	if string(h[:8]) != nativeMagic {
-		hint := ""
-		if h[4] == ':' && h[11] == ':' {
-			hint = " (rdma-core's pingpong exchange, by the look of it)"
-		}
-		return nil, fmt.Errorf("%w: %w: it sent %q%s", ErrProtocol, errNotNative, printable(h[:]), hint)
 	}
 	if v := binary.LittleEndian.Uint16(h[8:]); v != nativeVersion {
 		return nil, fmt.Errorf("%w: the peer speaks version %d of the exchange, this end %d", ErrProtocol, v, nativeVersion)
@@ -175,7 +168,19 @@ func readMessage(r io.Reader, want uint16) ([]byte, error) {
 	return p, nil
 }
 
-// printableLong is printable for a refusal's reason, up to its bound.
+// checkMagic checks the bytes of a header that arrived from from on
+// against the magic.
+func checkMagic(h []byte, from int) error {
+	for i := from; i < min(len(h), len(nativeMagic)); i++ {
+		if h[i] != nativeMagic[i] {
+			return fmt.Errorf("%w: byte %d is %s where the magic %q has %s", errNotNative, i, quoteByte(h[i]), nativeMagic, quoteByte(nativeMagic[i]))
+		}
+	}
+	return nil
+}
+
+// printableLong returns a refusal's reason (at most maxRefusal bytes) for
+// an error: anything but printable ASCII as '?'.
 func printableLong(b []byte) string {
 	out := make([]byte, len(b))
 	for i, v := range b {
@@ -203,8 +208,7 @@ func (c *Conn) refuse(err error) {
 	if len(reason) > maxRefusal {
 		reason = reason[:maxRefusal]
 	}
-	_ = c.c.SetWriteDeadline(time.Now().Add(time.Second))
-	_ = c.send(kindRefusal, reason)
+	_ = c.send(kindRefusal, reason) // under the exchange's write deadline
 }
 
 func (c *Conn) nativeExchange(mine Info) (Info, error) {
@@ -215,6 +219,7 @@ func (c *Conn) nativeExchange(mine Info) (Info, error) {
 		}
 	}
 	p, err := readMessage(c.r, kindHello)
+	c.endMessage()
 	var peer Info
 	if err == nil {
 		peer, err = decodeHello(p)
@@ -238,8 +243,9 @@ func (c *Conn) nativeBarrier(name string) error {
 		}
 	}
 	p, err := readMessage(c.r, kindBarrier)
+	c.endMessage()
 	if err == nil && string(p) != name {
-		err = fmt.Errorf("%w: the peer is at barrier %q, this end at %q", ErrProtocol, printable(p), name)
+		err = fmt.Errorf("%w: the peer is at barrier %s, this end at %q", ErrProtocol, quote(p), name)
 	}
 	if err != nil {
 		c.refuse(err)

@@ -19,7 +19,8 @@ import (
 // digits, and a NUL: 52 bytes. (The programs write the GID as four 32-bit
 // words, each converted to big-endian first: the bytes come out in order.)
 // Their reader scans the text loosely; this one takes the exact layout
-// their writer makes, either case of hex.
+// their writer makes, either case of hex, and checks each byte as it
+// arrives.
 const rdmaCoreMsgLen = 4 + 1 + 6 + 1 + 6 + 1 + 32 + 1
 
 // rdmaCoreDone is what the client writes last, NUL included.
@@ -51,24 +52,54 @@ func parseHex(b []byte) (uint32, bool) {
 	return v, true
 }
 
+// rdmaCoreLayout is the message's layout, for errors.
+const rdmaCoreLayout = "LID:QPN:PSN:GID, 4, 6, 6 and 32 hex digits, then a NUL"
+
+// checkRDMACore checks bytes from on of a message as they arrive: each
+// byte is what the layout has there. Its error names the first that is
+// not.
+func checkRDMACore(m []byte, from int) error {
+	for i := from; i < len(m); i++ {
+		v := m[i]
+		var ok bool
+		var what string
+		switch {
+		case i == 4 || i == 11 || i == 18:
+			ok, what = v == ':', "a colon"
+		case i == rdmaCoreMsgLen-1:
+			ok, what = v == 0, "the closing NUL"
+		case i < 4:
+			ok, what = isHex(v), "a hex digit of the LID"
+		case i < 11:
+			ok, what = isHex(v), "a hex digit of the QPN"
+		case i < 18:
+			ok, what = isHex(v), "a hex digit of the PSN"
+		case i < rdmaCoreMsgLen-1:
+			ok, what = isHex(v), "a hex digit of the GID"
+		default:
+			return fmt.Errorf("byte %d is past the message's %d", i, rdmaCoreMsgLen)
+		}
+		if !ok {
+			return fmt.Errorf("byte %d is %s, not %s", i, quoteByte(v), what)
+		}
+	}
+	return nil
+}
+
 // parseRDMACore decodes one message of rdmaCoreMsgLen bytes.
 func parseRDMACore(m []byte) (Endpoint, error) {
-	if len(m) != rdmaCoreMsgLen || m[4] != ':' || m[11] != ':' || m[18] != ':' || m[51] != 0 {
-		hint := ""
-		if bytes.HasPrefix(m, []byte(nativeMagic)) {
-			hint = " (vfrdma's native exchange, by the look of it)"
-		}
-		return Endpoint{}, fmt.Errorf("%q is not LID:QPN:PSN:GID (4, 6, 6 and 32 hex digits, then a NUL)%s", printable(m), hint)
+	if len(m) != rdmaCoreMsgLen {
+		return Endpoint{}, fmt.Errorf("%s: %d bytes, not %d (%s)", quote(m), len(m), rdmaCoreMsgLen, rdmaCoreLayout)
 	}
-	lid, ok1 := parseHex(m[0:4])
-	qpn, ok2 := parseHex(m[5:11])
-	psn, ok3 := parseHex(m[12:18])
-	if !ok1 || !ok2 || !ok3 {
-		return Endpoint{}, fmt.Errorf("%q: the LID, QPN or PSN is not hex", printable(m[:18]))
+	if err := checkRDMACore(m, 0); err != nil {
+		return Endpoint{}, fmt.Errorf("%s is not an address (%s): %v%s", quote(m), rdmaCoreLayout, err, lookalike(m, RDMACore))
 	}
+	lid, _ := parseHex(m[0:4])
+	qpn, _ := parseHex(m[5:11])
+	psn, _ := parseHex(m[12:18])
 	var g vfrdma.GID
-	if _, err := hex.Decode(g[:], m[19:51]); err != nil {
-		return Endpoint{}, fmt.Errorf("GID %q is not 32 hex digits", printable(m[19:51]))
+	if _, err := hex.Decode(g[:], m[19:51]); err != nil { // checked: cannot fail
+		return Endpoint{}, fmt.Errorf("GID %s is not 32 hex digits", quote(m[19:51]))
 	}
 	return Endpoint{LID: uint16(lid), QPN: qpn, PSN: psn, GID: g}, nil
 }
@@ -99,19 +130,24 @@ func (c *Conn) writeRDMACore(eps []Endpoint) error {
 	return nil
 }
 
-// readRDMACore reads and checks the peer's messages.
+// readRDMACore reads and checks the peer's messages (all of them are one
+// message to the deadlines: the peer writes them at once).
 func (c *Conn) readRDMACore() (Info, error) {
+	defer c.endMessage()
 	n := c.rdmaCoreMessages()
 	var eps []Endpoint
 	none := -1 // the first message that names no QP
 	var m [rdmaCoreMsgLen]byte
 	for i := range n {
-		if k, err := io.ReadFull(c.r, m[:]); err != nil {
-			if i == 0 && k == 0 && errors.Is(err, io.EOF) {
+		if k, err := readChecked(c.r, m[:], checkRDMACore); err != nil {
+			got := arrived(c.r, m[:k])
+			switch {
+			case i == 0 && k == 0 && errors.Is(err, io.EOF):
 				return Info{}, fmt.Errorf("reading the peer's address: the peer closed the connection (%w)", err)
-			}
-			if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
-				return Info{}, fmt.Errorf("%w: the peer's address %d of %d is cut at %d of %d bytes: %w", ErrProtocol, i+1, n, k, rdmaCoreMsgLen, io.ErrUnexpectedEOF)
+			case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
+				return Info{}, fmt.Errorf("%w: the peer's address %d of %d is cut at %d of %d bytes: it sent %s and closed the connection%s: %w", ErrProtocol, i+1, n, k, rdmaCoreMsgLen, quote(got), lookalike(got, RDMACore), io.ErrUnexpectedEOF)
+			case refused(err):
+				return Info{}, fmt.Errorf("%w: the peer's address %d of %d is not rdma-core's pingpong exchange (%s): %v; it sent %s%s", ErrProtocol, i+1, n, rdmaCoreLayout, err, quote(got), lookalike(got, RDMACore))
 			}
 			return Info{}, fmt.Errorf("reading the peer's address %d of %d: %w", i+1, n, err)
 		}
@@ -164,14 +200,21 @@ func (c *Conn) rdmaCoreReady() error {
 		return err
 	}
 	var b [len("done\x00")]byte
-	if k, err := io.ReadFull(c.r, b[:]); err != nil {
-		if errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF) {
-			return fmt.Errorf("%w: the peer closed the connection after %d bytes where its \"done\" was due: %w", ErrProtocol, k, io.ErrUnexpectedEOF)
+	k, err := readChecked(c.r, b[:], func(b []byte, from int) error {
+		if !bytes.HasPrefix(rdmaCoreDone, b) {
+			return errors.New(`not "done"`)
 		}
-		return fmt.Errorf("waiting for the peer's \"done\": %w", err)
+		return nil
+	})
+	switch {
+	case err == nil:
+		c.endMessage()
+		return nil
+	case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
+		return fmt.Errorf("%w: the peer closed the connection after %d bytes, %s, where its \"done\" was due: %w", ErrProtocol, k, quote(b[:k]), io.ErrUnexpectedEOF)
+	case refused(err):
+		got := arrived(c.r, b[:k])
+		return fmt.Errorf("%w: the peer sent %s where its \"done\" was due%s", ErrProtocol, quote(got), lookalike(got, RDMACore))
 	}
-	if !bytes.Equal(b[:], rdmaCoreDone) {
-		return fmt.Errorf("%w: the peer sent %q where its \"done\" was due", ErrProtocol, printable(b[:]))
-	}
-	return nil
+	return fmt.Errorf("waiting for the peer's \"done\": %w", err)
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"strings"
 	"sync"
@@ -15,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vfrdma/vfrdma"
+	"github.com/vfrdma/vfrdma/connect"
 	"github.com/vfrdma/vfrdma/pvsim"
 )
 
@@ -209,6 +211,40 @@ func TestPingpongClientWaitsForItsServerOnStderr(t *testing.T) {
 	assert.Equal(t, 1, strings.Count(notes.String(), "\n"), "%q", notes.String())
 	assert.Contains(t, notes.String(), "waiting for the server at "+addr+": connection refused; retrying (2s of --wait-peer 2.5s)")
 	assert.Empty(t, out.String())
+}
+
+// perftest's ib_send_lat as the client of pvctl pingpong --rdma-core
+// --listen (both on port 18515 by default): it writes its 16-byte version
+// field and waits to read the server's. pvctl refuses it at once, ends
+// with an error that quotes what arrived and names perftest, and closes
+// the connection, so that perftest ends too.
+func TestPingpongRDMACoreServerRefusesAPerftestClient(t *testing.T) {
+	addr := freeAddr(t)
+	var notes lockedBuffer
+	e := &env{out: io.Discard, errOut: &notes, model: "v20", fabric: pvsim.NewFabric()}
+	done := make(chan error, 1)
+	go func() { done <- cmdPingpong(e, []string{"--rdma-core", "--listen", addr, "--wait-peer", "30s"}) }()
+	var raw net.Conn
+	require.Eventually(t, func() bool {
+		var err error
+		raw, err = net.Dial("tcp", addr)
+		return err == nil
+	}, 20*time.Second, 10*time.Millisecond, "pvctl listens")
+	defer raw.Close()
+	_, err := raw.Write(append([]byte("6.29"), make([]byte, 12)...)) // and waits
+	require.NoError(t, err)
+	select {
+	case err = <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("pvctl still waits on perftest's client")
+	}
+	require.ErrorIs(t, err, connect.ErrProtocol)
+	assert.ErrorContains(t, err, `it sent "6.29\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00"`)
+	assert.ErrorContains(t, err, "by the look of it, perftest's exchange")
+	require.NoError(t, raw.SetReadDeadline(time.Now().Add(20*time.Second)))
+	_, err = io.Copy(io.Discard, raw)
+	var ne net.Error
+	assert.False(t, errors.As(err, &ne) && ne.Timeout(), "pvctl closed the connection: %v", err)
 }
 
 // tcpPair opens a server and a client end of pvctl's TCP exchange on a
