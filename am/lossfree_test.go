@@ -45,7 +45,7 @@ func TestAnAllToAllOfManyTasksOnALossFreeFabricRetransmitsNothing(t *testing.T) 
 	cs := newJobOn(t, ds, Config{})
 	one := cs[0].OnePacket(16)
 	sizes := []int{0, 8, one, one + 1}
-	runTasks(t, cs, 5*time.Minute, func(ctx context.Context, c *Context) error { return allToAll(ctx, c, sizes) })
+	runTasks(t, cs, 8*time.Minute, func(ctx context.Context, c *Context) error { return allToAll(ctx, c, sizes) })
 	s := fab.Stats()
 	require.Positive(t, s.Packets)
 	assert.Zero(t, s.Retransmits, "requests sent again")
