@@ -162,6 +162,7 @@ func (d *Device) Close() error {
 		d.imu.Unlock()
 		close(d.quit)
 		<-d.done
+		d.discardInbox()
 		d.fab.detach(d)
 		d.disableVectors(nil)
 		d.closeErr = d.mem.releaseOwned(nil)
@@ -432,6 +433,9 @@ func (d *Device) push(ev event) bool {
 		d.imu.Unlock()
 		return false
 	}
+	if ev.pkt != nil && ev.pkt.inModel != nil {
+		ev.pkt.inModel.Add(1) // before the event can be handled
+	}
 	d.inbox = append(d.inbox, ev)
 	d.imu.Unlock()
 	select {
@@ -439,6 +443,29 @@ func (d *Device) push(ev event) bool {
 	default:
 	}
 	return true
+}
+
+// handled ends an event's stay in the model, once the device handled it
+// or discarded it unhandled.
+func (ev *event) handled() {
+	if ev.pkt != nil && ev.pkt.inModel != nil {
+		ev.pkt.inModel.Add(-1)
+	}
+}
+
+// discardInbox drops what the stopped device goroutine left unread: a
+// packet for a device that has gone is lost.
+func (d *Device) discardInbox() {
+	d.imu.Lock()
+	evs := d.inbox
+	d.inbox, d.spare = nil, nil
+	d.imu.Unlock()
+	for i := range evs {
+		if evs[i].kind == evPacket {
+			d.ctr.packetsDropped.Add(1)
+		}
+		evs[i].handled()
+	}
 }
 
 func (d *Device) takeInbox() []event {
@@ -469,6 +496,7 @@ func (d *Device) run() {
 			d.mem.mu.Lock()
 			d.handle(&evs[i])
 			d.mem.mu.Unlock()
+			evs[i].handled()
 		}
 		d.recycle(evs)
 		d.runTimers()
@@ -494,10 +522,14 @@ func (d *Device) run() {
 	}
 }
 
+// runTimers fires the timers due when it starts, and no more: a timer a
+// timer re-arms is due a timeout later, after the inbox has been read
+// again.
 func (d *Device) runTimers() {
+	now := time.Now()
 	for {
 		d.mem.mu.Lock()
-		tm := d.w.due(time.Now())
+		tm := d.w.due(now)
 		if tm != nil {
 			tm.fn()
 		}

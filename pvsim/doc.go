@@ -37,7 +37,11 @@
 //     command faults on demand (InjectFault: never answered, answered with
 //     an error, refused).
 //   - Observability: Stats, QP/QPByNumber/QPs, SRQ, MRs, Objects, GIDs,
-//     Events, State, Hazards.
+//     Events, State, Hazards; Fabric.Stats sums the Stats of a fabric's
+//     devices. Among the counts: Retransmits (RC requests sent again,
+//     after an ACK timeout or an RNR NAK), Timeouts (ACK timeouts that
+//     declared a loss) and TimeoutsHeld (ACK timeouts that came due with
+//     nothing lost, see below).
 //
 // # Sources, behaviour by behaviour
 //
@@ -186,8 +190,20 @@
 // worst an interrupt with nothing new. A POLL doorbell has nothing to
 // harvest (the model writes CQEs as they happen). The fabric is lossless
 // and keeps each sender's order; a request nobody takes (no destination,
-// a QP not ready, a port down) is dropped and the requester's timeout
-// retries it. The port's active MTU is 1024 on a VMware device (its
+// a QP not ready, a port down), an answer Fabric.LoseAnswers takes and a
+// packet left unread in a device that closes are dropped and the
+// requester's timeout retries the request. The model never invents a
+// loss: the local ACK timeout runs on the host's clock, and an ACK timeout
+// that comes due while the request or its answer is still inside the
+// model (queued in a device's inbox or being handled) declares nothing
+// lost, waits one more timeout (Stats.TimeoutsHeld) and retransmits
+// nothing, so a model slower than the timeout (thousands of QPs, the race
+// detector, a loaded host) never turns into RETRY_EXC_ERR or spurious
+// retransmissions; a device fires only the timers due when it looks at
+// them, and reads its inbox again before any timer re-armed since. A
+// real device's timer knows nothing of where its packets are; on a
+// lossless fabric the two agree whenever the model keeps up with the
+// timeout. The port's active MTU is 1024 on a VMware device (its
 // vmxnet3's 1500-byte Ethernet) [unverified] and 4096 in QEMU mode (QEMU
 // passes its backend's port through: the bench's runs at 4096); UD
 // payloads above it fail with LOC_LEN_ERR. Inline data is not supported (the INLINE flag is

@@ -2,6 +2,7 @@ package pvsim
 
 import (
 	"fmt"
+	"reflect"
 	"sort"
 	"sync/atomic"
 
@@ -136,7 +137,7 @@ type counters struct {
 	masked                                                      atomic.Uint64
 	events, eventsDropped                                       atomic.Uint64
 	packets, packetsDropped, retransmits, rnrNaks, udNoRecv     atomic.Uint64
-	qkeyViolations                                              atomic.Uint64
+	qkeyViolations, timeouts, timeoutsHeld                      atomic.Uint64
 	dmaFaults, ringFaults, hazards                              atomic.Uint64
 }
 
@@ -165,7 +166,19 @@ type Stats struct {
 	EventsDropped uint64 // async events lost (ring full, DSR not loaded)
 	Packets       uint64 // packets sent, retransmissions and answers included
 	Dropped       uint64 // packets dropped (no destination, not ready, port down, ...)
-	Retransmits   uint64
+	// Retransmits counts RC requests sent again: after a local ACK timeout
+	// (Timeouts) or an RNR NAK. On a fabric that loses nothing, to
+	// responders that are ready and receives that are posted, it stays 0
+	// however slow the model runs.
+	Retransmits uint64
+	// Timeouts counts local ACK timeouts that declared a loss: the requests
+	// in flight were sent again, or the first failed with RETRY_EXC_ERR.
+	Timeouts uint64
+	// TimeoutsHeld counts local ACK timeouts that came due while a request
+	// of the QP's or its answer was still inside the model (queued or being
+	// handled): no loss, the timer waits one more timeout. They measure how
+	// far the model ran behind the timeout.
+	TimeoutsHeld  uint64
 	RNRNaks       uint64 // RNR NAKs sent
 	UDNoRecv      uint64 // datagrams dropped for want of a receive
 	QKeyViolation uint64 // datagrams dropped for a wrong qkey
@@ -186,6 +199,7 @@ func (d *Device) Stats() Stats {
 		CQOverflows: c.cqOverflows.Load(), CQNotifies: c.cqNotifications.Load(), CQNDropped: c.cqnDropped.Load(),
 		Masked: c.masked.Load(), Events: c.events.Load(), EventsDropped: c.eventsDropped.Load(),
 		Packets: c.packets.Load(), Dropped: c.packetsDropped.Load(), Retransmits: c.retransmits.Load(),
+		Timeouts: c.timeouts.Load(), TimeoutsHeld: c.timeoutsHeld.Load(),
 		RNRNaks: c.rnrNaks.Load(), UDNoRecv: c.udNoRecv.Load(), QKeyViolation: c.qkeyViolations.Load(),
 		DMAFaults: c.dmaFaults.Load(), RingFaults: c.ringFaults.Load(), Hazards: c.hazards.Load(),
 	}
@@ -193,6 +207,22 @@ func (d *Device) Stats() Stats {
 		s.Interrupts[i] = c.interrupts[i].Load()
 	}
 	return s
+}
+
+// add adds o's counts to s, field by field (every field is a count or an
+// array of counts).
+func (s *Stats) add(o Stats) {
+	a, b := reflect.ValueOf(s).Elem(), reflect.ValueOf(o)
+	for i := range a.NumField() {
+		f, g := a.Field(i), b.Field(i)
+		if f.Kind() == reflect.Array {
+			for j := range f.Len() {
+				f.Index(j).SetUint(f.Index(j).Uint() + g.Index(j).Uint())
+			}
+			continue
+		}
+		f.SetUint(f.Uint() + g.Uint())
+	}
 }
 
 // QPInfo is the device's view of a QP.

@@ -90,3 +90,20 @@ func (f *Fabric) loseAnswer() bool {
 		}
 	}
 }
+
+// Stats returns the sum of the Stats of the devices on the fabric now (a
+// closed device has left it): a job's retransmissions, timeouts and drops
+// at a glance, however many models it spans.
+func (f *Fabric) Stats() Stats {
+	f.mu.RLock()
+	devs := make([]*Device, 0, len(f.devs))
+	for d := range f.devs {
+		devs = append(devs, d)
+	}
+	f.mu.RUnlock()
+	var s Stats
+	for _, d := range devs {
+		s.add(d.Stats())
+	}
+	return s
+}

@@ -3,6 +3,7 @@ package pvsim
 import (
 	"container/heap"
 	"math/rand/v2"
+	"sync/atomic"
 	"time"
 
 	"github.com/vfrdma/vfrdma/firmware"
@@ -154,8 +155,14 @@ type qp struct {
 	failing     bool // a WQE failed at fetch behind requests in flight
 	ackTimer    *timer
 	ackDeadline time.Time
-	rnrTimer    *timer
-	stuck       bool // QEMU mode: spinning on a bad WQE (the hang of facts §11 item 6)
+	// inModel counts the QP's requests and their answers inside the
+	// model: queued in a device's inbox or being handled. Devices add to
+	// it as they queue such a packet and take from it once they handled
+	// or discarded it, so a request on its way or an answer not yet read
+	// keeps it above 0 (see ackTimeout).
+	inModel  atomic.Int64
+	rnrTimer *timer
+	stuck    bool // QEMU mode: spinning on a bad WQE (the hang of facts §11 item 6)
 
 	// Responder.
 	epsn    uint32

@@ -2,6 +2,7 @@ package pvsim
 
 import (
 	"encoding/binary"
+	"sync/atomic"
 	"time"
 
 	fw "github.com/vfrdma/vfrdma/firmware"
@@ -19,7 +20,9 @@ import (
 // or after its local ACK timeout, and gives up after rnr_retry RNR NAKs
 // (7: never) or retry_cnt timeouts. The fabric loses nothing, so a
 // timeout means the responder dropped the request: it was not ready (not
-// yet in RTR), misaddressed, or gone.
+// yet in RTR), misaddressed, or gone; or the fabric was told to lose the
+// answer (LoseAnswers). A timeout that comes due while the request or its
+// answer is still inside the model is no loss and waits (ackTimeout).
 
 type pktKind uint8
 
@@ -71,6 +74,9 @@ type packet struct {
 	nak       nakKind
 	rnrTimer  uint8
 	orig      uint64
+	// inModel is the requester QP's count of its packets inside the model
+	// (qp.inModel), on RC requests and their answers; nil on datagrams.
+	inModel *atomic.Int64
 }
 
 // PSNs are 24 bits.
@@ -111,7 +117,7 @@ func (d *Device) execSend(q *qp, op *sendOp, w *sendWQE) {
 		return
 	}
 	p := &packet{from: d, srcGID: d.w.gids[sg].gid, gidType: d.w.gids[sg].typ, dstGID: q.attr.dgid(),
-		srcQPN: q.qpn, dstQPN: q.attr.destQPN, solicited: w.flags&sendSolicited != 0}
+		srcQPN: q.qpn, dstQPN: q.attr.destQPN, solicited: w.flags&sendSolicited != 0, inModel: &q.inModel}
 	st := uint32(wcSuccess)
 	switch w.opcode {
 	case wrSend, wrSendWithImm, wrRDMAWrite, wrRDMAWriteWithImm:
@@ -263,7 +269,7 @@ func (d *Device) transmit(p *packet) {
 
 // reply answers request p.
 func (d *Device) reply(p *packet, r *packet) {
-	r.from, r.srcQPN, r.dstQPN, r.psn = d, p.dstQPN, p.srcQPN, p.psn
+	r.from, r.srcQPN, r.dstQPN, r.psn, r.inModel = d, p.dstQPN, p.srcQPN, p.psn, p.inModel
 	d.ctr.packets.Add(1)
 	if !d.w.portUp || d.fab.loseAnswer() || !p.from.push(event{kind: evPacket, pkt: r}) {
 		d.ctr.packetsDropped.Add(1)
@@ -718,10 +724,25 @@ func (d *Device) ackDue(q *qp) {
 	d.ackTimeout(q)
 }
 
+// ackTimeout declares the requests in flight lost and sends them again,
+// or fails the first once retry_cnt retries have gone unanswered. It
+// declares a loss only where one happened: while a request of q's or an
+// answer to one is still inside the model (queued in a device's inbox or
+// being handled), the fabric has lost nothing and the model is only
+// slower than the timeout (many QPs, a loaded host, the race detector),
+// so the timer waits one more timeout instead. A request or an answer the
+// model dropped (a responder not ready or gone, a port down, an answer
+// LoseAnswers took) leaves nothing inside, and times out as on the wire.
 func (d *Device) ackTimeout(q *qp) {
 	if !d.alive(q) || len(q.inflight) == 0 || q.rnrWait {
 		return
 	}
+	if q.inModel.Load() > 0 {
+		d.ctr.timeoutsHeld.Add(1)
+		d.armAck(q)
+		return
+	}
+	d.ctr.timeouts.Add(1)
 	q.retries++
 	if q.retries > int(q.attr.retryCnt) {
 		op := q.inflight[0]

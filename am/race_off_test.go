@@ -1,0 +1,6 @@
+//go:build !race
+
+package am
+
+// raceEnabled: the race detector slows the tests' goroutines severalfold.
+const raceEnabled = false
