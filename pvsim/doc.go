@@ -36,7 +36,7 @@
 //     them, and on demand (Raise, SetPort, Fatal, OverflowCQ, ErrorQP);
 //     command faults on demand (InjectFault: never answered, answered with
 //     an error, refused).
-//   - Observability: Stats, QP/QPByNumber/QPs, SRQ, MRs, Objects, GIDs,
+//   - Observability: Stats, QP/QPByNumber/QPs, SRQ, MRs, Objects, GIDs, DMA,
 //     Events, State, Hazards.
 //
 // # Sources, behaviour by behaviour
