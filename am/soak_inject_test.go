@@ -172,6 +172,16 @@ func (s *soak) inject(ctx context.Context, rng *rand.Rand, wg *sync.WaitGroup) {
 		for ; pick >= faultWeights[k]; k++ {
 			pick -= faultWeights[k]
 		}
+		if rng.IntN(4) == 0 {
+			// A kind not injected yet goes first: a run injects every kind
+			// however the draws fall.
+			for u := range nFaultKinds {
+				if s.faults.rows[u].injected.Load() == 0 {
+					k = u
+					break
+				}
+			}
+		}
 		n := s.nodes[rng.IntN(len(s.nodes))]
 		if n.dead.Load() {
 			continue

@@ -241,11 +241,12 @@ func (n *node) closeDriver() error {
 }
 
 // The three devices: VMware's at version 20; one that answers commands
-// late and consumes send WQEs on completion; one at version 19 (QP
+// 2 ms late (so that a command sent while its caller's time runs out is
+// answered after it) and consumes send WQEs on completion; one at version 19 (QP
 // handles are QP numbers) that writes a notification for every CQE.
 var soakDevices = []pvsim.Config{
 	{Version: 20},
-	{Version: 20, CommandDelay: 50 * time.Microsecond, SQConsumeOnCompletion: true},
+	{Version: 20, CommandDelay: 2 * time.Millisecond, SQConsumeOnCompletion: true},
 	{Version: 19, CQNotifyAll: true},
 }
 
