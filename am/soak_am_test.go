@@ -130,10 +130,6 @@ func (j *amJob) start(ds []*vfrdma.Device) bool {
 	defer cancel()
 	xs := am.LocalExchangers(n)
 	errs := make([]error, n)
-	fatals := make([]int64, n)
-	for i := range n {
-		fatals[i] = j.s.nodes[i].qpFatals.Load()
-	}
 	var wg sync.WaitGroup
 	for i := range n {
 		wg.Go(func() {
@@ -150,8 +146,11 @@ func (j *amJob) start(ds []*vfrdma.Device) bool {
 		if err != nil && !errors.Is(err, context.Canceled) && first == nil {
 			first = err
 			// A QP fatal on one of its QPs in set-up: the driver refuses
-			// the next transition if it saw the event, the device if not.
-			if j.s.nodes[i].qpFatals.Load() != fatals[i] && (errors.Is(err, vfrdma.ErrQPState) || errors.Is(err, syscall.EINVAL)) {
+			// the next transition if it saw the event, the device if not
+			// (or the driver took a stale event of an earlier QP with the
+			// handle, a known bug: the QPs are gone, which it was cannot
+			// be told here).
+			if j.s.nodes[i].qpFatals.Load() > 0 && (errors.Is(err, vfrdma.ErrQPState) || errors.Is(err, syscall.EINVAL)) {
 				addTo(&j.s.counts.cmdRefused, "QP failed in set-up", 1)
 				first = nil
 			}

@@ -107,6 +107,9 @@ type regKey struct {
 
 var registry sync.Map // regKey → string
 
+// cqSides are the cells' CQs' sides, by node and handle.
+var cqSides sync.Map // regKey → *side
+
 func register(n *node, kind byte, id uint32, label string) {
 	registry.Store(regKey{n.i, kind, id}, label)
 }
@@ -208,6 +211,9 @@ func (s *soak) injectOne(k faultKind, n *node, rng *rand.Rand, wg *sync.WaitGrou
 		cells := registered(n, 'c')
 		if len(cells) > 0 && rng.IntN(4) != 0 {
 			h := cells[rng.IntN(len(cells))]
+			if v, ok := cqSides.Load(regKey{n.i, 'c', h}); ok {
+				v.(*side).overflowed.Store(true) // before: its poller may see it at once
+			}
 			if m.OverflowCQ(h) == nil {
 				s.faults.note(k, label(n, 'c', h, "am's CQ"))
 			}

@@ -96,8 +96,11 @@ type side struct {
 	mem    []byte
 	ahs    map[*side]*vfrdma.AH // UD: to each side
 	failed atomic.Bool          // Poll reported the CQ failed (overrun, DEVICE_FATAL)
-	dead   atomic.Bool          // the node raised DEVICE_FATAL while the cell lived
-	nQP    int
+	// overflowed: the injector overflowed the CQ (a CQ that fails with
+	// ErrCQOverrun without it met a stale CQ_ERR, a known bug).
+	overflowed atomic.Bool
+	dead       atomic.Bool // the node raised DEVICE_FATAL while the cell lived
+	nQP        int
 }
 
 // lost reports whether completions on the side may have been lost.
@@ -187,10 +190,16 @@ func (s *soak) runCell(ctx context.Context, rng *rand.Rand, kind cellKind, ns []
 	err := c.setup(sctx, rng, ds)
 	if err != nil {
 		s.counts.cellsRefused.Add(1)
-		if c.hitByQPFatal() && (errors.Is(err, syscall.EINVAL) || errors.Is(err, vfrdma.ErrQPState)) {
+		onDevice, inDriver := c.failedQPs()
+		switch {
+		case onDevice && (errors.Is(err, syscall.EINVAL) || errors.Is(err, vfrdma.ErrQPState)):
 			addTo(&s.counts.cmdRefused, "QP failed in set-up", 1)
-		} else if cause := s.refused(err); cause == "other" {
-			s.errorf("setup", "%v cell on %s: %v", kind, c.where(), err)
+		case inDriver && errors.Is(err, vfrdma.ErrQPState):
+			addTo(&s.counts.cmdRefused, knownStaleQP, 1)
+		default:
+			if cause := s.refused(err); cause == "other" {
+				s.errorf("setup", "%v cell on %s: %v", kind, c.where(), err)
+			}
 		}
 	} else {
 		c.run(ctx, rng, life)
@@ -200,16 +209,21 @@ func (s *soak) runCell(ctx context.Context, rng *rand.Rand, kind cellKind, ns []
 	return true
 }
 
-// hitByQPFatal reports whether one of the cell's QPs is in ERR on its
-// device (a QP fatal hit it in set-up): its next transition is refused,
-// ERR going only to RESET.
-func (c *cell) hitByQPFatal() bool {
+// failedQPs reports whether one of the cell's QPs is in ERR on its
+// device (a QP fatal hit it in set-up: its next transition is refused,
+// ERR going only to RESET), and whether one is in ERR in the driver only
+// (a stale QP event, a known bug).
+func (c *cell) failedQPs() (onDevice, inDriverOnly bool) {
 	for _, q := range c.qps {
-		if info, ok := q.sd.n.m.QPByNumber(q.qp.QPN()); ok && info.State == firmware.QPStateErr {
-			return true
+		info, ok := q.sd.n.m.QPByNumber(q.qp.QPN())
+		switch {
+		case ok && info.State == firmware.QPStateErr:
+			onDevice = true
+		case q.qp.State() == vfrdma.StateErr:
+			inDriverOnly = true
 		}
 	}
-	return false
+	return onDevice, inDriverOnly
 }
 
 func (c *cell) where() string {
@@ -235,6 +249,7 @@ func (c *cell) newSide(ctx context.Context, n *node, d *vfrdma.Device) (*side, e
 		return sd, err
 	}
 	register(n, 'c', sd.cq.Handle(), c.kind.String()+" cell's CQ")
+	cqSides.Store(regKey{n.i, 'c', sd.cq.Handle()}, sd)
 	all := vfrdma.AccessLocalWrite | vfrdma.AccessRemoteWrite | vfrdma.AccessRemoteRead | vfrdma.AccessRemoteAtomic
 	if sd.mr, err = sd.pd.AllocMR(ctx, mrSize, all); err != nil {
 		return sd, err
@@ -617,6 +632,9 @@ func (c *cell) poller(sd *side) {
 		if err != nil {
 			if errors.Is(err, vfrdma.ErrCQOverrun) || errors.Is(err, vfrdma.ErrDeviceFatal) {
 				sd.failed.Store(true)
+				if errors.Is(err, vfrdma.ErrCQOverrun) && !sd.overflowed.Load() {
+					c.s.counts.staleCQ.Add(1)
+				}
 			} else {
 				c.s.errorf("poll", "%v cell on %s: Poll: %v", c.kind, c.where(), err)
 				sd.failed.Store(true) // nothing more comes from it
@@ -834,6 +852,7 @@ func (c *cell) teardown() {
 			handle := sd.cq.Handle()
 			c.closeObj(sd, "CQ Close", sd.cq.Close)
 			unregister(sd.n, 'c', handle)
+			cqSides.CompareAndDelete(regKey{sd.n.i, 'c', handle}, sd)
 		}
 		if sd.mr != nil {
 			c.closeObj(sd, "MR Close", sd.mr.Close)
