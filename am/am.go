@@ -310,7 +310,9 @@ func (c *Context) address() []byte {
 
 // New creates task cfg.Self's context on d, exchanges addresses with the
 // other tasks and connects to each. Every task must call it with the same
-// Tasks, PacketSize and Credits.
+// Tasks, PacketSize and Credits. If it fails part-way it undoes what it
+// made, as Close does; what the device refused to destroy is named in
+// its error beside the cause.
 func New(ctx context.Context, d *vfrdma.Device, cfg Config) (_ *Context, err error) {
 	if err := cfg.fill(); err != nil {
 		return nil, err
@@ -319,8 +321,11 @@ func New(ctx context.Context, d *vfrdma.Device, cfg Config) (_ *Context, err err
 	c.slotSize = cfg.PacketSize
 	c.maxAcks = (cfg.PacketSize - headerSize) / 4
 	defer func() {
-		if err != nil {
-			c.release()
+		if err == nil {
+			return
+		}
+		if rerr := c.release(); rerr != nil {
+			err = errors.Join(err, fmt.Errorf("am: undoing the context: the device kept some of it until it closes: %w", rerr))
 		}
 	}()
 	n, r := cfg.Tasks, cfg.Credits
@@ -630,7 +635,11 @@ func (c *Context) Stats() Stats {
 // Close the context before its device. If the device is closed first,
 // the context fails with an error wrapping ErrClosed (its progress
 // goroutine ends, later calls return that error), and Close still frees
-// the context's own memory.
+// the context's own memory. If the device refuses a destroy (a command
+// error, a device that raised DEVICE_FATAL), Close returns the error and
+// what the device kept stays with it until the device's Close; the
+// packet memory of an MR it kept stays mapped (the device may still
+// reach it), the other MR's is freed.
 func (c *Context) Close() error {
 	c.mu.Lock()
 	if c.closed {
@@ -675,17 +684,21 @@ func (c *Context) release() error {
 	if c.cq != nil {
 		keep(c.cq.Close())
 	}
-	for _, mr := range []*vfrdma.MR{c.sendM, c.recvM} {
-		if mr != nil {
-			keep(mr.Close())
-		}
-	}
 	// The memory goes only once the device can no longer reach it: an MR
-	// that failed to close leaves its memory mapped.
-	if c.sendOwn != nil && (c.sendM == nil || len(errs) == 0) {
+	// that failed to close leaves its own memory mapped, and only its own.
+	gone := func(mr *vfrdma.MR) bool {
+		if mr == nil {
+			return true
+		}
+		err := mr.Close()
+		keep(err)
+		return err == nil || errors.Is(err, vfrdma.ErrClosed)
+	}
+	sendGone, recvGone := gone(c.sendM), gone(c.recvM)
+	if c.sendOwn != nil && sendGone {
 		keep(c.sendOwn.Close())
 	}
-	if c.recvOwn != nil && (c.recvM == nil || len(errs) == 0) {
+	if c.recvOwn != nil && recvGone {
 		keep(c.recvOwn.Close())
 	}
 	if c.pd != nil {

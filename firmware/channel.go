@@ -145,6 +145,12 @@ func (c *Channel) unlock() { <-c.sem }
 // cookie and the expected acknowledgement (else ErrDeviceFault), a zero
 // error byte (else its errno), and decode.
 //
+// ctx bounds the wait for the channel and is checked before the request
+// is written; once it is written, the response is waited for up to the
+// channel's timeout (Options.Timeout) whatever ctx says, so that an error
+// means the device did not answer in that time, not that the caller
+// stopped listening while it ran the command.
+//
 // Exec sends codes as they are: on QEMU 7.2 MODIFY_SRQ and QUERY_SRQ are
 // swapped, so use Channel.ModifySRQ and Channel.QuerySRQ for those.
 func (c *Channel) Exec(ctx context.Context, req Request, resp Response) error {
@@ -214,7 +220,11 @@ func (c *Channel) await(ctx context.Context, cookie uint64) error {
 		return fmt.Errorf("%w: ERR is 0 but the response slot does not carry cookie %#x (it holds %#x), and no interrupt wait is configured",
 			ErrDeviceFault, cookie, le.Uint64(c.resp))
 	}
-	wctx, cancel := context.WithTimeout(ctx, c.timeout)
+	// Sent, the command is waited for its own timeout whatever ctx says:
+	// given up earlier, it may run all the same, and the caller would not
+	// know what the device holds (a DESTROY reported failed that ran frees
+	// a handle the device gives the next object).
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), c.timeout)
 	defer cancel()
 	for {
 		err := c.wait(wctx)

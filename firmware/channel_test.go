@@ -618,3 +618,35 @@ func TestCloseWaitsForTheCommandInProgress(t *testing.T) {
 	assert.ErrorIs(t, err, firmware.ErrClosed)
 	assert.NoError(t, b.ch.Close(), "a second Close")
 }
+
+// Once a command is sent, the channel waits for its response for its own
+// timeout, whatever the caller's context says: a command the device runs
+// is never reported as not run. (Bounded by the caller's context, a
+// DESTROY sent with little of it left was reported failed and ran all the
+// same; the device gave its handle to the next object, and the caller's
+// retry destroyed that one.) A context done before the command is sent
+// still sends nothing (TestContextDone).
+func TestASentCommandIsWaitedForWhateverTheCallerHasLeft(t *testing.T) {
+	var armed atomic.Bool
+	ctx, cancel := context.WithCancel(bg)
+	defer cancel()
+	b := newBench(t, benchOpts{dev: pvsim.Config{Version: 18, CommandDelay: 20 * time.Millisecond},
+		opts: firmware.Options{Timeout: time.Minute},
+		wait: func(b *bench, wctx context.Context) error {
+			if armed.CompareAndSwap(true, false) {
+				cancel() // the caller gives up once the command is out
+			}
+			_, err := b.vec0.Wait(wctx)
+			return err
+		}})
+	armed.Store(true)
+	h, err := b.ch.CreatePD(ctx, 0)
+	require.NoError(t, err, "the device answered within the channel's timeout")
+	// The model runs commands in order: once a second one is answered,
+	// the first has run, whatever was reported.
+	h2, err := b.ch.CreatePD(bg, 0)
+	require.NoError(t, err)
+	assert.Equal(t, 2, b.dev.Objects().PDs, "what the device holds is what the channel reported")
+	require.NoError(t, b.ch.DestroyPD(bg, h))
+	require.NoError(t, b.ch.DestroyPD(bg, h2))
+}

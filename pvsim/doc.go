@@ -37,11 +37,11 @@
 //     command faults on demand (InjectFault: never answered, answered with
 //     an error, refused).
 //   - Observability: Stats, QP/QPByNumber/QPs, SRQ, MRs, Objects, GIDs,
-//     Events, State, Hazards; Fabric.Stats sums the Stats of a fabric's
-//     devices. Among the counts: Retransmits (RC requests sent again,
-//     after an ACK timeout or an RNR NAK), Timeouts (ACK timeouts that
-//     declared a loss) and TimeoutsHeld (ACK timeouts that came due with
-//     nothing lost, see below).
+//     DMA, Events, State, Hazards; Fabric.Stats sums the Stats of a
+//     fabric's devices. Among the counts: Retransmits (RC requests sent
+//     again, after an ACK timeout or an RNR NAK), Timeouts (ACK timeouts
+//     that declared a loss) and TimeoutsHeld (ACK timeouts that came due
+//     with nothing lost, see below).
 //
 // # Sources, behaviour by behaviour
 //
