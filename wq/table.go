@@ -16,8 +16,9 @@ import "sync/atomic"
 // tombstone, taken again when the same key is set), and the array is
 // rebuilt, at the size its live keys need, only when a new key would fill
 // it past three eighths, tombstones included; the direct array is rebuilt
-// only to grow. A rebuilt array is published whole; a reader still on the
-// old one sees the mappings as they were when it was replaced. So a lookup
+// only to grow. A rebuilt array is published whole (the other is shared,
+// not copied); a reader still on the old table sees the replaced array's
+// mappings as they were when it was replaced. So a lookup
 // racing a writer returns the old or the new mapping of its key, never
 // another key's.
 type Table[T any] struct {
