@@ -18,9 +18,8 @@ import "sync/atomic"
 // it past three eighths, tombstones included; the direct array is rebuilt
 // only to grow. A rebuilt array is published whole (the other is shared,
 // not copied); a reader still on the old table sees the replaced array's
-// mappings as they were when it was replaced. So a lookup
-// racing a writer returns the old or the new mapping of its key, never
-// another key's.
+// mappings as they were when it was replaced. So a lookup racing a writer
+// returns the old or the new mapping of its key, never another key's.
 type Table[T any] struct {
 	t        atomic.Pointer[table[T]]
 	n        atomic.Int64 // keys mapped
