@@ -14,3 +14,17 @@ func TableSlots[T any](t *Table[T]) int {
 
 // DirectKeys is directKeys.
 const DirectKeys = directKeys
+
+// TableSlotKeys returns the key of each slot of t's hashed array (0:
+// empty).
+func TableSlotKeys[T any](t *Table[T]) []uint32 {
+	tb := t.t.Load()
+	if tb == nil {
+		return nil
+	}
+	keys := make([]uint32, len(tb.slots))
+	for i := range tb.slots {
+		keys[i] = tb.slots[i].key.Load()
+	}
+	return keys
+}

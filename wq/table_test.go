@@ -188,6 +188,36 @@ func TestTableTombstoneIsTakenAgainByItsKey(t *testing.T) {
 	assert.Equal(t, 4, tb.Len())
 }
 
+// A slot keeps its key until the array is rebuilt, tombstone or not: a
+// new key never takes another's slot, so a reader that matched a slot's
+// key reads a value set for that key, not one set for a key that took the
+// slot between its two loads.
+func TestTableSlotKeepsItsKeyUntilTheRebuild(t *testing.T) {
+	var tb wq.Table[int]
+	v := new(int)
+	rng := rand.New(rand.NewPCG(9, 10))
+	for round := 0; round < 200; round++ {
+		rebuilds, _ := wq.TableWork(&tb)
+		before := wq.TableSlotKeys(&tb)
+		for range 3 {
+			k := wq.DirectKeys + uint32(rng.IntN(1<<20))
+			tb.Set(k, v)
+			if rng.IntN(3) > 0 {
+				tb.Remove(k, v) // a tombstone on later keys' way
+			}
+		}
+		if now, _ := wq.TableWork(&tb); now != rebuilds {
+			continue // a new array: its slots are new
+		}
+		after := wq.TableSlotKeys(&tb)
+		for i, k := range before {
+			if k != 0 {
+				require.Equal(t, k, after[i], "round %d: slot %d changed key", round, i)
+			}
+		}
+	}
+}
+
 // Tombstones of keys not set again (QP aliases are never reused) are
 // swept by the next rebuild: a table of few live keys stays small however
 // many keys pass through it.
