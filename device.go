@@ -274,8 +274,8 @@ type Device struct {
 	qps      map[*QP]struct{}
 	srqs     map[*SRQ]struct{}
 	binds    map[uint32]GID
-	lkeys    wq.Keys       // local key → MR region, for posting
-	qpns     wq.Table[*QP] // QPN → QP, for polling; a destroyed QP stays until its flush is drained
+	lkeys    wq.Keys      // local key → MR region, for posting
+	qpns     wq.Table[QP] // QP handle (masked) or alias → QP, for polling; a destroyed QP stays until its flush is drained
 	gidSet   gidBits
 	udMax    int    // UD payload limit: the port's active MTU
 	aliasSeq uint32 // retireQPN's last alias

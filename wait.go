@@ -39,7 +39,7 @@ type notifier struct {
 	stopped bool
 	cancel  context.CancelFunc
 	done    chan struct{}
-	cqs     wq.Table[*CQ]         // by handle; written under mu, read without a lock
+	cqs     wq.Table[CQ]          // by handle; written under mu, read without a lock
 	all     atomic.Pointer[[]*CQ] // the same CQs, for wakeArmed; copied on write
 	err     error                 // the first ring fault, reported by Wait and Sync
 

@@ -100,8 +100,8 @@ func (d *Device) handleBase() uint32 {
 // alloc hands out a handle in m below limit; at the limit QEMU's bitmap
 // check is off by one and corrupts memory (facts sheet §11 item 9), so the
 // model records the hazard and refuses.
-func allocIn[T any](d *Device, what string, m map[uint32]T, limit uint32) (uint32, bool) {
-	h, ok := allocHandle(m, d.handleBase(), limit)
+func allocIn[T any](d *Device, what string, m map[uint32]T, s *handleSpace, limit uint32) (uint32, bool) {
+	h, ok := allocHandle(m, s, d.handleBase(), limit)
 	if !ok && d.s.qemu {
 		d.hazard("%s beyond the device's %d: QEMU 7.2's bitmap check is off by one and corrupts memory", what, limit)
 	}
@@ -168,7 +168,7 @@ func (d *Device) cmdCreatePD(req, resp []byte) syscall.Errno {
 	if !d.s.qemu && ctx != 0 && !d.w.ucs[ctx] {
 		return eINVAL
 	}
-	h, okh := allocIn(d, "PD", d.w.pds, d.s.caps.MaxPD)
+	h, okh := allocIn(d, "PD", d.w.pds, &d.w.pdH, d.s.caps.MaxPD)
 	if !okh {
 		return eNOMEM
 	}
@@ -181,7 +181,7 @@ func (d *Device) cmdDestroyPD(req []byte) syscall.Errno {
 	h := le.Uint32(req[16:])
 	p := d.w.pds[h]
 	if d.s.qemu {
-		delete(d.w.pds, h) // always "succeeds" (facts sheet §11 item 11)
+		freeHandle(d.w.pds, &d.w.pdH, h) // always "succeeds" (facts sheet §11 item 11)
 		return ok
 	}
 	if p == nil {
@@ -190,7 +190,7 @@ func (d *Device) cmdDestroyPD(req []byte) syscall.Errno {
 	if p.users > 0 {
 		return eBUSY
 	}
-	delete(d.w.pds, h)
+	freeHandle(d.w.pds, &d.w.pdH, h)
 	return ok
 }
 
@@ -274,7 +274,7 @@ func (d *Device) cmdCreateMR(req, resp []byte) syscall.Errno {
 			m.pages = pages
 		}
 	}
-	h, okh := allocIn(d, "MR", w.mrs, d.s.caps.MaxMR)
+	h, okh := allocIn(d, "MR", w.mrs, &w.mrH, d.s.caps.MaxMR)
 	if !okh {
 		return eNOMEM
 	}
@@ -355,7 +355,7 @@ func (d *Device) cmdDestroyMR(req []byte) syscall.Errno {
 
 func (d *Device) dropMR(m *mr) {
 	w := &d.w
-	delete(w.mrs, m.handle)
+	freeHandle(w.mrs, &w.mrH, m.handle)
 	if w.lkeys[m.lkey] == m {
 		delete(w.lkeys, m.lkey)
 	}
@@ -397,7 +397,7 @@ func (d *Device) cmdCreateCQ(req, resp []byte) syscall.Errno {
 		}
 		return eINVAL
 	}
-	h, okh := allocIn(d, "CQ", d.w.cqs, d.s.caps.MaxCQ)
+	h, okh := allocIn(d, "CQ", d.w.cqs, &d.w.cqH, d.s.caps.MaxCQ)
 	if !okh {
 		return eNOMEM
 	}
@@ -446,7 +446,7 @@ func (d *Device) cmdDestroyCQ(req []byte) syscall.Errno {
 		}
 		d.hazard("DESTROY_CQ %d while %d QPs use it: QEMU 7.2 leaves them dangling", h, c.users)
 	}
-	delete(d.w.cqs, h)
+	freeHandle(d.w.cqs, &d.w.cqH, h)
 	return ok
 }
 
@@ -595,10 +595,10 @@ func (d *Device) allocQP(q *qp) bool {
 		}
 		q.handle = q.qpn
 	case d.s.version < VersionQPHandle:
-		h, _ := allocHandle(w.qps, 1, limit)
+		h, _ := allocHandle(w.qps, &w.qpH, 1, limit)
 		q.handle, q.qpn = h, h
 	default:
-		h, _ := allocHandle(w.qps, 1, limit)
+		h, _ := allocHandle(w.qps, &w.qpH, 1, limit)
 		q.handle = h
 		q.qpn = 0
 		for range 64 {
@@ -970,7 +970,7 @@ func (d *Device) dropQP(q *qp) {
 	w := &d.w
 	d.stopTimers(q)
 	q.inflight, q.fifo = nil, nil
-	delete(w.qps, q.handle)
+	freeHandle(w.qps, &w.qpH, q.handle)
 	delete(w.qpns, q.qpn)
 	q.pd.users--
 	if c := w.cqs[q.scq]; c != nil {
@@ -997,7 +997,7 @@ func (d *Device) cmdCreateUC(req, resp []byte) syscall.Errno {
 	if !d.s.qemu {
 		limit = d.s.caps.MaxUAR
 	}
-	h, okh := allocIn(d, "UC", d.w.ucs, limit)
+	h, okh := allocIn(d, "UC", d.w.ucs, &d.w.ucH, limit)
 	if !okh {
 		return eNOMEM
 	}
@@ -1012,7 +1012,7 @@ func (d *Device) cmdDestroyUC(req []byte) syscall.Errno {
 	if !d.w.ucs[h] && !d.s.qemu {
 		return eINVAL
 	}
-	delete(d.w.ucs, h)
+	freeHandle(d.w.ucs, &d.w.ucH, h)
 	return ok
 }
 
@@ -1110,7 +1110,7 @@ func (d *Device) cmdCreateSRQ(req, resp []byte) syscall.Errno {
 		}
 		return eINVAL
 	}
-	h, okh := allocIn(d, "SRQ", w.srqs, caps.MaxSRQ)
+	h, okh := allocIn(d, "SRQ", w.srqs, &w.srqH, caps.MaxSRQ)
 	if !okh {
 		return eNOMEM
 	}
@@ -1174,7 +1174,7 @@ func (d *Device) cmdDestroySRQ(req []byte) syscall.Errno {
 		}
 		d.hazard("DESTROY_SRQ %d while %d QPs use it: QEMU 7.2 leaves them dangling", s.handle, s.users)
 	}
-	delete(d.w.srqs, s.handle)
+	freeHandle(d.w.srqs, &d.w.srqH, s.handle)
 	s.pd.users--
 	return ok
 }
@@ -1201,6 +1201,7 @@ func (d *Device) resetAll() {
 	clear(w.pds)
 	clear(w.ucs)
 	clear(w.gids)
+	w.pdH, w.mrH, w.cqH, w.qpH, w.srqH, w.ucH = handleSpace{}, handleSpace{}, handleSpace{}, handleSpace{}, handleSpace{}, handleSpace{}
 	w.dsrLoaded = false
 	d.loaded.Store(false)
 }

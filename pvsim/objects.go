@@ -39,6 +39,9 @@ type worker struct {
 	ucs   map[uint32]bool
 	gids  []gidEntry
 
+	// The lowest free handle of each kind, found in O(log n).
+	pdH, mrH, cqH, qpH, srqH, ucH handleSpace
+
 	timers   timerHeap
 	timerSeq uint64
 
@@ -288,16 +291,64 @@ func (w *worker) next() (time.Time, bool) {
 	return time.Time{}, false
 }
 
-// allocHandle returns the lowest free handle from base up to limit
+// handleSpace keeps, for one kind of object, what finds its lowest free
+// handle without a scan from the base: every handle in [base, top) is in
+// use or in free, a heap of handles given back (some perhaps taken again
+// since: they are dropped when met). So a create and a destroy cost
+// O(log n), not O(n), and n objects O(n log n), not O(n²).
+type handleSpace struct {
+	top    uint32
+	free   handleHeap
+	probes int // handles looked at (for tests)
+}
+
+type handleHeap []uint32
+
+func (h handleHeap) Len() int           { return len(h) }
+func (h handleHeap) Less(i, j int) bool { return h[i] < h[j] }
+func (h handleHeap) Swap(i, j int)      { h[i], h[j] = h[j], h[i] }
+func (h *handleHeap) Push(x any)        { *h = append(*h, x.(uint32)) }
+func (h *handleHeap) Pop() any {
+	old := *h
+	x := old[len(old)-1]
+	*h = old[:len(old)-1]
+	return x
+}
+
+// allocHandle returns the lowest free handle of m from base up to limit
 // entries in use, as QEMU's bitmaps hand them out (and a VMware device, by
-// the small handles its QP table needs). ok is false when limit are in use.
-func allocHandle[T any](m map[uint32]T, base, limit uint32) (uint32, bool) {
+// the small handles its QP table needs). ok is false when limit are in
+// use. The caller puts the handle in m, or not: an unused one is simply
+// free again. Every handle m loses goes through freeHandle with s.
+func allocHandle[T any](m map[uint32]T, s *handleSpace, base, limit uint32) (uint32, bool) {
 	if uint32(len(m)) >= limit {
 		return 0, false
 	}
-	for h := base; ; h++ {
-		if _, used := m[h]; !used {
-			return h, true
+	for len(s.free) > 0 {
+		s.probes++
+		if _, used := m[s.free[0]]; !used {
+			return s.free[0], true
 		}
+		heap.Pop(&s.free)
+	}
+	s.top = max(s.top, base)
+	for {
+		s.probes++
+		if _, used := m[s.top]; !used {
+			return s.top, true
+		}
+		s.top++
+	}
+}
+
+// freeHandle removes handle h from m, if it is there, and gives it back to
+// s.
+func freeHandle[T any](m map[uint32]T, s *handleSpace, h uint32) {
+	if _, ok := m[h]; !ok {
+		return
+	}
+	delete(m, h)
+	if h <= s.top { // above top: a handle allocHandle did not give (QEMU's QPNs)
+		heap.Push(&s.free, h)
 	}
 }

@@ -97,7 +97,8 @@ type Queue struct {
 	closed   bool
 	stopped  bool // StopPosts: posts refused, the queue not yet closed
 	need     bool
-	members  []*Member
+	members  []*Member // in attach order; nil where one detached (holes)
+	holes    int
 	consumed uint64 // completions by QPs, over the queue's life
 	flushed  uint64 // flush completions after Close
 	events   uint64 // low-watermark events raised
@@ -112,6 +113,7 @@ type Member struct {
 	qpn      uint32
 	consumed uint64
 	attached bool
+	idx      int // in q.members
 }
 
 // New returns a Queue over cfg's ring.
@@ -154,7 +156,7 @@ func (q *Queue) Post(wrs []wq.RecvWR, deferred bool) (int, error) {
 	switch {
 	case q.closed || q.stopped:
 		return 0, w.Fail(0, firstID(wrs), wq.ErrClosed)
-	case q.need && len(q.members) == 0:
+	case q.need && len(q.members) == q.holes:
 		return 0, w.Fail(0, firstID(wrs), errNoMember(w.Name()))
 	}
 	if err := w.CheckRing(); err != nil {
@@ -201,7 +203,7 @@ func (q *Queue) Attach(qpn uint32) (*Member, error) {
 	if q.closed {
 		return nil, wq.ErrClosed
 	}
-	m := &Member{q: q, qpn: qpn, attached: true}
+	m := &Member{q: q, qpn: qpn, attached: true, idx: len(q.members)}
 	q.members = append(q.members, m)
 	return m, nil
 }
@@ -216,19 +218,29 @@ func (m *Member) Detach() {
 		return
 	}
 	m.attached = false
-	for i, o := range q.members {
-		if o == m {
-			q.members = append(q.members[:i], q.members[i+1:]...)
-			break
+	// A hole, not a shift: detaching n QPs costs O(n), not O(n²). The
+	// holes go once they are half the slice.
+	q.members[m.idx] = nil
+	q.holes++
+	if 2*q.holes < len(q.members) {
+		return
+	}
+	kept := q.members[:0]
+	for _, o := range q.members {
+		if o != nil {
+			o.idx = len(kept)
+			kept = append(kept, o)
 		}
 	}
+	clear(q.members[len(kept):])
+	q.members, q.holes = kept, 0
 }
 
 // Members returns how many QPs are attached.
 func (q *Queue) Members() int {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return len(q.members)
+	return len(q.members) - q.holes
 }
 
 // Complete reports that m's QP consumed the receive with wr_id id (its
@@ -373,9 +385,11 @@ func (q *Queue) Query() Snapshot {
 	defer q.mu.Unlock()
 	s := Snapshot{Depth: q.depth, Slots: q.w.Slots(), MaxSGE: q.w.MaxSGE(), LowWatermark: q.lw,
 		Available: q.w.Outstanding(), Consumed: q.consumed, Flushed: q.flushed, Events: q.events,
-		QPs: make([]QPView, len(q.members))}
-	for i, m := range q.members {
-		s.QPs[i] = m.view()
+		QPs: make([]QPView, 0, len(q.members)-q.holes)}
+	for _, m := range q.members {
+		if m != nil {
+			s.QPs = append(s.QPs, m.view())
+		}
 	}
 	return s
 }

@@ -524,6 +524,44 @@ func TestResizeWithinTheReservedRing(t *testing.T) {
 	assert.Equal(t, 16, r.q.Slots())
 }
 
+// Detaching QPs in any order, with others attaching meanwhile, leaves the
+// rest in the view in attach order, and Members counts them.
+func TestDetachLeavesTheOthersInAttachOrder(t *testing.T) {
+	r := newRig(t, 16, 10, false)
+	type att struct {
+		qpn uint32
+		m   *srq.Member
+	}
+	var live []att
+	rng := rand.New(rand.NewPCG(7, 8))
+	next := uint32(1)
+	for step := 0; step < 3000; step++ {
+		if len(live) == 0 || rng.IntN(5) < 3 {
+			m, err := r.q.Attach(next)
+			require.NoError(t, err)
+			live = append(live, att{next, m})
+			next++
+		} else {
+			i := rng.IntN(len(live))
+			live[i].m.Detach()
+			live = append(live[:i], live[i+1:]...)
+		}
+		require.Equal(t, len(live), r.q.Members(), "step %d", step)
+		if step%50 == 0 || len(live) < 3 {
+			qps := r.q.Query().QPs
+			require.Len(t, qps, len(live), "step %d", step)
+			for i, a := range live {
+				require.Equal(t, a.qpn, qps[i].QPN, "step %d, member %d", step, i)
+			}
+		}
+	}
+	for _, a := range live {
+		a.m.Detach()
+	}
+	assert.Zero(t, r.q.Members())
+	assert.Empty(t, r.q.Query().QPs)
+}
+
 // Query is one snapshot of every count.
 func TestQuerySnapshotFields(t *testing.T) {
 	r := newRig(t, 16, 10, false)

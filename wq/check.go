@@ -34,7 +34,7 @@ func (r *Region) Contains(addr uint64, n uint32) bool {
 }
 
 // Keys maps local keys to the regions they name.
-type Keys = Table[*Region]
+type Keys = Table[Region]
 
 // CheckSGEs checks a request's SGEs for a queue of protection domain pd
 // that takes at most maxSGE: the count (ErrInvalid), that each local key
@@ -48,13 +48,15 @@ func CheckSGEs(keys *Keys, pd uint32, sges []SGE, maxSGE int, write bool) (int, 
 }
 
 // SGEChecker checks the SGEs of the requests of one post call, with the
-// rules of CheckSGEs. It reads the key table once, when it is made: the
-// call sees the MRs registered as of its start. And it remembers the last
+// rules of CheckSGEs. It loads the key table once, when it is made; a key
+// it resolves names the MR it named at some moment of the call (one
+// registered or deregistered meanwhile may or may not be seen, as with any
+// call racing the control path). And it remembers the last
 // key it resolved: a run of SGEs naming one MR looks its key up and checks
 // its PD and access once, and only the bounds of each SGE after that. An
 // SGEChecker lives on its post call's stack; it does not allocate.
 type SGEChecker struct {
-	tb     *table[*Region]
+	tb     *table[Region]
 	pd     uint32
 	maxSGE int
 	write  bool

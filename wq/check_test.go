@@ -2,9 +2,6 @@ package wq_test
 
 import (
 	"math"
-	"runtime"
-	"sync"
-	"sync/atomic"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -131,19 +128,26 @@ func TestSGECheckerRemembersAKeyButChecksEverySGE(t *testing.T) {
 	assert.Zero(t, testing.AllocsPerRun(100, func() { _, _ = c.Check([]wq.SGE{in, in}) }))
 }
 
-// The checker sees the keys as of the post call's start: a key removed
-// afterwards is a later call's concern (the device refuses what it no
-// longer knows), and a new checker no longer accepts it.
-func TestSGECheckerSeesTheKeysOfItsCall(t *testing.T) {
+// The checker resolves a key against the table as it is then (a Remove
+// is in place, seen at once) and remembers what it resolved for the rest
+// of the call: a key removed after that is a later call's concern (the
+// device refuses what it no longer knows).
+func TestSGECheckerRefusesAKeyRemovedBeforeItResolvesItAndKeepsOneItResolved(t *testing.T) {
 	keys := checkKeys()
 	in := wq.SGE{Addr: 0x1000, Length: 64, LKey: keyRW}
 	c := wq.NewSGEChecker(keys, 1, 1, false)
-	keys.Remove(keyRW, keys.Lookup(keyRW))
 	_, err := c.Check([]wq.SGE{in})
-	assert.NoError(t, err)
-	next := wq.NewSGEChecker(keys, 1, 1, false)
-	_, err = next.Check([]wq.SGE{in})
-	assert.ErrorIs(t, err, wq.ErrPrivileges)
+	require.NoError(t, err)
+	r := keys.Lookup(keyRW)
+	keys.Remove(keyRW, r)
+	_, err = c.Check([]wq.SGE{in})
+	assert.NoError(t, err, "resolved before the Remove")
+
+	late := wq.NewSGEChecker(keys, 1, 1, false)
+	keys.Set(keyRW, r)
+	keys.Remove(keyRW, r)
+	_, err = late.Check([]wq.SGE{in})
+	assert.ErrorIs(t, err, wq.ErrPrivileges, "removed before it was resolved")
 }
 
 // Contains holds [addr, addr+n) inside the region, with no overflow at the
@@ -163,88 +167,4 @@ func TestRegionContainsWithoutOverflow(t *testing.T) {
 	assert.False(t, r.Contains(math.MaxUint64-0xfff, 0x2000), "addr+n wraps into the region")
 	high := wq.Region{Addr: math.MaxUint64 - 0x1000, Len: 0x1000}
 	assert.False(t, high.Contains(math.MaxUint64-0x10, math.MaxUint32), "addr+n wraps past the top")
-}
-
-// Set maps small (direct) and large (hashed) keys and replaces; Remove
-// drops a key only while it still maps to the value given; Lookup of
-// anything else is the zero value.
-func TestTableSetRemoveLookup(t *testing.T) {
-	var tb wq.Table[*int]
-	a, b, c := new(int), new(int), new(int)
-	assert.Nil(t, tb.Lookup(5), "an empty table")
-	assert.Zero(t, tb.Len())
-	tb.Set(5, a)
-	tb.Set(1023, a) // the last direct key
-	tb.Set(1024, b) // the first hashed one
-	tb.Set(0xabcdef, b)
-	for k := uint32(2000); k < 2100; k++ { // many probes
-		tb.Set(k, c)
-	}
-	assert.Equal(t, a, tb.Lookup(5))
-	assert.Equal(t, a, tb.Lookup(1023))
-	assert.Equal(t, b, tb.Lookup(1024))
-	assert.Equal(t, b, tb.Lookup(0xabcdef))
-	for k := uint32(2000); k < 2100; k++ {
-		require.Equal(t, c, tb.Lookup(k), "key %d", k)
-	}
-	assert.Nil(t, tb.Lookup(6))
-	assert.Nil(t, tb.Lookup(2100))
-	assert.Nil(t, tb.Lookup(math.MaxUint32))
-	assert.Equal(t, 104, tb.Len())
-
-	tb.Remove(5, b) // 5 maps to a, not b
-	assert.Equal(t, a, tb.Lookup(5))
-	tb.Remove(0xabcdef, a)
-	assert.Equal(t, b, tb.Lookup(0xabcdef))
-	tb.Remove(5, a)
-	assert.Nil(t, tb.Lookup(5))
-	tb.Remove(2050, c)
-	assert.Nil(t, tb.Lookup(2050))
-	assert.Equal(t, c, tb.Lookup(2051), "its neighbours stay")
-	tb.Set(0xabcdef, a) // replace
-	assert.Equal(t, a, tb.Lookup(0xabcdef))
-	tb.Set(1023, c)
-	assert.Equal(t, c, tb.Lookup(1023))
-	assert.Equal(t, 102, tb.Len())
-	assert.Zero(t, testing.AllocsPerRun(100, func() { tb.Lookup(2051); tb.Lookup(7); tb.Lookup(1023) }))
-}
-
-// Readers never lock: lookups while a writer sets and removes other keys
-// always find the keys that stay mapped.
-func TestTableLookupsDuringWritesFindStableKeys(t *testing.T) {
-	var tb wq.Table[*int]
-	var mu sync.Mutex // the writers' serialisation, the caller's job
-	stable := map[uint32]*int{3: new(int), 0x5000: new(int), 0xdead_beef: new(int)}
-	for k, v := range stable {
-		tb.Set(k, v)
-	}
-	var done atomic.Bool
-	var wg sync.WaitGroup
-	for r := 0; r < 2; r++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for !done.Load() {
-				runtime.Gosched() // two CPUs may run three goroutines
-				for k, v := range stable {
-					if got := tb.Lookup(k); got != v {
-						t.Errorf("key %#x: %p, want %p", k, got, v)
-						return
-					}
-				}
-			}
-		}()
-	}
-	churn := new(int)
-	for i := uint32(0); i < 400; i++ {
-		k := 900 + i%200 // direct and hashed keys alike
-		mu.Lock()
-		tb.Set(k, churn)
-		if i%3 == 0 {
-			tb.Remove(k, churn)
-		}
-		mu.Unlock()
-	}
-	done.Store(true)
-	wg.Wait()
 }
