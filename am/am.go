@@ -649,9 +649,10 @@ func (c *Context) Stats() Stats {
 // device may still reach it (the other MR's is freed). A later Close
 // retries what is left and returns nil once all of it is freed; a Close
 // after one that freed everything returns nil. The device's Close
-// destroys what the device kept and then frees the kept packet memory
-// (Device.AfterClose): closed in that order, context then device, a
-// context leaks nothing even when its own Close could free nothing.
+// destroys what the device kept (a dead device's, it shuts all the same)
+// and then frees the kept packet memory (Device.AfterClose): closed in
+// that order, context then device, a context leaks nothing even when its
+// own Close could free nothing.
 func (c *Context) Close() error {
 	c.closeMu.Lock()
 	defer c.closeMu.Unlock()

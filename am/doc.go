@@ -133,11 +133,11 @@
 // what is left (a Close after one that freed everything returns nil). The
 // packet memory of an MR the device did not deregister stays mapped, since
 // the device may still reach it, until a later Close deregisters the MR or
-// the device is closed: the device's Close destroys what it kept and then
-// frees that memory (Device.AfterClose), whether or not the context's
-// Close is called again. So the order context, then device, leaks nothing,
-// even after DEVICE_FATAL; and the same holds for what New's clean-up
-// could not undo (New's error names it), which stays until the device's
-// Close.
+// the device is closed: the device's Close destroys (or, dead, shuts)
+// what it kept and then frees that memory (Device.AfterClose), whether
+// or not the context's Close is called again. So the order context, then
+// device, leaks nothing, even after DEVICE_FATAL; and the same holds for
+// what New's clean-up could not undo (New's error names it), which stays
+// until the device's Close.
 
 package am
