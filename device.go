@@ -7,8 +7,10 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/netip"
 	"os"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -257,10 +259,12 @@ type Device struct {
 
 	// The lifecycle (doc.go): gate admits the control calls (commands,
 	// object creation and Close), which Close waits out before it destroys
-	// anything; closeDone is made by the first Close and closed when it
-	// returns.
+	// anything; closeDone is made by the first Close and closed once it
+	// has released the device, closeEnd once it has run the AfterClose
+	// functions too and returns.
 	gate      lifecycle.Gate
 	closeDone chan struct{}
+	closeEnd  chan struct{}
 	// onFree, if set, is called with each ring's memory where it is
 	// released: the host tests poison it there, so that a call that
 	// touches freed memory is a data race the race detector reports.
@@ -280,6 +284,11 @@ type Device struct {
 	udMax    int    // UD payload limit: the port's active MTU
 	aliasSeq uint32 // retireQPN's last alias
 	notify   notifier
+	// afterClose are the AfterClose functions by registration, run once
+	// (afterRan) by Close.
+	afterClose map[uint64]func()
+	afterSeq   uint64
+	afterRan   bool
 
 	// Snapshots of the quirks the data path consults, fixed at Open.
 	emulated bool
@@ -842,17 +851,23 @@ func (d *Device) waitClosed() {
 // waited out before its memory goes, whether or not the device confirmed
 // its destruction; waiters (CQ.Wait, wait sets, poll sets, counters) are
 // woken and return ErrClosed. It is idempotent: a second call waits for
-// the first and returns nil.
+// the first and returns nil. Last, it runs the AfterClose functions.
 func (d *Device) Close() error {
 	d.mu.Lock()
 	if d.closeDone != nil {
+		end := d.closeEnd
 		d.mu.Unlock()
-		d.waitClosed()
+		<-end
 		return nil
 	}
-	done := make(chan struct{})
-	d.closeDone = done
+	done, end := make(chan struct{}), make(chan struct{})
+	d.closeDone, d.closeEnd = done, end
 	d.mu.Unlock()
+	// In reverse: the objects' Closes waiting for this one return, then
+	// the AfterClose functions run (they may close objects), then a
+	// second Close returns.
+	defer close(end)
+	defer d.runAfterClose()
 	defer close(done)
 
 	d.gate.Close() // control calls under way finish; later ones get ErrClosed
@@ -910,6 +925,48 @@ func (d *Device) Close() error {
 	d.notify.stop()
 	errs = append(errs, d.release())
 	return d.opErr("close", errors.Join(errs...))
+}
+
+// AfterClose arranges for f to run once Close has released the device
+// (every object destroyed or shut, the interrupts, rings and IOMMU
+// mappings gone), whatever Close returns: on Close's goroutine, before
+// Close returns, in the order registered. Memory the device may reach
+// while it is open (that of an MR whose deregistration the device
+// refused) is safe to free there. If Close has run them already, f runs
+// at once on a goroutine of its own. Calling stop unregisters f; it
+// reports whether that stopped f from running (false: f has run or is
+// running), as context.AfterFunc's stop does.
+func (d *Device) AfterClose(f func()) (stop func() bool) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.afterRan {
+		go f()
+		return func() bool { return false }
+	}
+	if d.afterClose == nil {
+		d.afterClose = map[uint64]func(){}
+	}
+	d.afterSeq++
+	key := d.afterSeq
+	d.afterClose[key] = f
+	return func() bool {
+		d.mu.Lock()
+		defer d.mu.Unlock()
+		_, ok := d.afterClose[key]
+		delete(d.afterClose, key)
+		return ok
+	}
+}
+
+// runAfterClose runs the AfterClose functions, once.
+func (d *Device) runAfterClose() {
+	d.mu.Lock()
+	fs := d.afterClose
+	d.afterClose, d.afterRan = nil, true
+	d.mu.Unlock()
+	for _, k := range slices.Sorted(maps.Keys(fs)) {
+		fs[k]()
+	}
 }
 
 // quiesce masks the device's interrupts. On devices other than QEMU it also

@@ -37,8 +37,11 @@
 //     or the device's pages enter (two atomic adds per post or poll call);
 //     Close shuts it, waits for the calls inside, and only then releases.
 //   - If the device refuses an object's DESTROY, the object stays as it
-//     was, open and usable, and Close returns the error; Device.Close shuts
-//     such objects all the same before it unmaps anything.
+//     was, open and usable, and Close returns the error (a later Close
+//     retries); Device.Close shuts such objects all the same before it
+//     unmaps anything, and last runs the functions Device.AfterClose
+//     registered: memory of the caller's own that an MR the device kept
+//     registered (RegisterMR) may be freed there.
 //   - Device.Close waits for the control calls under way (an object created
 //     meanwhile is destroyed with the rest), so it leaks nothing.
 //

@@ -216,6 +216,11 @@ type Context struct {
 	// calls counts the calls that use the device objects outside mu
 	// (Purge); Close waits for them before it frees anything.
 	calls sync.WaitGroup
+	// closeMu serialises Close and its retries: each runs release.
+	closeMu sync.Mutex
+	// stopFree, under closeMu, unregisters freeMem from the device's
+	// AfterClose: set while the device keeps an MR of the packet memory.
+	stopFree func() bool
 
 	mu       sync.Mutex
 	closed   bool
@@ -312,7 +317,9 @@ func (c *Context) address() []byte {
 // other tasks and connects to each. Every task must call it with the same
 // Tasks, PacketSize and Credits. If it fails part-way it undoes what it
 // made, as Close does; what the device refused to destroy is named in
-// its error beside the cause.
+// its error beside the cause, and stays with the device until the
+// device's Close, which destroys it: the packet memory of an MR it
+// refused to deregister is freed then.
 func New(ctx context.Context, d *vfrdma.Device, cfg Config) (_ *Context, err error) {
 	if err := cfg.fill(); err != nil {
 		return nil, err
@@ -629,82 +636,106 @@ func (c *Context) Stats() Stats {
 // CQ and memory. Messages not yet delivered are lost; calls blocked in
 // Fence or Barrier return ErrClosed, and every call after it returns an
 // error wrapping ErrClosed. Completion handlers already running on their
-// own goroutines finish after it; their acknowledgements are dropped. A
-// second Close returns nil.
+// own goroutines finish after it; their acknowledgements are dropped.
 //
 // Close the context before its device. If the device is closed first,
 // the context fails with an error wrapping ErrClosed (its progress
 // goroutine ends, later calls return that error), and Close still frees
-// the context's own memory. If the device refuses a destroy (a command
-// error, a device that raised DEVICE_FATAL), Close returns the error and
-// what the device kept stays with it until the device's Close; the
-// packet memory of an MR it kept stays mapped (the device may still
-// reach it), the other MR's is freed.
+// the context's own memory.
+//
+// If the device refuses a destroy (a command error, a device that raised
+// DEVICE_FATAL), Close returns the error; what the device kept stays with
+// it, and the packet memory of an MR it kept stays mapped, since the
+// device may still reach it (the other MR's is freed). A later Close
+// retries what is left and returns nil once all of it is freed; a Close
+// after one that freed everything returns nil. The device's Close
+// destroys what the device kept (a dead device's, it shuts all the same)
+// and then frees the kept packet memory (Device.AfterClose): closed in
+// that order, context then device, a context leaks nothing even when its
+// own Close could free nothing.
 func (c *Context) Close() error {
+	c.closeMu.Lock()
+	defer c.closeMu.Unlock()
 	c.mu.Lock()
-	if c.closed {
-		c.mu.Unlock()
-		return nil
-	}
+	first := !c.closed
 	c.closed = true
 	c.down.Store(true)
 	c.notify()
 	c.mu.Unlock()
-	c.stop()
-	c.ws.Wake() // the progress goroutine may sleep in the set
-	<-c.done
-	if c.tock != nil {
-		<-c.tock
+	if first {
+		c.stop()
+		c.ws.Wake() // the progress goroutine may sleep in the set
+		<-c.done
+		if c.tock != nil {
+			<-c.tock
+		}
+		c.calls.Wait()
 	}
-	c.calls.Wait()
 	return c.release()
 }
 
-// release frees what New made, in reverse. Objects the device's Close
-// destroyed already are not an error.
+// release frees what New made, in reverse; under closeMu, or in New
+// before anyone else has the context. Each call frees what the calls
+// before it could not: every Close it makes is idempotent, so what is
+// gone costs nothing. Objects the device's Close destroyed already are
+// not an error. The packet memory goes only once the device can no
+// longer reach it: an MR the device kept keeps its own memory mapped,
+// and only its own, until a later release gets it deregistered or the
+// device's Close has run (freeMem, registered with AfterClose while an
+// MR is kept).
 func (c *Context) release() error {
 	var errs []error
-	keep := func(err error) {
-		if err != nil && !errors.Is(err, vfrdma.ErrClosed) {
-			errs = append(errs, err)
+	gone := func(err error) bool {
+		if err == nil || errors.Is(err, vfrdma.ErrClosed) {
+			return true
 		}
+		errs = append(errs, err)
+		return false
 	}
 	if c.ws != nil {
 		if !c.napping {
 			_ = c.ws.Remove(c.cq)
 		}
-		keep(c.ws.Close())
+		gone(c.ws.Close())
 	}
 	for _, qp := range c.qps {
-		keep(qp.Close())
+		gone(qp.Close())
 	}
 	if c.srq != nil {
-		keep(c.srq.Close())
+		gone(c.srq.Close())
 	}
 	if c.cq != nil {
-		keep(c.cq.Close())
+		gone(c.cq.Close())
 	}
-	// The memory goes only once the device can no longer reach it: an MR
-	// that failed to close leaves its own memory mapped, and only its own.
-	gone := func(mr *vfrdma.MR) bool {
-		if mr == nil {
-			return true
+	kept := false
+	free := func(mr *vfrdma.MR, mem *vfio.Memory) {
+		if mr != nil && !gone(mr.Close()) {
+			kept = true
+			return
 		}
-		err := mr.Close()
-		keep(err)
-		return err == nil || errors.Is(err, vfrdma.ErrClosed)
+		gone(mem.Close()) // nil: not yet allocated
 	}
-	sendGone, recvGone := gone(c.sendM), gone(c.recvM)
-	if c.sendOwn != nil && sendGone {
-		keep(c.sendOwn.Close())
-	}
-	if c.recvOwn != nil && recvGone {
-		keep(c.recvOwn.Close())
-	}
+	free(c.sendM, c.sendOwn)
+	free(c.recvM, c.recvOwn)
 	if c.pd != nil {
-		keep(c.pd.Close())
+		gone(c.pd.Close())
+	}
+	switch {
+	case kept && c.stopFree == nil:
+		c.stopFree = c.d.AfterClose(c.freeMem)
+	case !kept && c.stopFree != nil:
+		c.stopFree()
+		c.stopFree = nil
 	}
 	return errors.Join(errs...)
+}
+
+// freeMem frees the packet memory once the device is closed (its
+// AfterClose), when an MR of it was kept: the device reaches it no more.
+// Memory's Close is idempotent and safe beside release's.
+func (c *Context) freeMem() {
+	_ = c.sendOwn.Close() // an munmap of our own mapping: it fails only on a bug
+	_ = c.recvOwn.Close()
 }
 
 // notify wakes the goroutines blocked in Fence or Barrier. Under mu.

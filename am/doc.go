@@ -119,11 +119,25 @@
 // # Lifecycle
 //
 // The project's rule: after Close every method returns an error wrapping
-// ErrClosed (which is vfrdma.ErrClosed), a second Close returns nil, and a
-// call racing Close completes or returns ErrClosed. Close the context
-// before its device: a device closed under a live context fails the
-// context with an error wrapping ErrClosed (its progress goroutine ends
-// within a quarter of a second; every call returns that error); Close still frees the
-// context's own packet memory, which stays mapped until then. The zero
-// Counter is ready to use, as event.Counter's is.
+// ErrClosed (which is vfrdma.ErrClosed), and a call racing Close completes
+// or returns ErrClosed. Close the context before its device: a device
+// closed under a live context fails the context with an error wrapping
+// ErrClosed (its progress goroutine ends within a quarter of a second;
+// every call returns that error); Close still frees the context's own
+// packet memory, which stays mapped until then. The zero Counter is ready
+// to use, as event.Counter's is.
+//
+// A destroy the device refuses (a command error; every one, once the
+// device raised DEVICE_FATAL) leaves that object with the device, as the
+// driver's objects do: Close returns the error, and a later Close retries
+// what is left (a Close after one that freed everything returns nil). The
+// packet memory of an MR the device did not deregister stays mapped, since
+// the device may still reach it, until a later Close deregisters the MR or
+// the device is closed: the device's Close destroys (or, dead, shuts)
+// what it kept and then frees that memory (Device.AfterClose), whether
+// or not the context's Close is called again. So the order context, then
+// device, leaks nothing, even after DEVICE_FATAL; and the same holds for
+// what New's clean-up could not undo (New's error names it), which stays
+// until the device's Close.
+
 package am

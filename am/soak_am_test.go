@@ -171,6 +171,7 @@ func (j *amJob) start(ds []*vfrdma.Device) bool {
 	for i, err := range errs {
 		if err != nil && len(refusedDestroys(err)) > 0 {
 			j.keptBy(i, err)
+			j.s.nodes[i].amKept.Store(true)
 		}
 	}
 	if first != nil {
@@ -350,32 +351,24 @@ func (j *amJob) finish() {
 	j.verify()
 }
 
-// closeCtx closes task i's context: now, unless its device raised
-// DEVICE_FATAL; then after the driver, when the node reopens (am's rule:
-// a context closed after its device frees its memory; before, the dead
-// device refuses the destroys, and am keeps the memory of an MR it could
-// not close). Under a command fault its destroys may be refused.
+// closeCtx closes task i's context, before its device (am's order), even
+// after DEVICE_FATAL. Under a command fault, or on a dead device, its
+// destroys may be refused: Close is retried between rounds, once faults
+// are cleared or the device closed.
 func (j *amJob) closeCtx(i int) {
 	n, c := j.s.nodes[i], j.cs[i]
-	if !n.dead.Load() {
-		if err := c.Close(); err != nil {
-			j.keptBy(i, err)
-		}
-		return
+	if err := c.Close(); err != nil {
+		j.keptBy(i, err)
+		n.lmu.Lock()
+		n.amRetry = append(n.amRetry, c)
+		n.lmu.Unlock()
 	}
-	n.lmu.Lock()
-	n.afterClose = append(n.afterClose, func() {
-		if err := c.Close(); err != nil {
-			j.s.errorf("am", "task %d: Close after its device's: %v", i, err)
-		}
-	})
-	n.lmu.Unlock()
 }
 
-// keptBy notes what the device refused to destroy when task i's context
-// was closed or New undid it: the driver keeps it until its own Close
-// (the node is reopened before the round's check), and the packet memory
-// of a refused MR stays mapped and locked.
+// keptBy checks what the device refused to destroy when task i's context
+// was closed or New undid it (the faults the soak injects, and nothing
+// else), and counts the MRs among it, whose packet memory stays locked
+// until a retried Close or the device's Close frees it.
 func (j *amJob) keptBy(i int, err error) {
 	s := j.s
 	ops := refusedDestroys(err)
@@ -388,7 +381,6 @@ func (j *amJob) keptBy(i int, err error) {
 			s.errorf("am", "task %d: a destroy refused for no fault the soak injected: %v", i, e)
 		}
 	}
-	s.nodes[i].amKept.Store(true)
 	for _, op := range ops {
 		if op == "deregister MR" {
 			s.counts.amKeptMRs.Add(1)

@@ -25,6 +25,7 @@ import (
 	"go.uber.org/goleak"
 
 	"github.com/vfrdma/vfrdma"
+	"github.com/vfrdma/vfrdma/am"
 	"github.com/vfrdma/vfrdma/pvsim"
 	"github.com/vfrdma/vfrdma/rings"
 )
@@ -106,31 +107,9 @@ func TestSoakEveryRequestAndMessageAccountedForUnderEveryFault(t *testing.T) {
 		return
 	}
 	assert.Equal(t, fds0, openFDs(t), "file descriptors open after the soak")
-	checkLocked(t, lockedKB(t)-lck0, int(s.counts.amKeptMRs.Load()))
+	assert.Zero(t, lockedKB(t)-lck0, "kB of locked memory (am's packet memory) left after the soak; am kept the memory of %d MRs a device would not deregister at first", s.counts.amKeptMRs.Load())
 	s.requireTested()
 }
-
-// checkLocked checks the locked memory left after the soak (kB): none,
-// but for the packet memory of the am MRs a device refused to
-// deregister (kept: am keeps it mapped, since the device may still reach
-// it; the context is closed, so it stays for good), each a send MR's or a
-// receive MR's.
-func checkLocked(t *testing.T, left, kept int) {
-	send, recv := amMemKB(amTasks*(amCredits+1)), amMemKB(amTasks*amCredits)
-	for a := 0; a <= kept; a++ {
-		if left == a*send+(kept-a)*recv {
-			if kept > 0 {
-				t.Logf("known leak: %d kB of am packet memory, the %d MRs a device would not deregister", left, kept)
-			}
-			return
-		}
-	}
-	t.Errorf("leak: %d kB of locked memory left after the soak; am kept %d MRs of %d or %d kB", left, kept, send, recv)
-}
-
-// amMemKB is the locked memory, in kB, of slots packets of the soak's
-// jobs.
-func amMemKB(slots int) int { return (slots*amPacket + 4095) / 4096 * 4 }
 
 // warmUp opens and closes a device and a CQ's descriptor once, so that
 // what the runtime opens for good on first use (the poller's descriptors)
@@ -213,30 +192,27 @@ type node struct {
 	// command fault every time it was tried), once faults are cleared.
 	lmu       sync.Mutex
 	leftovers []func() error
-	// afterClose closes what is to be closed after the driver: the am
-	// contexts of a device that raised DEVICE_FATAL (am's rule: a context
-	// closed after its device still frees its memory; before, the dead
-	// device refuses the destroys and the memory stays).
-	afterClose []func()
-	// amKept: an am context's Close (or New's clean-up) on the node had a
-	// destroy refused; the driver keeps what it refused until its Close,
-	// so the node is reopened before the round's check.
+	// amRetry are the am contexts whose Close had a destroy refused
+	// (under lmu): Close again, once faults are cleared, frees what is
+	// left (am's rule), or finds it freed by the device's Close after a
+	// DEVICE_FATAL.
+	amRetry []*am.Context
+	// amKept: New's clean-up on the node had a destroy refused; the
+	// driver keeps what it refused until its Close (which frees the
+	// packet memory too), so the node is reopened before the round's
+	// check.
 	amKept atomic.Bool
 	// qpFatals counts the QP fatals injected on the node: a set-up that
 	// meets one (or its stale event) finds its next transition refused.
 	qpFatals atomic.Int64
 }
 
-// closeDriver closes the node's driver, then what waits for it.
+// closeDriver closes the node's driver, which takes the leftovers.
 func (n *node) closeDriver() error {
 	err := n.d.Close()
 	n.lmu.Lock()
-	after := n.afterClose
-	n.leftovers, n.afterClose = nil, nil // Device.Close took the leftovers
+	n.leftovers = nil
 	n.lmu.Unlock()
-	for _, f := range after {
-		f()
-	}
 	return err
 }
 
@@ -401,9 +377,21 @@ func (s *soak) round(round int, d time.Duration) {
 			}
 		}
 		s.counts.leftovers.Add(int64(len(left)))
+		n.lmu.Lock()
+		retry := n.amRetry
+		n.amRetry = nil
+		n.lmu.Unlock()
+		for _, c := range retry {
+			// Faults cleared, or the device closed since (DEVICE_FATAL):
+			// the retry frees the rest.
+			if err := c.Close(); err != nil {
+				s.errorf("leak", "%s: an am context's Close retried with no fault pending: %v", n.m.Name(), err)
+			}
+		}
+		s.counts.amRetried.Add(int64(len(retry)))
 		if n.amKept.Swap(false) {
-			// What am could not destroy stays with the driver until its
-			// Close (am.Context.Close's rule): close it, open it again.
+			// What New's clean-up could not destroy stays with the
+			// driver until its Close: close it, open it again.
 			if err := n.closeDriver(); err != nil {
 				s.errorf("close", "%s: Device.Close with no fault pending: %v", n.m.Name(), err)
 			}
@@ -478,7 +466,7 @@ type counts struct {
 	cmdRefused                                           sync.Map // cause → *atomic.Int64
 	jobs, jobsRefused, amSent, amDelivered, amFailed     atomic.Int64
 	amPurged, amDead                                     atomic.Int64
-	reopens, amKeptReopens, amKeptMRs                    atomic.Int64
+	reopens, amKeptReopens, amKeptMRs, amRetried         atomic.Int64
 	retransmits, dropped, cqesDropped, cmdErrors         atomic.Int64
 	immChecked, readsChecked, faaChecked                 atomic.Int64
 	staleCQ                                              atomic.Int64 // cells' CQs failed with no overrun injected on them
@@ -553,8 +541,8 @@ func (s *soak) logTable(el time.Duration) {
 	for _, k := range keys {
 		fmt.Fprintf(&b, " %v=%d", vfrdma.WCStatus(k), st(vfrdma.WCStatus(k)))
 	}
-	fmt.Fprintf(&b, "\nam: %d jobs (%d refused by faults), %d messages sent: %d delivered once, %d reported failed; %d purges, %d contexts died; %d MRs a device would not deregister at Close (their packet memory stays locked), %d devices reopened for what am's Close left\n",
-		c.jobs.Load(), c.jobsRefused.Load(), c.amSent.Load(), c.amDelivered.Load(), c.amFailed.Load(), c.amPurged.Load(), c.amDead.Load(), c.amKeptMRs.Load(), c.amKeptReopens.Load())
+	fmt.Fprintf(&b, "\nam: %d jobs (%d refused by faults), %d messages sent: %d delivered once, %d reported failed; %d purges, %d contexts died; %d MRs a device would not deregister at first (in Close or New's clean-up), %d contexts' Closes retried, %d devices reopened for what New's clean-up left\n",
+		c.jobs.Load(), c.jobsRefused.Load(), c.amSent.Load(), c.amDelivered.Load(), c.amFailed.Load(), c.amPurged.Load(), c.amDead.Load(), c.amKeptMRs.Load(), c.amRetried.Load(), c.amKeptReopens.Load())
 	s.t.Log(b.String())
 }
 
