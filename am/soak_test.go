@@ -234,6 +234,8 @@ type node struct {
 
 // closeDriver closes the node's driver, then what waits for it.
 func (n *node) closeDriver() error {
+	st, _ := n.d.AsyncStats() // a ring fault is the driver's to report; the counts stand
+	n.s.counts.staleEvents.Add(int64(st.Stale))
 	err := n.d.Close()
 	n.lmu.Lock()
 	after := n.afterClose
@@ -486,6 +488,7 @@ type counts struct {
 	reopens, amKeptReopens, amKeptMRs                    atomic.Int64
 	retransmits, dropped, cqesDropped, cmdErrors         atomic.Int64
 	immChecked, readsChecked, faaChecked                 atomic.Int64
+	staleEvents                                          atomic.Int64 // AsyncStats.Stale of the drivers closed
 }
 
 func addTo(m *sync.Map, key any, n int64) {
@@ -548,6 +551,8 @@ func (s *soak) logTable(el time.Duration) {
 	}
 	fmt.Fprintf(&b, "verbs: %d cells checked (%d set-ups refused by faults), %d work requests completed exactly once, %d lost with a failed CQ; %d immediate-data arrivals, %d READs, %d fetch-and-adds checked; %d leftovers closed between rounds\n",
 		c.cells.Load(), c.cellsRefused.Load(), c.wrs.Load(), c.wrsLost.Load(), c.immChecked.Load(), c.readsChecked.Load(), c.faaChecked.Load(), c.leftovers.Load())
+	fmt.Fprintf(&b, "stale async events: %d taken after their object was destroyed and its handle given to a new one, applied to none\n",
+		c.staleEvents.Load())
 	fmt.Fprintf(&b, "known bugs met: %d CreateQP raced a QP's Close (false ErrDeviceFault)\n",
 		ref(knownCreateRace))
 	fmt.Fprintf(&b, "completions by status:")
