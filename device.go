@@ -572,7 +572,7 @@ func (d *Device) start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	d.ch = ch
+	d.ch = d.orderCommands(ch) // QP, CQ and SRQ CREATEs and DESTROYs placed among the async events
 	dsrPage := d.ctlPage(pgDSR)
 	var uarPFN uint64
 	if l, ok := d.fn.(hw.UARLocator); ok {

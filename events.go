@@ -61,8 +61,10 @@ type AsyncEvent struct {
 	// port number, by Type.
 	Info uint32
 	// The object the event names, if the Device has it: nil for an event
-	// of another kind, or for a handle the driver does not know (an object
-	// already destroyed).
+	// of another kind, for a handle the driver does not know (an object
+	// already destroyed), or for an event written before the object that
+	// has the handle now was created (a destroyed object's, whose handle
+	// the device gave again: AsyncStats.Stale).
 	QP  *QP
 	CQ  *CQ
 	SRQ *SRQ
@@ -89,6 +91,10 @@ type AsyncStats struct {
 	Events  uint64 // events read from the ring
 	Dropped uint64 // events the AsyncEvents channel had no room for
 	Unknown uint64 // events naming an object the driver does not know
+	// Stale counts, among Unknown, the events the device wrote for a QP,
+	// CQ or SRQ destroyed since, whose handle a newer object has: they
+	// are not applied to the newer one.
+	Stale uint64
 }
 
 // asyncEventsBuffer is the room of the AsyncEvents channel.
@@ -102,8 +108,24 @@ type asyncEvents struct {
 	done    chan struct{}
 	stopped sync.Once
 
-	events, dropped, unknown atomic.Uint64
-	err                      atomic.Pointer[error] // the ring fault that stopped it
+	events, dropped, unknown, stale atomic.Uint64
+	err                             atomic.Pointer[error] // the ring fault that stopped it
+
+	// Positions: every event has its place in the sequence the device
+	// wrote since Open (0, 1, ...), and every QP, CQ and SRQ the position
+	// the sequence had reached when it was created (orderCommands).
+	rmu   sync.Mutex // the goroutine's Poll, and position's read of the ring
+	taken uint64     // events taken from the ring: the next one's position
+	order chan struct{}
+	bmu   sync.Mutex
+	born  map[bornKey]uint64 // by live object: the position at its creation
+}
+
+// bornKey names a live object by kind and handle (a QP's masked, as the
+// QP table keys it).
+type bornKey struct {
+	kind   string // kindQP, kindCQ, kindSRQ
+	handle uint32
 }
 
 // startAsync starts taking async events, unless the device never raises
@@ -121,13 +143,17 @@ func (d *Device) startAsync() {
 		var buf [32]firmware.AsyncEvent
 		for {
 			for {
+				d.async.rmu.Lock()
 				n, err := d.asyncRing.Poll(buf[:])
+				pos := d.async.taken
+				d.async.taken += uint64(n)
+				d.async.rmu.Unlock()
 				if err != nil {
 					d.async.err.Store(&err)
 					return
 				}
-				for _, e := range buf[:n] {
-					d.dispatch(e)
+				for i, e := range buf[:n] {
+					d.dispatch(e, pos+uint64(i))
 				}
 				if n < len(buf) {
 					break
@@ -172,7 +198,8 @@ func (d *Device) AsyncStats() (AsyncStats, error) {
 	if p := d.async.err.Load(); p != nil {
 		err = d.opErr("async events", *p)
 	}
-	return AsyncStats{Events: d.async.events.Load(), Dropped: d.async.dropped.Load(), Unknown: d.async.unknown.Load()}, err
+	return AsyncStats{Events: d.async.events.Load(), Dropped: d.async.dropped.Load(), Unknown: d.async.unknown.Load(),
+		Stale: d.async.stale.Load()}, err
 }
 
 // PortState returns port 1's state as the driver last learned it: from
@@ -180,28 +207,35 @@ func (d *Device) AsyncStats() (AsyncStats, error) {
 // events (firmware.PortActive, firmware.PortDown, ...).
 func (d *Device) PortState() uint32 { return d.portState.Load() }
 
-// dispatch acts on one event and delivers it.
-func (d *Device) dispatch(e firmware.AsyncEvent) {
+// dispatch acts on one event, the device's pos'th, and delivers it. An
+// event written before the object that now has its handle was created is
+// a destroyed object's (orderCommands): it names no object.
+func (d *Device) dispatch(e firmware.AsyncEvent, pos uint64) {
 	d.async.events.Add(1)
 	ev := AsyncEvent{Type: e.Type, Info: e.Info}
 	known := true
 	switch e.Type {
 	case firmware.EventQPFatal, firmware.EventQPReqErr, firmware.EventQPAccessErr:
-		if ev.QP = d.qpByHandle(e.Info); ev.QP != nil {
+		if ev.QP = d.qpForEvent(e.Info, pos); ev.QP != nil {
 			ev.QP.state.Store(uint32(StateErr))
 		}
 		known = ev.QP != nil
 	case firmware.EventCommEst, firmware.EventSQDrained, firmware.EventPathMig,
 		firmware.EventPathMigErr, firmware.EventQPLastWQEReached:
-		ev.QP = d.qpByHandle(e.Info)
+		ev.QP = d.qpForEvent(e.Info, pos)
 		known = ev.QP != nil
 	case firmware.EventCQErr:
-		if ev.CQ = d.cqByHandle(e.Info); ev.CQ != nil {
+		if !d.async.staleAt(kindCQ, e.Info, pos) {
+			ev.CQ = d.cqByHandle(e.Info)
+		}
+		if ev.CQ != nil {
 			ev.CQ.fail(ErrCQOverrun)
 		}
 		known = ev.CQ != nil
 	case firmware.EventSRQErr, firmware.EventSRQLimitReached:
-		ev.SRQ = d.srqByHandle(e.Info)
+		if !d.async.staleAt(kindSRQ, e.Info, pos) {
+			ev.SRQ = d.srqByHandle(e.Info)
+		}
 		known = ev.SRQ != nil
 		if ev.SRQ != nil && e.Type == firmware.EventSRQLimitReached {
 			// The driver raises the watermark event from its own counts;
@@ -254,17 +288,34 @@ func (d *Device) failAll() {
 	}
 }
 
+// qpForEvent returns the QP a QP event at pos names: the one the QP table
+// has for its handle, unless the event was written before that QP was
+// created.
+func (d *Device) qpForEvent(info uint32, pos uint64) *QP {
+	if d.async.staleAt(kindQP, info&d.qpHandleMask(), pos) {
+		return nil
+	}
+	return d.qpByHandle(info)
+}
+
 // cqByHandle and srqByHandle find a live object by its device handle
 // (events are rare: a scan is enough; QPs have their table, qpByHandle).
+// A CQ whose DESTROY has completed and which is still being taken out of
+// the table may share its handle with a newer one: the newer one is the
+// answer.
 func (d *Device) cqByHandle(h uint32) *CQ {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	var shut *CQ
 	for cq := range d.cqs {
 		if cq.handle == h {
-			return cq
+			if !cq.gate.IsShut() {
+				return cq
+			}
+			shut = cq
 		}
 	}
-	return nil
+	return shut
 }
 
 func (d *Device) srqByHandle(h uint32) *SRQ {
@@ -283,4 +334,165 @@ func (d *Device) srqByHandle(h uint32) *SRQ {
 func (cq *CQ) fail(err error) {
 	cq.failErr.CompareAndSwap(nil, &err)
 	cq.d.notify.signal(cq)
+}
+
+// The order of events and objects. An event names its object by handle,
+// and the device gives a destroyed object's handle to the next object of
+// its kind that it creates. An event the device wrote for a QP, CQ or SRQ
+// may still wait in the ring while that object is destroyed and a new one
+// gets its handle (the goroutine is behind, or inside an OnAsyncEvent
+// callback): found by its handle, it would fail the new object. Draining
+// the ring when a DESTROY completes cannot be had: the goroutine may be
+// inside a callback that waits for the Close that destroys. So events and
+// objects are placed in one sequence instead: each event has its
+// position, the count of events the device wrote before it; each object
+// the position the sequence had reached when its CREATE was sent; an
+// event before that position is not the object's.
+//
+// That is exact because the device runs one command at a time, writes an
+// object's events only while it has the object, and writes each event
+// (the element, then prod_tail) before it answers the command after it;
+// its writes to memory are seen in the order it makes them. The driver
+// holds order across each CREATE and DESTROY of a QP, CQ or SRQ, until
+// the device has answered, and reads the position while it holds it,
+// before it sends a CREATE. The handle the CREATE returns was freed by a
+// DESTROY the device ran before it: one answered before order was taken,
+// so before the position was read, and every event of the destroyed
+// object is below the position. Every event of the new object is written
+// once the device has run its CREATE, after the position was read: at it
+// or above. (A DESTROY the driver gave up waiting for is outside this
+// order: it reported it failed and keeps the object.)
+
+// orderCommands returns the device's commands with the QP, CQ and SRQ
+// CREATEs and DESTROYs placed among the async events (the order above).
+func (d *Device) orderCommands(ch commands) commands {
+	d.async.order = make(chan struct{}, 1)
+	d.async.born = map[bornKey]uint64{}
+	return &orderedCommands{commands: ch, d: d}
+}
+
+// orderedCommands are the device's commands, each QP, CQ and SRQ CREATE
+// and DESTROY run under order: a CREATE records the position at which the
+// object was born, a DESTROY that succeeds forgets it.
+type orderedCommands struct {
+	commands
+	d *Device
+}
+
+// position returns the position of the next event the device will write:
+// those taken from the ring and those waiting in it. A ring whose
+// prod_tail is out of range counts none waiting (the goroutine stops on
+// it: no event is dispatched after).
+func (d *Device) position() uint64 {
+	d.async.rmu.Lock()
+	defer d.async.rmu.Unlock()
+	if d.asyncRing == nil {
+		return d.async.taken
+	}
+	n, err := d.asyncRing.Pending()
+	if err != nil {
+		n = 0
+	}
+	return d.async.taken + uint64(n)
+}
+
+// ordered runs a CREATE or DESTROY with order held (bounded by ctx while
+// it waits for it, as the command channel is).
+func (d *Device) ordered(ctx context.Context, op string, run func() error) error {
+	if err := ctx.Err(); err != nil {
+		return fmt.Errorf("%s: waiting for the command channel: %w", op, err)
+	}
+	select {
+	case d.async.order <- struct{}{}:
+	case <-ctx.Done():
+		return fmt.Errorf("%s: waiting for the command channel: %w", op, ctx.Err())
+	}
+	defer func() { <-d.async.order }()
+	return run()
+}
+
+// orderedCreate runs a CREATE, which returns the new object's key, and records
+// its position.
+func (d *Device) orderedCreate(ctx context.Context, op, kind string, run func() (uint32, error)) error {
+	return d.ordered(ctx, op, func() error {
+		pos := d.position()
+		key, err := run()
+		if err != nil {
+			return err
+		}
+		d.async.bmu.Lock()
+		d.async.born[bornKey{kind, key}] = pos
+		d.async.bmu.Unlock()
+		return nil
+	})
+}
+
+// orderedDestroy runs a DESTROY of the object keyed key, and forgets its
+// position if the device destroyed it.
+func (d *Device) orderedDestroy(ctx context.Context, op, kind string, key uint32, run func() error) error {
+	return d.ordered(ctx, op, func() error {
+		if err := run(); err != nil {
+			return err
+		}
+		d.async.bmu.Lock()
+		delete(d.async.born, bornKey{kind, key})
+		d.async.bmu.Unlock()
+		return nil
+	})
+}
+
+// staleAt reports whether an event at pos naming the object of kind keyed
+// key was written before that object was created: a destroyed object's.
+// It counts those.
+func (a *asyncEvents) staleAt(kind string, key uint32, pos uint64) bool {
+	a.bmu.Lock()
+	born, ok := a.born[bornKey{kind, key}]
+	a.bmu.Unlock()
+	if ok && pos < born {
+		a.stale.Add(1)
+		return true
+	}
+	return false
+}
+
+func (o *orderedCommands) CreateQP(ctx context.Context, req firmware.CreateQPRequest) (firmware.CreateQPResponse, error) {
+	var resp firmware.CreateQPResponse
+	err := o.d.orderedCreate(ctx, "create QP", kindQP, func() (uint32, error) {
+		var err error
+		resp, err = o.commands.CreateQP(ctx, req)
+		return resp.QPHandle & o.d.qpHandleMask(), err
+	})
+	return resp, err
+}
+
+func (o *orderedCommands) DestroyQP(ctx context.Context, qp uint32) error {
+	return o.d.orderedDestroy(ctx, "destroy QP", kindQP, qp&o.d.qpHandleMask(), func() error { return o.commands.DestroyQP(ctx, qp) })
+}
+
+func (o *orderedCommands) CreateCQ(ctx context.Context, req firmware.CreateCQRequest) (firmware.CreateCQResponse, error) {
+	var resp firmware.CreateCQResponse
+	err := o.d.orderedCreate(ctx, "create CQ", kindCQ, func() (uint32, error) {
+		var err error
+		resp, err = o.commands.CreateCQ(ctx, req)
+		return resp.CQHandle, err
+	})
+	return resp, err
+}
+
+func (o *orderedCommands) DestroyCQ(ctx context.Context, cq uint32) error {
+	return o.d.orderedDestroy(ctx, "destroy CQ", kindCQ, cq, func() error { return o.commands.DestroyCQ(ctx, cq) })
+}
+
+func (o *orderedCommands) CreateSRQ(ctx context.Context, req firmware.CreateSRQRequest) (uint32, error) {
+	var h uint32
+	err := o.d.orderedCreate(ctx, "create SRQ", kindSRQ, func() (uint32, error) {
+		var err error
+		h, err = o.commands.CreateSRQ(ctx, req)
+		return h, err
+	})
+	return h, err
+}
+
+func (o *orderedCommands) DestroySRQ(ctx context.Context, srq uint32) error {
+	return o.d.orderedDestroy(ctx, "destroy SRQ", kindSRQ, srq, func() error { return o.commands.DestroySRQ(ctx, srq) })
 }

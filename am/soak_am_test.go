@@ -146,10 +146,7 @@ func (j *amJob) start(ds []*vfrdma.Device) bool {
 		if err != nil && !errors.Is(err, context.Canceled) && first == nil {
 			first = err
 			// A QP fatal on one of its QPs in set-up: the driver refuses
-			// the next transition if it saw the event, the device if not
-			// (or the driver took a stale event of an earlier QP with the
-			// handle, a known bug: the QPs are gone, which it was cannot
-			// be told here).
+			// the next transition if it saw the event, the device if not.
 			if j.s.nodes[i].qpFatals.Load() > 0 && (errors.Is(err, vfrdma.ErrQPState) || errors.Is(err, syscall.EINVAL)) {
 				addTo(&j.s.counts.cmdRefused, "QP failed in set-up", 1)
 				first = nil

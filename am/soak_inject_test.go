@@ -208,6 +208,10 @@ func (s *soak) injectOne(k faultKind, n *node, rng *rand.Rand, wg *sync.WaitGrou
 		n.qpFatals.Add(1)
 		s.faults.note(k, label(n, 'q', q.QPN, "am's QP"))
 	case fCQOverrun:
+		if !n.cqMu.TryLock() {
+			return // a cell is between a CQ's create or close and cqSides
+		}
+		defer n.cqMu.Unlock()
 		cells := registered(n, 'c')
 		if len(cells) > 0 && rng.IntN(4) != 0 {
 			h := cells[rng.IntN(len(cells))]
@@ -222,7 +226,7 @@ func (s *soak) injectOne(k faultKind, n *node, rng *rand.Rand, wg *sync.WaitGrou
 		// Another CQ: am's (the model hands out the lowest free handle).
 		for _, h := range rng.Perm(32) {
 			h := uint32(h + 1)
-			if _, ok := registry.Load(regKey{n.i, 'c', h}); ok {
+			if _, ok := cqSides.Load(regKey{n.i, 'c', h}); ok {
 				continue
 			}
 			if m.OverflowCQ(h) == nil {

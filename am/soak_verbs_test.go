@@ -96,8 +96,8 @@ type side struct {
 	mem    []byte
 	ahs    map[*side]*vfrdma.AH // UD: to each side
 	failed atomic.Bool          // Poll reported the CQ failed (overrun, DEVICE_FATAL)
-	// overflowed: the injector overflowed the CQ (a CQ that fails with
-	// ErrCQOverrun without it met a stale CQ_ERR, a known bug).
+	// overflowed: the injector overflowed the CQ. A CQ that fails with
+	// ErrCQOverrun without it took another object's CQ_ERR: a failure.
 	overflowed atomic.Bool
 	dead       atomic.Bool // the node raised DEVICE_FATAL while the cell lived
 	nQP        int
@@ -194,8 +194,10 @@ func (s *soak) runCell(ctx context.Context, rng *rand.Rand, kind cellKind, ns []
 		switch {
 		case onDevice && (errors.Is(err, syscall.EINVAL) || errors.Is(err, vfrdma.ErrQPState)):
 			addTo(&s.counts.cmdRefused, "QP failed in set-up", 1)
+		case inDriver && errors.Is(err, vfrdma.ErrQPState) && anyDead(ns...):
+			addTo(&s.counts.cmdRefused, "device dead", 1) // DEVICE_FATAL moved every QP to ERR
 		case inDriver && errors.Is(err, vfrdma.ErrQPState):
-			addTo(&s.counts.cmdRefused, knownStaleQP, 1)
+			s.errorf("stale event", "%v cell on %s: a QP in ERR in the driver only (an event not its own applied to it): %v", kind, c.where(), err)
 		default:
 			if cause := s.refused(err); cause == "other" {
 				s.errorf("setup", "%v cell on %s: %v", kind, c.where(), err)
@@ -212,7 +214,7 @@ func (s *soak) runCell(ctx context.Context, rng *rand.Rand, kind cellKind, ns []
 // failedQPs reports whether one of the cell's QPs is in ERR on its
 // device (a QP fatal hit it in set-up: its next transition is refused,
 // ERR going only to RESET), and whether one is in ERR in the driver only
-// (a stale QP event, a known bug).
+// (DEVICE_FATAL, or an event not its own).
 func (c *cell) failedQPs() (onDevice, inDriverOnly bool) {
 	for _, q := range c.qps {
 		info, ok := q.sd.n.m.QPByNumber(q.qp.QPN())
@@ -245,11 +247,14 @@ func (c *cell) newSide(ctx context.Context, n *node, d *vfrdma.Device) (*side, e
 	if sd.pd, err = d.AllocPD(ctx); err != nil {
 		return sd, err
 	}
+	n.cqMu.RLock()
 	if sd.cq, err = d.CreateCQ(ctx, 1024); err != nil {
+		n.cqMu.RUnlock()
 		return sd, err
 	}
 	register(n, 'c', sd.cq.Handle(), c.kind.String()+" cell's CQ")
 	cqSides.Store(regKey{n.i, 'c', sd.cq.Handle()}, sd)
+	n.cqMu.RUnlock()
 	all := vfrdma.AccessLocalWrite | vfrdma.AccessRemoteWrite | vfrdma.AccessRemoteRead | vfrdma.AccessRemoteAtomic
 	if sd.mr, err = sd.pd.AllocMR(ctx, mrSize, all); err != nil {
 		return sd, err
@@ -633,7 +638,7 @@ func (c *cell) poller(sd *side) {
 			if errors.Is(err, vfrdma.ErrCQOverrun) || errors.Is(err, vfrdma.ErrDeviceFatal) {
 				sd.failed.Store(true)
 				if errors.Is(err, vfrdma.ErrCQOverrun) && !sd.overflowed.Load() {
-					c.s.counts.staleCQ.Add(1)
+					c.s.errorf("stale event", "%v cell on %s: CQ %d failed with no overrun injected on it: %v", c.kind, c.where(), sd.cq.Handle(), err)
 				}
 			} else {
 				c.s.errorf("poll", "%v cell on %s: Poll: %v", c.kind, c.where(), err)
@@ -850,9 +855,11 @@ func (c *cell) teardown() {
 	for _, sd := range c.sides {
 		if sd.cq != nil {
 			handle := sd.cq.Handle()
+			sd.n.cqMu.RLock()
 			c.closeObj(sd, "CQ Close", sd.cq.Close)
 			unregister(sd.n, 'c', handle)
 			cqSides.CompareAndDelete(regKey{sd.n.i, 'c', handle}, sd)
+			sd.n.cqMu.RUnlock()
 		}
 		if sd.mr != nil {
 			c.closeObj(sd, "MR Close", sd.mr.Close)

@@ -181,6 +181,17 @@ func (a *AsyncRing) Poll(evs []AsyncEvent) (int, error) {
 	return int(n), a.r.consume(n)
 }
 
+// Pending returns how many events the device has written past cons_head,
+// without consuming them: with the count of events consumed so far, the
+// position in the device's sequence of events that the next one will
+// take. A producer index out of range is an error wrapping
+// ErrDeviceFault. Pending and Poll are for one owner at a time: a caller
+// that reads Pending beside the goroutine that polls serializes the two.
+func (a *AsyncRing) Pending() (int, error) {
+	n, err := a.r.ready()
+	return int(n), err
+}
+
 // CQNotifyRing consumes the DSR's CQ-notification ring (4-byte elements,
 // each a CQ handle, MSI-X vector 2). QEMU 7.2 adds an element for every CQE
 // whether or not the CQ is armed, and stops notifying once the ring is full,

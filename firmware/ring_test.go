@@ -4,6 +4,9 @@ import (
 	"errors"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
 	"github.com/vfrdma/vfrdma/mmio"
 )
 
@@ -204,4 +207,40 @@ func TestDeviceRingPollAllocs(t *testing.T) {
 	if allocs != 0 {
 		t.Errorf("Poll allocates %v times", allocs)
 	}
+}
+
+// Pending counts the events written past cons_head without consuming any:
+// up to a full ring, N of N slots; a prod_tail one further ahead is a
+// device fault.
+func TestAsyncRingPendingCountsWithoutConsuming(t *testing.T) {
+	tr := newTestRing(t, 1)
+	a, err := NewAsyncRing(tr.regs, tr.data)
+	require.NoError(t, err)
+	n := uint32(a.Slots())
+	k, err := a.Pending()
+	require.NoError(t, err)
+	assert.Zero(t, k)
+	for range 3 {
+		tr.produce(n, make([]byte, AsyncEventSize))
+	}
+	k, err = a.Pending()
+	require.NoError(t, err)
+	assert.Equal(t, 3, k)
+	assert.Zero(t, tr.head(), "nothing consumed")
+	got, err := a.Poll(make([]AsyncEvent, 2))
+	require.NoError(t, err)
+	require.Equal(t, 2, got)
+	k, err = a.Pending()
+	require.NoError(t, err)
+	assert.Equal(t, 1, k)
+
+	for range n - 1 {
+		tr.produce(n, make([]byte, AsyncEventSize))
+	}
+	k, err = a.Pending()
+	require.NoError(t, err)
+	assert.Equal(t, int(n), k, "a full ring")
+	tr.setTail((tr.head() + n + 1) & (2*n - 1))
+	_, err = a.Pending()
+	assert.ErrorIs(t, err, ErrDeviceFault, "one past a full ring")
 }
