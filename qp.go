@@ -195,7 +195,10 @@ type QP struct {
 func pow2(n int) int { return 1 << bits.Len(uint(n-1)) }
 
 // CreateQP creates a queue pair in RESET; Init, ReadyToReceive and
-// ReadyToSend (or Connect) bring it up.
+// ReadyToSend (or Connect) bring it up. If the device gives it the handle
+// of a QP whose Close is under way, it waits for that Close to let go of
+// the handle (ctx bounds the wait); the handle of a live QP fails it with
+// ErrDeviceFault.
 func (pd *PD) CreateQP(ctx context.Context, cfg *QPConfig) (*QP, error) {
 	d := pd.d
 	const op = "create QP"
