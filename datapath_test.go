@@ -59,7 +59,7 @@ func newFixture(t testing.TB, typ QPType, depth int) *fixture {
 	require.NoError(t, qp.initQueue(&qp.sq, qpState[0:8], sq, rings.SendStride(4), depth, 4, doorbell.QPSend))
 	require.NoError(t, qp.initQueue(&qp.rq, qpState[8:16], rq, rings.RecvStride(4), depth, 4, doorbell.QPRecv))
 	qp.state.Store(uint32(StateRTS))
-	require.NoError(t, d.addQP(qp))
+	require.NoError(t, d.addQP(context.Background(), qp))
 	f.qp = qp
 	s1, _ := rings.NewState(qpState[0:8])
 	s2, _ := rings.NewState(qpState[8:16])

@@ -180,7 +180,7 @@ func (l *lcDevice) addQP(t testing.TB, qpn uint32, cq *CQ, depth int) (*QP, *rin
 	require.NoError(t, qp.initQueue(&qp.sq, state[0:8], make([]byte, depth*rings.SendStride(1)), rings.SendStride(1), depth, 1, doorbell.QPSend))
 	require.NoError(t, qp.initQueue(&qp.rq, state[8:16], make([]byte, depth*rings.RecvStride(1)), rings.RecvStride(1), depth, 1, doorbell.QPRecv))
 	qp.state.Store(uint32(StateRTS))
-	require.NoError(t, l.d.addQP(qp))
+	require.NoError(t, l.d.addQP(context.Background(), qp))
 	l.pd.hold(+1)
 	cq.hold(+2)
 	st, err := rings.NewState(state[0:8])

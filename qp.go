@@ -183,12 +183,22 @@ type QP struct {
 	mu        sync.Mutex // state changes and Close
 	closed    bool
 	devicesQP bool // the device still has the QP
+
+	// Under d.mu: leaving is set from before the QP's DESTROY_QP until it
+	// has left its handle (closed then), or the device refused the
+	// DESTROY (nil again); heirs counts the CreateQPs given the handle
+	// meanwhile, waiting for it (registry.go).
+	leaving chan struct{}
+	heirs   int
 }
 
 func pow2(n int) int { return 1 << bits.Len(uint(n-1)) }
 
 // CreateQP creates a queue pair in RESET; Init, ReadyToReceive and
-// ReadyToSend (or Connect) bring it up.
+// ReadyToSend (or Connect) bring it up. If the device gives it the handle
+// of a QP whose Close is under way, it waits for that Close to let go of
+// the handle (ctx bounds the wait); the handle of a live QP fails it with
+// ErrDeviceFault.
 func (pd *PD) CreateQP(ctx context.Context, cfg *QPConfig) (*QP, error) {
 	d := pd.d
 	const op = "create QP"
@@ -280,7 +290,7 @@ func (pd *PD) CreateQP(ctx context.Context, cfg *QPConfig) (*QP, error) {
 	}
 	qp.state.Store(uint32(StateReset))
 	d.journal.add(kindQP, qp.handle)
-	if err := d.addQP(qp); err != nil {
+	if err := d.addQP(ctx, qp); err != nil {
 		d.journal.remove(kindQP, qp.handle)
 		return undo(err)
 	}
@@ -689,7 +699,11 @@ func (qp *QP) destroyOnDevice(ctx context.Context) error {
 		return nil
 	}
 	qp.awaitSends(ctx)
+	// The handle is marked leaving before the command: the device may give
+	// it to a QP created as soon as the command completes (registry.go).
+	qp.d.leaveQPN(qp)
 	if err := qp.d.ch.DestroyQP(ctx, qp.handle); err != nil {
+		qp.d.keepQPN(qp)
 		return err
 	}
 	qp.devicesQP = false

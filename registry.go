@@ -1,6 +1,7 @@
 package vfrdma
 
 import (
+	"context"
 	"fmt"
 	"sync/atomic"
 
@@ -50,15 +51,70 @@ func (d *Device) qpHandleMask() uint32 {
 // the answer: check its state under qp.mu.
 func (d *Device) qpByHandle(h uint32) *QP { return d.qpns.Lookup(h & d.qpHandleMask()) }
 
-func (d *Device) addQP(qp *QP) error {
+// A QP handle passes from a destroyed QP (old) to the next QP the device
+// gives it (new) in this order:
+//
+//  1. old's Close marks it leaving (QP.leaving, under d.mu), then sends
+//     DESTROY_QP. The device gives the handle to another QP only once
+//     that command has completed, and from then on writes no CQE naming
+//     it for old.
+//  2. retireQPN maps old's alias, rekeys the CQEs of old its CQs still
+//     hold (with each CQ's gate held: a Poll inside it, which looks CQEs
+//     up by handle, finishes first and finds old), and only then takes
+//     old off the handle and closes leaving.
+//  3. new's CreateQP, answered with the handle any time after 1, finds
+//     old still on it in addQP and waits for leaving to close: new takes
+//     the handle only once no CQE of old names it. new has no CQE before
+//     it is in the table (nothing is posted on it yet), so a CQE naming
+//     the handle is old's before 3 and new's after: a Poll never finds
+//     the wrong QP, and old's completions are polled as old's, by alias,
+//     exactly once.
+//
+// new cannot take the handle before 2 is done, old moving to its alias in
+// the table alone: a CQE of old not yet rekeyed (a Poll holding old's CQ,
+// in a callback or not yet done with its batch, delays the rekey) would
+// find new. The wait lasts the DESTROY_QP and the rekey, which waits out
+// the Polls inside old's CQs (their callbacks must not block); the
+// CreateQP's ctx bounds it.
+//
+// A handle whose QP is not leaving is the handle of a live QP: the device
+// broke its contract (ErrDeviceFault). So is the handle of a QP whose
+// DESTROY_QP the device refuses: leaving is cleared and a waiting addQP
+// refuses it then. (Commands run one at a time: a CreateQP answered while
+// old is leaving was answered before the DESTROY_QP was sent, a device
+// fault, or after it completed. addQP tells the two apart only by the
+// DESTROY_QP's outcome: a duplicate handed out just before a DESTROY_QP
+// that then succeeds passes.)
+
+// addQP puts a new QP in the QP table under its handle, once a QP
+// leaving the handle has left it (see above).
+func (d *Device) addQP(ctx context.Context, qp *QP) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if d.closed {
-		return ErrClosed
-	}
 	qp.key = qp.handle & d.qpHandleMask()
-	if other := d.qpns.Lookup(qp.key); other != nil {
-		return fmt.Errorf("%w: the device gave QP %d handle %#x, which QP %d (handle %#x) has", ErrDeviceFault, qp.qpn, qp.handle, other.qpn, other.handle)
+	for {
+		if d.closed {
+			return ErrClosed
+		}
+		other := d.qpns.Lookup(qp.key)
+		if other == nil {
+			break
+		}
+		left := other.leaving
+		if left == nil {
+			return fmt.Errorf("%w: the device gave QP %d handle %#x, which QP %d (handle %#x) has", ErrDeviceFault, qp.qpn, qp.handle, other.qpn, other.handle)
+		}
+		other.heirs++
+		d.mu.Unlock()
+		select {
+		case <-left:
+		case <-ctx.Done():
+		}
+		d.mu.Lock()
+		other.heirs--
+		if err := ctx.Err(); err != nil {
+			return fmt.Errorf("waiting for QP %d, being destroyed, to leave handle %#x: %w", other.qpn, qp.handle, err)
+		}
 	}
 	d.qpns.Set(qp.key, qp)
 	d.qps[qp] = struct{}{}
@@ -91,13 +147,30 @@ const firstAlias = 1 << 24
 // up whole, where the device's handle is masked (qpHandleMask).
 const aliasTag = 0x76667264 // "vfrd"
 
+// leaveQPN marks qp leaving its handle: its DESTROY_QP is about to be
+// sent. A CreateQP given the handle meanwhile waits (addQP).
+func (d *Device) leaveQPN(qp *QP) {
+	d.mu.Lock()
+	qp.leaving = make(chan struct{})
+	d.mu.Unlock()
+}
+
+// keepQPN takes back leaveQPN: the device refused the DESTROY_QP, the QP
+// is live on its handle.
+func (d *Device) keepQPN(qp *QP) {
+	d.mu.Lock()
+	close(qp.leaving)
+	qp.leaving = nil
+	d.mu.Unlock()
+}
+
 // retireQPN moves a QP the device has destroyed off its handle, which the
 // device may give the next QP it creates: the CQEs of the QP still in its
 // CQs are rekeyed to an alias only the driver uses, the table maps that
-// alias to the QP, and the handle is freed. A CQE the device wrote for the
-// handle after that is not the destroyed QP's: the device writes none for
-// a QP once its DESTROY_QP has completed. Called once per QP, with qp.mu
-// held.
+// alias to the QP, and the handle is freed, for a CreateQP waiting for it
+// too. A CQE the device wrote for the handle after that is not the
+// destroyed QP's: the device writes none for a QP once its DESTROY_QP has
+// completed. Called once per QP, with qp.mu held, after leaveQPN.
 func (d *Device) retireQPN(qp *QP) {
 	d.mu.Lock()
 	d.aliasSeq++
@@ -110,6 +183,7 @@ func (d *Device) retireQPN(qp *QP) {
 	}
 	d.mu.Lock()
 	d.qpns.Remove(qp.key, qp)
+	close(qp.leaving)
 	d.mu.Unlock()
 }
 

@@ -1,6 +1,7 @@
 package vfrdma
 
 import (
+	"context"
 	"encoding/binary"
 	"strconv"
 	"testing"
@@ -56,7 +57,7 @@ func (f *srqFixture) addQP(t testing.TB, qpn uint32) *QP {
 	qp := &QP{pd: f.pd, d: f.d, typ: RC, qpn: qpn, handle: qpn, sendCQ: f.cq, recvCQ: f.cq, udMax: f.d.udMax, srq: f.s}
 	qp.rq.SetName("QP " + strconv.Itoa(int(qpn)))
 	qp.state.Store(uint32(StateRTS))
-	require.NoError(t, f.d.addQP(qp))
+	require.NoError(t, f.d.addQP(context.Background(), qp))
 	var err error
 	qp.srqm, err = f.s.attach(qp)
 	require.NoError(t, err)

@@ -541,8 +541,6 @@ func (s *soak) logTable(el time.Duration) {
 		c.cells.Load(), c.cellsRefused.Load(), c.wrs.Load(), c.wrsLost.Load(), c.immChecked.Load(), c.readsChecked.Load(), c.faaChecked.Load(), c.leftovers.Load())
 	fmt.Fprintf(&b, "stale async events: %d taken after their object was destroyed and its handle given to a new one, applied to none\n",
 		c.staleEvents.Load())
-	fmt.Fprintf(&b, "known bugs met: %d CreateQP raced a QP's Close (false ErrDeviceFault)\n",
-		ref(knownCreateRace))
 	fmt.Fprintf(&b, "completions by status:")
 	var keys []int
 	c.status.Range(func(k, _ any) bool { keys = append(keys, int(k.(vfrdma.WCStatus))); return true })
@@ -555,12 +553,6 @@ func (s *soak) logTable(el time.Duration) {
 	s.t.Log(b.String())
 }
 
-// Known bugs the soak meets, counted apart (see docs/benchmarks.md, the
-// soak): a CreateQP that gets the handle of a QP whose Close has destroyed
-// it on the device but not yet taken it out of the driver's table fails
-// with ErrDeviceFault.
-const knownCreateRace = "known bug: a CreateQP raced a QP's Close"
-
 // The errnos the command faults carry, so that a failure can be told
 // from any other: Errno faults answer ENOLINK, Status faults refuse with
 // -ECOMM; a device after DEVICE_FATAL refuses every command with -EIO.
@@ -572,8 +564,6 @@ const (
 // classify names what a refused control call met.
 func classify(err error) string {
 	switch {
-	case errors.Is(err, vfrdma.ErrDeviceFault) && strings.Contains(err.Error(), "which QP"):
-		return knownCreateRace
 	case errors.Is(err, faultErrno):
 		return "errno"
 	case errors.Is(err, faultStatusErrno):
