@@ -902,22 +902,23 @@ static void *trickle_recvs(void *arg)
  * sent behind it go again, and each arrives once, in order, with its
  * contents, though receives appear while the window's frames arrive.
  * (Without the receiver's message-order check, some rounds place a later
- * message first.) The RNR timer is 10.24 ms: six retries give the
- * receiving thread about 60 ms to post its next receive, which a loaded
- * host's scheduling did not always leave it at 1.28 ms (RNR retries
- * exceeded, 11 of 60 runs beside a VM test loop). */
+ * message first.) The RNR timer is the longest one that is not the
+ * 655 ms of code 0, 491.52 ms: six retries give the receiving thread about
+ * 3 s to post its next receive. A loaded host's scheduling did not always
+ * leave it 1.28 ms (RNR retries exceeded, 11 of 60 runs beside a VM test
+ * loop), nor 60 ms at 10.24 ms (a fresh clone's make test at load 20). */
 static void t_rc_window_rnr(void)
 {
 	enum { ROUNDS = 3, N = 48, SZ = 16000, RX = 4 << 20 };
 	struct conn_opts o = { 6, 7, 14, 1 };
-	struct ibv_qp_attr a = { .min_rnr_timer = 20 }; /* 10.24 ms */
+	struct ibv_qp_attr a = { .min_rnr_timer = 31 }; /* 491.52 ms */
 	struct pair p = { 0 };
 	struct ibv_wc wc[N];
 
 	for (int round = 0; round < ROUNDS; round++) {
 		struct trickle t = { .p = &p, .n = N, .sz = SZ, .rx = RX };
 		int got = 0, sent = 0;
-		uint64_t end = now_ms() + 10000;
+		uint64_t end = now_ms() + 60000; /* a hang guard */
 		pthread_t th;
 
 		CHECK(pair_open(&p, IBV_QPT_RC, 8 << 20, &o) == 0);
