@@ -15,3 +15,15 @@ func TestDeferredPosts(t *testing.T) { suiteDeferredPosts(t, openGuest(t)) }
 func TestExactlyOnce(t *testing.T) { suiteExactlyOnce(t, openGuest(t)) }
 
 func TestWaitCQ(t *testing.T) { suiteWaitCQ(t, openGuest(t)) }
+
+func TestUnsignaledSendsCompleteOnTime(t *testing.T) {
+	suiteUnsignaledSendsCompleteOnTime(t, openGuest(t))
+}
+
+func TestFlushesFollowTheDevicesCompletionsAcrossShortPolls(t *testing.T) {
+	suiteFlushesFollowTheDevicesCompletionsAcrossShortPolls(t, openGuest(t))
+}
+
+func TestCloseFlushesEachSendOutstandingOnceFromOneToTheQueueDepth(t *testing.T) {
+	suiteCloseFlushesEachSendOutstandingOnceFromOneToTheQueueDepth(t, openGuest(t))
+}

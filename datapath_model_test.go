@@ -12,11 +12,21 @@ import (
 // 7.2 mode: the in-guest run of the same suite on QEMU keeps the model
 // honest.
 func TestDataPathSuiteOnTheQEMUModel(t *testing.T) {
+	runDataPathSuiteOnModel(t, pvsim.Config{QEMU: true})
+}
+
+// The data-path suite on the model of VMware's device at interface version
+// 20, which honours signaling and names QPs by handles of their own.
+func TestDataPathSuiteOnTheVersion20Model(t *testing.T) {
+	runDataPathSuiteOnModel(t, pvsim.Config{Version: pvsim.VersionQPHandle})
+}
+
+func runDataPathSuiteOnModel(t *testing.T, cfg pvsim.Config) {
 	defer func(n int) { streamMessages = n }(streamMessages)
 	streamMessages = 10000
 	for _, tc := range dataPathSuite {
 		t.Run(tc.name, func(t *testing.T) {
-			m, err := pvsim.New(pvsim.Config{QEMU: true})
+			m, err := pvsim.New(cfg)
 			require.NoError(t, err)
 			d, err := OpenFunction(m, nil)
 			if err != nil {
