@@ -553,14 +553,14 @@ func (cq *CQ) publishHeads() {
 // flushSource is a queue whose outstanding requests a CQ completes with
 // WR_FLUSH_ERR: a destroyed (or failed) QP's send or receive queue, or a
 // destroyed SRQ's receives (srq set, qp nil).
-// cons is the device's last consumer index of a QP's queue, which
-// BeginFlush takes before the first pop: the unsignaled sends the device
-// consumed are retired, not flushed.
 type flushSource struct {
-	qp   *QP
-	w    *wq.Queue
-	srq  *SRQ
-	op   WCOpcode
+	qp  *QP
+	w   *wq.Queue
+	srq *SRQ
+	op  WCOpcode
+	// cons is the device's last consumer index of a QP's send queue,
+	// which wq.Queue.BeginFlush takes before the first pop: the
+	// unsignaled sends the device consumed are retired, not flushed.
 	cons uint32
 }
 

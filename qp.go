@@ -707,10 +707,10 @@ func (qp *QP) startFlush() {
 // WR_FLUSH_ERR on their CQs (poll them after Close), after the device's
 // completions already there; the CQs keep what they need for that. An
 // unsignaled send the device had consumed is not flushed: it is retired
-// without a completion (Outstanding). Posts racing Close complete first or are refused
-// with ErrClosed; the rings are freed once none is inside. It is
-// idempotent. If the device refuses the DESTROY, Close returns its error
-// and the QP stays as it was.
+// without a completion (Outstanding). Posts racing Close complete first
+// or are refused with ErrClosed; the rings are freed once none is inside.
+// It is idempotent. If the device refuses the DESTROY, Close returns its
+// error and the QP stays as it was.
 func (qp *QP) Close() error {
 	return qp.d.closeObject("destroy QP", qp.destroy)
 }
