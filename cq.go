@@ -79,10 +79,11 @@ type CQ struct {
 	fmu          sync.Mutex
 	flushing     []flushSource // queues whose rest this CQ completes with WR_FLUSH_ERR
 
-	// Reaps: the QPs whose selective send queues' posters asked the next
-	// poll to hand back the slots of unsignaled sends the device consumed
-	// (wq.Queue.Reap). A poll holds rmu while it reaps; a QP's Close takes
-	// it out (dropReap) before its ring goes.
+	// Reaps: the QPs whose selective send queues' posters asked the polls
+	// to retire the unsignaled sends the device consumed (wq.Queue.Reap);
+	// each stays until the device has consumed every send posted. A poll
+	// holds rmu while it reaps; a QP's Close takes it out (dropReap) before
+	// its ring goes.
 	reapPending atomic.Bool
 	rmu         sync.Mutex
 	reaps       []*QP
@@ -99,7 +100,7 @@ type CQStats struct {
 	Empty      uint64 // Poll calls that found nothing
 	CQEs       uint64 // completions the device wrote
 	Flushed    uint64 // completions the driver made for flushed requests
-	Dropped    uint64 // device completions for requests already completed (late, after a flush) or unknown
+	Dropped    uint64 // device completions for requests already completed (late, after a flush) or unknown; not the error completion of an unsignaled send retired once consumed, which Poll returns
 	Doorbells  uint64 // POLL and ARM doorbells rung
 	Interrupts uint64 // wake-ups by the CQ vector
 	Spun       uint64 // Waits a completion answered while they spun (Options.Spin): no arm, no sleep
@@ -329,10 +330,13 @@ const (
 // error wrapping ErrDeviceFault, and nothing is consumed), decodes the
 // CQEs, accounts each to its QP's queue, and consumes them with one store.
 // Completions the driver makes for flushed requests follow once the ring
-// holds nothing more. An empty poll rings no doorbell (Options.PollDoorbell
-// restores the reference provider's POLL doorbell there). Poll does not
-// allocate. A CQ that a counter drives (Progress) refuses Poll with
-// ErrBusy.
+// holds nothing more. On a device that honours signaling, Poll also
+// retires the unsignaled sends the device has consumed on the QPs it is
+// the send CQ of (QP.Outstanding): one read of each such send queue's
+// consumer index, while the device has sends of it to consume. An empty
+// poll rings no doorbell (Options.PollDoorbell restores the reference
+// provider's POLL doorbell there). Poll does not allocate. A CQ that a
+// counter drives (Progress) refuses Poll with ErrBusy.
 func (cq *CQ) Poll(wcs []WC) (int, error) {
 	if cq.driven.Load() {
 		return 0, cq.d.opErr("poll CQ", fmt.Errorf("%w: CQ %d is driven by a counter; its completions go there", ErrBusy, cq.handle))
@@ -448,8 +452,11 @@ func (cq *CQ) account(qp *QP, e *rings.CQE, last **wq.Queue) bool {
 	ok := false
 	if e.Status == rings.WCSuccess {
 		ok = w.Complete(e.WRID)
-	} else {
-		ok = w.CompleteErr(e.WRID) // unsignaled sends fail with a completion too
+	} else if ok = w.CompleteErr(e.WRID); !ok && w.Selective() && !w.Flushing() { // unsignaled sends fail with a completion too
+		// An unsignaled send a poll handed back once the device had
+		// consumed it, failing after (a device that advances its index
+		// when it fetches): its failure is reported all the same.
+		ok = true
 	}
 	if !ok {
 		return false
@@ -488,19 +495,29 @@ func (cq *CQ) dropReap(qp *QP) {
 
 // reap hands back, for the QPs that asked, the send slots of the
 // unsignaled sends the device consumed (poller side: it touches the send
-// queues' records). A QP out of RTS is left alone: a device that fails or
-// flushes it completes its sends itself, and Close flushes the rest.
+// queues' records). A QP stays in the reaps while the device has sends of
+// it to consume, so every poll reaps it until then. A QP out of RTS is
+// left alone: a device that fails or flushes it completes its sends
+// itself, and Close flushes the rest.
 func (cq *CQ) reap() {
 	cq.rmu.Lock()
 	defer cq.rmu.Unlock()
-	cq.reapPending.Store(false)
-	for i, qp := range cq.reaps {
-		if qp.State() == StateRTS && qp.sq.Reap() > 0 {
+	kept := cq.reaps[:0]
+	for _, qp := range cq.reaps {
+		if qp.State() != StateRTS {
+			continue
+		}
+		n, pending := qp.sq.Reap()
+		if n > 0 {
 			qp.sq.PublishHead()
 		}
-		cq.reaps[i] = nil
+		if pending && qp.sq.RetakeReap() {
+			kept = append(kept, qp) // in place: no allocation
+		}
 	}
-	cq.reaps = cq.reaps[:0]
+	clear(cq.reaps[len(kept):])
+	cq.reaps = kept
+	cq.reapPending.Store(len(kept) > 0)
 }
 
 // countOn counts a completion on a QP's counter.
@@ -544,11 +561,18 @@ type flushSource struct {
 	w   *wq.Queue
 	srq *SRQ
 	op  WCOpcode
+	// cons is the device's last consumer index of a QP's send queue,
+	// which wq.Queue.BeginFlush takes before the first pop: the
+	// unsignaled sends the device consumed are retired, not flushed.
+	cons uint32
 }
 
 func (f *flushSource) pop() (uint64, bool) {
 	if f.srq != nil {
 		return f.srq.q.PopFlush()
+	}
+	if !f.w.Flushing() {
+		f.w.BeginFlush(f.cons)
 	}
 	return f.w.PopFlush()
 }

@@ -19,3 +19,15 @@ func TestWaitCQ(t *testing.T) { suiteWaitCQ(t, openGuest(t)) }
 func TestAFailedRCQPIsInERRInStateAndOnTheDevice(t *testing.T) {
 	suiteAFailedRCQPIsInERRInStateAndOnTheDevice(t, openGuest(t))
 }
+
+func TestUnsignaledSendsCompleteOnTime(t *testing.T) {
+	suiteUnsignaledSendsCompleteOnTime(t, openGuest(t))
+}
+
+func TestFlushesFollowTheDevicesCompletionsAcrossShortPolls(t *testing.T) {
+	suiteFlushesFollowTheDevicesCompletionsAcrossShortPolls(t, openGuest(t))
+}
+
+func TestCloseFlushesEachSendOutstandingOnceFromOneToTheQueueDepth(t *testing.T) {
+	suiteCloseFlushesEachSendOutstandingOnceFromOneToTheQueueDepth(t, openGuest(t))
+}

@@ -30,6 +30,9 @@ var dataPathSuite = []struct {
 	{"ExactlyOnce", suiteExactlyOnce},
 	{"WaitCQ", suiteWaitCQ},
 	{"AFailedRCQPIsInERRInStateAndOnTheDevice", suiteAFailedRCQPIsInERRInStateAndOnTheDevice},
+	{"UnsignaledSendsCompleteOnTime", suiteUnsignaledSendsCompleteOnTime},
+	{"FlushesFollowTheDevicesCompletionsAcrossShortPolls", suiteFlushesFollowTheDevicesCompletionsAcrossShortPolls},
+	{"CloseFlushesEachSendOutstandingOnceFromOneToTheQueueDepth", suiteCloseFlushesEachSendOutstandingOnceFromOneToTheQueueDepth},
 }
 
 // pair is two connected QPs of one device with their CQs and buffers.
@@ -48,6 +51,12 @@ type pair struct {
 
 func newPair(t testing.TB, d *Device, typ QPType, depth, slot int) *pair {
 	t.Helper()
+	return newPairSignaling(t, d, typ, depth, slot, true)
+}
+
+// newPairSignaling is newPair with QPConfig.SignalAll as given.
+func newPairSignaling(t testing.TB, d *Device, typ QPType, depth, slot int, signalAll bool) *pair {
+	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	p := &pair{d: d, typ: typ, depth: depth, slot: slot, qkey: 0x11111111}
@@ -62,7 +71,7 @@ func newPair(t testing.TB, d *Device, typ QPType, depth, slot int) *pair {
 		t.Fatal(err)
 	}
 	mk := func(cq *CQ) *QP {
-		qp, err := p.pd.CreateQP(ctx, &QPConfig{Type: typ, SendCQ: cq, RecvCQ: cq, SendDepth: depth, RecvDepth: depth, QKey: p.qkey, SignalAll: true})
+		qp, err := p.pd.CreateQP(ctx, &QPConfig{Type: typ, SendCQ: cq, RecvCQ: cq, SendDepth: depth, RecvDepth: depth, QKey: p.qkey, SignalAll: signalAll})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -269,7 +278,13 @@ func suiteUDStream(t *testing.T, d *Device) {
 	p := newPair(t, d, UD, 64, mtu+UDHeaderRoom)
 	start := time.Now()
 	n := streamMessages
-	db := p.stream(t, n, 32, []int{0, 1, 2, 40, 100, 512, 1000, 1024, 2047, 2048, 4000, mtu - 1, mtu})
+	var sizes []int
+	for _, size := range []int{0, 1, 2, 40, 100, 512, 1000, 1024, 2047, 2048, 4000} {
+		if size < mtu-1 {
+			sizes = append(sizes, size)
+		}
+	}
+	db := p.stream(t, n, 32, append(sizes, mtu-1, mtu))
 	el := time.Since(start)
 	t.Logf("UD: %d datagrams in %v (%.0f msg/s), %d doorbells (%.3f per message)", n, el, float64(n)/el.Seconds(), db, float64(db)/float64(n))
 }
@@ -530,5 +545,177 @@ func quiet(t *testing.T, cqs ...*CQ) {
 		n, err := cq.Poll(make([]WC, 8))
 		require.NoError(t, err)
 		assert.Zero(t, n, "CQ %d: unexpected completions", cq.Handle())
+	}
+}
+
+// Unsignaled sends the peer received are not outstanding once the send CQ
+// has been polled, those after the last signaled one too: with the send
+// queue's depth 64 and every 63rd send signaled, 640 sends through, the
+// peer receiving each, the sender's QP.Outstanding is 0 after its send CQ
+// is polled, and closing it flushes nothing. On QEMU every send completes;
+// on a device that honours signaling the signaled ones alone do.
+func suiteUnsignaledSendsCompleteOnTime(t *testing.T, d *Device) {
+	const depth, total, every, size = 64, 640, 63, 64
+	p := newPairSignaling(t, d, RC, depth, size, false)
+	for s := 0; s < depth; s++ {
+		_, err := p.b.PostRecv([]RecvWR{{WRID: uint64(s), SGEs: []SGE{p.bmr.SGE(s*size, size)}}}, 0)
+		require.NoError(t, err)
+	}
+	wantSendWCs := total / every
+	if d.Quirks().Emulated {
+		wantSendWCs = total
+	}
+	swr := make([]SendWR, 8)
+	sge := make([]SGE, len(swr))
+	wcs := make([]WC, 64)
+	sent, recvd, sendWCs := 0, 0, 0
+	lastSendWC := -1
+	pollSends := func() {
+		t.Helper()
+		n, err := p.acq.Poll(wcs)
+		require.NoError(t, err)
+		for _, wc := range wcs[:n] {
+			require.Equal(t, WCSuccess, wc.Status, "%+v", wc)
+			require.Greater(t, int(wc.WRID), lastSendWC, "send completions in order, once each")
+			if !d.Quirks().Emulated {
+				require.Equal(t, every-1, int(wc.WRID)%every, "only signaled sends complete: %+v", wc)
+			}
+			lastSendWC = int(wc.WRID)
+			sendWCs++
+		}
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for recvd < total {
+		require.True(t, time.Now().Before(deadline), "stalled: sent %d, received %d, send completions %d", sent, recvd, sendWCs)
+		// Sends within the receives the peer has posted.
+		if k := min(len(swr), total-sent, depth-(sent-recvd)); k > 0 {
+			for i := range k {
+				seq := sent + i
+				slot := seq % depth
+				fill(p.amr.Bytes()[slot*size:][:size], seq)
+				sge[i] = p.amr.SGE(slot*size, size)
+				swr[i] = SendWR{WRID: uint64(seq), SGEs: sge[i : i+1]}
+				if seq%every == every-1 {
+					swr[i].Flags = SendSignaled
+				}
+			}
+			n, err := p.a.PostSend(swr[:k], 0)
+			if err != nil {
+				require.ErrorIs(t, err, ErrQueueFull, "only the send queue's room may refuse")
+			}
+			sent += n
+		}
+		pollSends()
+		n, err := p.bcq.Poll(wcs)
+		require.NoError(t, err)
+		for _, wc := range wcs[:n] {
+			slot := recvd % depth
+			require.Equal(t, WCSuccess, wc.Status, "%+v", wc)
+			require.Equal(t, uint64(slot), wc.WRID, "receives in order")
+			require.NoError(t, check(p.bmr.Bytes()[slot*size:][:size], recvd))
+			recvd++
+			_, err := p.b.PostRecv([]RecvWR{{WRID: uint64(slot), SGEs: []SGE{p.bmr.SGE(slot*size, size)}}}, 0)
+			require.NoError(t, err)
+		}
+		if n == 0 {
+			time.Sleep(100 * time.Microsecond)
+		}
+	}
+	// Every send was received: the send CQ's polls account for all of them.
+	for {
+		pollSends()
+		if send, _ := p.a.Outstanding(); send == 0 && sendWCs == wantSendWCs {
+			break
+		}
+		send, _ := p.a.Outstanding()
+		require.True(t, time.Now().Before(deadline), "after the peer received all %d: %d sends outstanding, %d send completions of %d", total, send, sendWCs, wantSendWCs)
+		time.Sleep(time.Millisecond)
+	}
+	require.NoError(t, p.a.Close())
+	quiet(t, p.acq)
+	assert.Zero(t, p.acq.Stats().Flushed, "nothing flushed: every send was delivered")
+	assert.Equal(t, wantSendWCs, sendWCs)
+}
+
+// When a QP is closed with device completions still in its send CQ, the
+// flush completions of what is left come after them, however short the
+// Poll slices: each send completes once, the device's in posting order
+// and then the flushed, in posting order; nothing is lost or doubled
+// across the short polls. (RC sends beyond the receives the peer posted
+// wait for one forever.)
+func suiteFlushesFollowTheDevicesCompletionsAcrossShortPolls(t *testing.T, d *Device) {
+	const delivered, stuck = 5, 7
+	p := newPairSignaling(t, d, RC, 16, 256, true)
+	for s := range delivered {
+		_, err := p.b.PostRecv([]RecvWR{{WRID: uint64(s), SGEs: []SGE{p.bmr.SGE(s*256, 256)}}}, 0)
+		require.NoError(t, err)
+	}
+	n, err := p.a.PostSend(sends(delivered+stuck, 0, 0, p.amr.SGE(0, 100)), 0)
+	require.NoError(t, err)
+	require.Equal(t, delivered+stuck, n)
+	deadline := time.Now().Add(30 * time.Second)
+	for p.acq.pendingSends(p.a.handle) < delivered { // the device's completions, unpolled
+		require.True(t, time.Now().Before(deadline), "the device completed %d sends of %d", p.acq.pendingSends(p.a.handle), delivered)
+		time.Sleep(time.Millisecond)
+	}
+	require.NoError(t, p.a.Close())
+	var got []WC
+	buf := make([]WC, 3)
+	for i := 0; len(got) < delivered+stuck; i++ {
+		require.True(t, time.Now().Before(deadline), "completions so far: %+v", got)
+		k, err := p.acq.Poll(buf[:1+i%3]) // slices of 1, 2 and 3
+		require.NoError(t, err)
+		got = append(got, buf[:k]...)
+	}
+	for i, wc := range got {
+		assert.Equal(t, uint64(i), wc.WRID, "completion %d: posting order", i)
+		want := WCSuccess
+		if i >= delivered {
+			want = WCFlushErr
+		}
+		assert.Equal(t, want, wc.Status, "completion %d (wr %d): the device's first, then the flushed", i, wc.WRID)
+	}
+	quiet(t, p.acq)
+	st := p.acq.Stats()
+	assert.Equal(t, uint64(stuck), st.Flushed)
+	assert.Zero(t, st.Dropped)
+}
+
+// Closing a QP flushes each send outstanding exactly once: one send, and
+// a full send queue (its depth; one more is refused with ErrQueueFull),
+// with no receive at the peer (RC: they wait for one forever).
+func suiteCloseFlushesEachSendOutstandingOnceFromOneToTheQueueDepth(t *testing.T, d *Device) {
+	const depth = 16
+	for _, outstanding := range []int{1, depth} {
+		t.Run(fmt.Sprint(outstanding), func(t *testing.T) {
+			p := newPairSignaling(t, d, RC, depth, 256, true)
+			n, err := p.a.PostSend(sends(outstanding, 100, 0, p.amr.SGE(0, 64)), 0)
+			require.NoError(t, err)
+			require.Equal(t, outstanding, n)
+			if outstanding == depth {
+				_, err := p.a.PostSend(sends(1, 999, 0, p.amr.SGE(0, 64)), 0)
+				require.ErrorIs(t, err, ErrQueueFull, "one past the depth")
+			}
+			send, _ := p.a.Outstanding()
+			require.Equal(t, outstanding, send)
+			require.NoError(t, p.a.Close())
+			var got []WC
+			buf := make([]WC, depth+4)
+			deadline := time.Now().Add(30 * time.Second)
+			for len(got) < outstanding {
+				require.True(t, time.Now().Before(deadline), "completions so far: %+v", got)
+				k, err := p.acq.Poll(buf)
+				require.NoError(t, err)
+				got = append(got, buf[:k]...)
+			}
+			require.Len(t, got, outstanding)
+			for i, wc := range got {
+				assert.Equal(t, uint64(100+i), wc.WRID, "posting order")
+				assert.Equal(t, WCFlushErr, wc.Status)
+				assert.Equal(t, p.a.QPN(), wc.QPN)
+			}
+			quiet(t, p.acq)
+			assert.Equal(t, uint64(outstanding), p.acq.Stats().Flushed)
+		})
 	}
 }

@@ -61,10 +61,13 @@
 //     address. Below 20 (QEMU: 17) the two are one value.
 //   - Signaling: QEMU completes every send. A VMware device honours
 //     SendSignaled and QPConfig.SignalAll: an unsignaled send makes no
-//     completion unless it fails, and its slot comes back when a later
-//     signaled send completes or, failing that, once the device has
-//     consumed it and the send CQ is polled. Closing the QP flushes every
-//     send still outstanding, signaled or not, exactly once.
+//     completion unless it fails; it is retired (QP.Outstanding no longer
+//     counts it, and its slot comes back) by the first Poll of the send CQ
+//     after the device has consumed it or after a later send's completion,
+//     whichever comes first. Closing the QP flushes every send still
+//     outstanding exactly once, except the unsignaled sends the device
+//     consumed: those are retired without a completion. A consumed
+//     unsignaled send that fails later still reports its failure.
 //   - One-sided operations: RDMA WRITE (with immediate), RDMA READ,
 //     compare-and-swap and fetch-and-add on RC QPs, with SendWR.RemoteAddr,
 //     RKey and the atomic operands, into MRs registered with remote rights

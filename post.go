@@ -135,11 +135,11 @@ type PostError = wq.PostError
 // call with a *PostError, and what came before it is still handed to the
 // device. It returns how many requests were posted. It does not allocate.
 //
-// On a device that honours signaling (not QEMU) an unsignaled send's slot
-// comes back when a later signaled send on the queue completes, or, if
-// none does, once the device has consumed it and the send CQ is polled: a
-// post refused with ErrQueueFull asks the next Poll of the send CQ for
-// that.
+// On a device that honours signaling (not QEMU) an unsignaled send makes
+// no completion unless it fails; its slot comes back at the first Poll of
+// the send CQ that finds the device has consumed it (the send queue's
+// consumer index is past it), or that returns the completion of a later
+// send on the queue, whichever comes first (QP.Outstanding).
 func (qp *QP) PostSend(wrs []SendWR, flags PostFlags) (int, error) {
 	if !qp.sendGate.Enter() {
 		return 0, qp.refused(&qp.sq, wrID(wrs, nil, 0))
@@ -178,11 +178,17 @@ func (qp *QP) postSend(wrs []SendWR, flags PostFlags) (int, error) {
 	for i := range wrs {
 		wr := &wrs[i]
 		if err := qp.checkSend(wr, &sges, emulated); err != nil {
-			return i, w.Fail(i, wr.WRID, err)
+			err = w.Fail(i, wr.WRID, err)
+			if w.TookUnsignaled() {
+				qp.askReap()
+			}
+			return i, err
 		}
 		if i >= room {
-			qp.askReap()
-			return i, w.Fail(i, wr.WRID, ErrQueueFull)
+			err := w.Fail(i, wr.WRID, ErrQueueFull)
+			w.TookUnsignaled()
+			qp.askReap() // the slots unsignaled sends hold may be free
+			return i, err
 		}
 		op := &opcodes[wr.Opcode] // checked
 		wqe.WRID, wqe.Opcode, wqe.Flags, wqe.SGEs = wr.WRID, op.wire, uint32(wr.Flags)|sigAll, wr.SGEs
@@ -199,16 +205,18 @@ func (qp *QP) postSend(wrs []SendWR, flags PostFlags) (int, error) {
 		}
 		rings.PutSendWQE(w.ClaimSend(wr.WRID, wqe.Flags&rings.SendSignaled != 0), &wqe)
 	}
-	if room-len(wrs) < w.Slots()/2 {
-		qp.askReap() // before the queue runs short
+	err = w.End(flags&FlagDefer != 0)
+	if w.TookUnsignaled() || room-len(wrs) < w.Slots()/2 {
+		qp.askReap() // the unsignaled sends come back as the device consumes them; or room runs short
 	}
-	return len(wrs), w.End(flags&FlagDefer != 0)
+	return len(wrs), err
 }
 
-// askReap asks the send CQ's next Poll to hand back the slots of the
-// unsignaled sends the device has consumed: on a selective send queue
-// (a device that honours signaling, a QP without SignalAll), once per
-// request pending.
+// askReap asks the send CQ's Polls to hand back the slots of the
+// unsignaled sends the device has consumed, from the next one on until
+// the device has consumed every send posted: on a selective send queue (a
+// device that honours signaling, a QP without SignalAll), after the post
+// call has ended, once per request pending.
 func (qp *QP) askReap() {
 	if qp.sq.WantReap() {
 		qp.sendCQ.addReap(qp)

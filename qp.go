@@ -110,8 +110,9 @@ type QPConfig struct {
 	// SendSignaled flag. Without it, on a device that honours signaling (a
 	// VMware device; not QEMU 7.2, where every send completes), only the
 	// sends posted with SendSignaled, and those that fail, make a
-	// completion; the queue slots of the others come back when a later
-	// signaled send completes, or once the device consumed them (PostSend).
+	// completion; the others are retired, and their queue slots come back,
+	// at the first Poll of the send CQ after the device consumed them or
+	// after a later send's completion (QP.Outstanding).
 	SignalAll bool
 	// SendCounter and RecvCounter, if set, count the QP's send and receive
 	// completions (success or error value) as CQ.Poll reaps them, flushes
@@ -450,10 +451,19 @@ func (qp *QP) SendDepth() int { return qp.sq.Slots() }
 // RecvDepth returns the receive queue's size (0 for a QP with an SRQ).
 func (qp *QP) RecvDepth() int { return qp.rq.Slots() }
 
-// Outstanding returns how many sends and receives were posted and have not
-// completed yet (polled from their CQ). An unsignaled send counts until a
-// later send's completion or the device's progress gives its slot back
-// (PostSend). With an SRQ, recv is 0: see RecvQuery.
+// Outstanding returns how many sends and receives the QP holds: posted and
+// not yet retired. A request is retired by the Poll of its CQ that returns
+// its completion. On a device that honours signaling (not QEMU) an
+// unsignaled send makes no completion unless it fails: it is retired by
+// the first Poll of the send CQ that finds the device has consumed it (the
+// send queue's consumer index is past it) or that returns the completion of
+// a later send on the queue, whichever comes first. So a send counts from
+// its post until it is consumed or its completion polled; every one the
+// peer received is gone once the send CQ has been polled after. Consumed is
+// not completed on a device that advances its index when it fetches a
+// request: an unsignaled send it consumed may still be in flight, and if
+// it then fails, its error completion is returned all the same. With an
+// SRQ, recv is 0: see RecvQuery.
 func (qp *QP) Outstanding() (send, recv int) { return qp.sq.Outstanding(), qp.rq.Outstanding() }
 
 // DoorbellStats returns the send and receive queues' post and doorbell
@@ -761,18 +771,20 @@ func (qp *QP) refused(w *wq.Queue, id uint64) error {
 // complete them with WR_FLUSH_ERR once the device's own completions for
 // the QP have been polled.
 func (qp *QP) startFlush() {
-	qp.sendCQ.addFlush(flushSource{qp: qp, w: &qp.sq, op: WCSend})
+	qp.sendCQ.addFlush(flushSource{qp: qp, w: &qp.sq, op: WCSend, cons: qp.sq.ConsHead()})
 	if qp.srq == nil {
 		qp.recvCQ.addFlush(flushSource{qp: qp, w: &qp.rq, op: WCRecv})
 	}
 }
 
 // Close destroys the QP. Work requests still outstanding complete with
-// WR_FLUSH_ERR on their CQs (poll them after Close); the CQs keep what
-// they need for that. Posts racing Close complete first or are refused
-// with ErrClosed; the rings are freed once none is inside. It is
-// idempotent. If the device refuses the DESTROY, Close returns its error
-// and the QP stays as it was.
+// WR_FLUSH_ERR on their CQs (poll them after Close), after the device's
+// completions already there; the CQs keep what they need for that. An
+// unsignaled send the device had consumed is not flushed: it is retired
+// without a completion (Outstanding). Posts racing Close complete first
+// or are refused with ErrClosed; the rings are freed once none is inside.
+// It is idempotent. If the device refuses the DESTROY, Close returns its
+// error and the QP stays as it was.
 func (qp *QP) Close() error {
 	return qp.d.closeObject("destroy QP", qp.destroy)
 }

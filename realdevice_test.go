@@ -466,7 +466,8 @@ func TestFlushReportsEveryOutstandingSendOnceSignaledOrNot(t *testing.T) {
 
 // A device reports a failed send whether or not it was signaled: the
 // completion reaches the application, and the unsignaled sends before it,
-// which completed, are retired without one.
+// which completed, are retired without one. The failure put the RC QP in
+// ERR, so the send after it is not retired by the poll: it is the flush's.
 func TestFailedUnsignaledSendIsReported(t *testing.T) {
 	r := newRDDevice(t, realV20)
 	cq := r.cq(t, 64)
@@ -480,7 +481,176 @@ func TestFailedUnsignaledSendIsReported(t *testing.T) {
 	assert.Equal(t, uint64(2), wcs[0].WRID)
 	assert.Equal(t, WCRemAccessErr, wcs[0].Status)
 	send, _ := qp.Outstanding()
-	assert.Equal(t, 1, send, "the send after it, consumed but not yet given back")
+	assert.Equal(t, StateErr, qp.State())
+	assert.Equal(t, 1, send, "the send after it, left to the flush of the QP in ERR")
+}
+
+// An unsignaled send is retired by the first poll of the send CQ after the
+// device consumed it, though no signaled send follows and the queue is far
+// from full: QP.Outstanding counts only what the device has not consumed,
+// and Close flushes nothing. (Fault caught: slots handed back only when a
+// post found the queue short of room, the last sends flushed at Close.)
+func TestUnsignaledSendsAreRetiredByThePollAfterTheDeviceConsumedThem(t *testing.T) {
+	r := newRDDevice(t, realV20)
+	cq := r.cq(t, 64)
+	qp := r.rcQP(t, cq, 64, false, qpAnswer{qpn: 0x10, handle: 1})
+	sq := sqOf(t, qp)
+	wrs := sends(3, 0, 0, r.mr.SGE(0, 8))
+	wrs[0].Flags = SendSignaled
+	_, err := qp.PostSend(wrs, 0)
+	require.NoError(t, err)
+	assert.Empty(t, poll(t, cq), "nothing consumed")
+	send, _ := qp.Outstanding()
+	assert.Equal(t, 3, send)
+	ready, err := sq.Ready()
+	require.NoError(t, err)
+	sq.Consume(ready - 1) // wr 0 (signaled, its completion not yet written) and wr 1
+	assert.Empty(t, poll(t, cq))
+	send, _ = qp.Outstanding()
+	assert.Equal(t, 2, send, "wr 1 retired; wr 0 waits for its completion, wr 2 for the device")
+	r.put(t, cq, rings.CQE{WRID: 0, QP: 1})
+	sq.Consume(1)
+	wcs := poll(t, cq)
+	require.Len(t, wcs, 1)
+	assert.Equal(t, uint64(0), wcs[0].WRID)
+	send, _ = qp.Outstanding()
+	assert.Zero(t, send, "wr 2, the last, retired by the same poll")
+	assert.Empty(t, poll(t, cq))
+	assert.Empty(t, cq.reaps, "nothing left to reap: the CQ stops reaping the QP")
+	require.NoError(t, qp.Close())
+	assert.Empty(t, poll(t, cq), "nothing to flush")
+	assert.Zero(t, cq.Stats().Flushed)
+}
+
+// An unsignaled send a poll retired once the device consumed it that then
+// fails (a device that advances its index when it fetches) still reports
+// its failure: the error completion reaches the application, not the
+// dropped count. (Fault caught: the completion dropped as one of nothing
+// outstanding.)
+func TestAConsumedUnsignaledSendThatFailsLaterIsReported(t *testing.T) {
+	r := newRDDevice(t, realV20)
+	cq := r.cq(t, 64)
+	qp := r.rcQP(t, cq, 8, false, qpAnswer{qpn: 0x10, handle: 1})
+	sq := sqOf(t, qp)
+	_, err := qp.PostSend(sends(2, 1, 0, r.mr.SGE(0, 8)), 0)
+	require.NoError(t, err)
+	ready, err := sq.Ready()
+	require.NoError(t, err)
+	sq.Consume(ready)
+	assert.Empty(t, poll(t, cq))
+	send, _ := qp.Outstanding()
+	require.Zero(t, send, "both consumed: retired")
+	r.put(t, cq, rings.CQE{WRID: 2, QP: 1, Opcode: rings.WCRDMAWrite, Status: rings.WCRemAccessErr})
+	wcs := poll(t, cq)
+	require.Len(t, wcs, 1)
+	assert.Equal(t, uint64(2), wcs[0].WRID)
+	assert.Equal(t, WCRemAccessErr, wcs[0].Status)
+	assert.Equal(t, uint32(0x10), wcs[0].QPN)
+	assert.Zero(t, cq.Stats().Dropped)
+}
+
+// Close flushes only the sends the device did not consume: a signaled
+// send it consumed and never completed is flushed, an unsignaled one it
+// consumed is not (it made no completion and will make none), and every
+// send it did not consume is, in posting order; with one send
+// outstanding and with the queue's depth, each across Poll slices of one.
+// (Fault caught: every send outstanding flushed, consumed unsignaled ones
+// too.)
+func TestCloseFlushesOnlyTheSendsTheDeviceDidNotConsume(t *testing.T) {
+	const depth = 8
+	for _, tc := range []struct {
+		name     string
+		signaled []bool // the sends posted, in order
+		consume  int
+		flushed  []uint64
+	}{
+		{"one unsignaled, not consumed", []bool{false}, 0, []uint64{0}},
+		{"one unsignaled, consumed", []bool{false}, 1, nil},
+		{"one signaled, consumed, no completion", []bool{true}, 1, []uint64{0}},
+		{"a mix, some consumed", []bool{false, false, true, false, false, false}, 5, []uint64{2, 5}},
+		{"the depth unsignaled, none consumed", make([]bool, depth), 0, []uint64{0, 1, 2, 3, 4, 5, 6, 7}},
+		{"the depth unsignaled, all consumed", make([]bool, depth), depth, nil},
+		{"the depth, a mix, all but one consumed", []bool{true, false, false, true, false, false, false, false}, depth - 1, []uint64{0, 3, 7}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := newRDDevice(t, realV20)
+			cq := r.cq(t, 64)
+			qp := r.rcQP(t, cq, depth, false, qpAnswer{qpn: 0x10, handle: 1})
+			sq := sqOf(t, qp)
+			wrs := sends(len(tc.signaled), 0, 0, r.mr.SGE(0, 8))
+			for i, sig := range tc.signaled {
+				if sig {
+					wrs[i].Flags = SendSignaled
+				}
+			}
+			n, err := qp.PostSend(wrs, 0)
+			require.NoError(t, err)
+			require.Equal(t, len(wrs), n)
+			if n == depth {
+				_, err := qp.PostSend(sends(1, 99, 0, r.mr.SGE(0, 8)), 0)
+				require.ErrorIs(t, err, ErrQueueFull, "one past the depth")
+			}
+			_, err = sq.Ready()
+			require.NoError(t, err)
+			sq.Consume(tc.consume)
+			require.NoError(t, qp.Close())
+			var got []uint64
+			wcs := make([]WC, 1)
+			for range depth + 2 {
+				k, err := cq.Poll(wcs)
+				require.NoError(t, err)
+				for _, wc := range wcs[:k] {
+					assert.Equal(t, WCFlushErr, wc.Status)
+					got = append(got, wc.WRID)
+				}
+			}
+			assert.Equal(t, tc.flushed, got)
+			assert.Equal(t, uint64(len(tc.flushed)), cq.Stats().Flushed)
+		})
+	}
+}
+
+// On a QP closed with device completions in its send CQ, an unsignaled
+// send among them, the flushes of what is left come after the device's
+// completions across short polls, and a failed unsignaled send's
+// completion is reported before them. (Fault caught: flushes emitted
+// ahead of the ring's completions.)
+func TestFlushesOfASelectiveQueueFollowTheDevicesCompletionsAcrossShortPolls(t *testing.T) {
+	r := newRDDevice(t, realV20)
+	cq := r.cq(t, 64)
+	qp := r.rcQP(t, cq, 16, false, qpAnswer{qpn: 0x10, handle: 1})
+	sq := sqOf(t, qp)
+	wrs := sends(10, 0, 0, r.mr.SGE(0, 8))
+	for _, i := range []int{1, 3, 6, 8} {
+		wrs[i].Flags = SendSignaled
+	}
+	_, err := qp.PostSend(wrs, 0)
+	require.NoError(t, err)
+	// The device consumes 0..7: completes 1 and 3, fails 4 (unsignaled);
+	// 6 is in flight, 8 and 9 not consumed.
+	_, err = sq.Ready()
+	require.NoError(t, err)
+	sq.Consume(8)
+	r.put(t, cq, rings.CQE{WRID: 1, QP: 1})
+	r.put(t, cq, rings.CQE{WRID: 3, QP: 1})
+	r.put(t, cq, rings.CQE{WRID: 4, QP: 1, Status: rings.WCRemAccessErr})
+	require.NoError(t, qp.Close())
+	var got []WC
+	buf := make([]WC, 2)
+	for i := range 12 {
+		k, err := cq.Poll(buf[:1+i%2])
+		require.NoError(t, err)
+		got = append(got, buf[:k]...)
+	}
+	type c struct {
+		id uint64
+		st WCStatus
+	}
+	var seen []c
+	for _, wc := range got {
+		seen = append(seen, c{wc.WRID, wc.Status})
+	}
+	assert.Equal(t, []c{{1, WCSuccess}, {3, WCSuccess}, {4, WCRemAccessErr}, {6, WCFlushErr}, {8, WCFlushErr}, {9, WCFlushErr}}, seen)
 }
 
 // On QEMU, which completes every send whatever its flags, the driver

@@ -19,9 +19,10 @@ import (
 // A send queue on a device that honours signaling is selective
 // (SetSelective): a request posted unsignaled makes no completion unless it
 // fails. Its record is retired by the IB rule (a completion retires every
-// unsignaled request before it, SQ completions being in order) and by the
-// device's progress (Reap: unsignaled requests behind the ring's consumer
-// index), and its room is bounded by the ring's too (SetBoundByRing).
+// unsignaled request before it, SQ completions being in order) or by the
+// device's progress (Reap: every unsignaled request behind the ring's
+// consumer index), whichever comes first, and its room is bounded by the
+// ring's too (SetBoundByRing).
 //
 // The poster owns the post side, the poller the completion side; see the
 // package documentation.
@@ -47,14 +48,22 @@ type Queue struct {
 	// signaled); st is the ring state, whose cons_head Reap reads;
 	// ringBase maps record counts to ring counters (prod_tail at Init), and
 	// ctrMask is the ring counters' mask (2n-1). bound makes PostRoom count
-	// the ring's free slots too. reapWanted is the poster's request for a
-	// Reap.
+	// the ring's free slots too. reapWanted is the request for a Reap, the
+	// poster's or the poller's own (Reap, RetakeReap); unsigCall marks a
+	// post call with an unsignaled request (the poster's).
 	unsig      []bool
 	st         *rings.State
 	ringBase   uint32
 	ctrMask    uint32
 	bound      bool
 	reapWanted atomic.Bool
+	unsigCall  bool
+
+	// The poller's: every record in [headC, scanned) is signaled (a Reap
+	// looked at it), so the next Reap starts at scanned; flushing is set
+	// once BeginFlush has run (the driver completes the rest itself).
+	scanned  uint32
+	flushing bool
 }
 
 // Init sets the queue up over its ring: state is the ring's 8-byte state
@@ -187,6 +196,15 @@ func (w *Queue) endCall() {
 	w.tailP.Store(w.tail)
 }
 
+// TookUnsignaled reports whether the last post call (End or Fail) handed
+// the device an unsignaled request on a selective queue, and forgets it:
+// the poster asks for reaps after such calls (WantReap). Poster side.
+func (w *Queue) TookUnsignaled() bool {
+	u := w.unsigCall
+	w.unsigCall = false
+	return u
+}
+
 // Room returns how many more requests the queue takes now: its slots less
 // those outstanding. A post call reads it once.
 func (w *Queue) Room() int { return len(w.wrids) - w.Outstanding() }
@@ -212,14 +230,16 @@ func (w *Queue) PostRoom() (int, error) {
 func (w *Queue) ClaimSend(wrID uint64, signaled bool) []byte {
 	if w.unsig != nil {
 		w.unsig[w.tail&w.mask] = !signaled
+		w.unsigCall = w.unsigCall || !signaled
 	}
 	return w.Claim(wrID)
 }
 
-// WantReap asks the poller for a Reap (a selective queue short of room
-// while unsignaled requests may hold it). It reports whether the request
-// is new: false if one is pending, or if the queue is not selective.
-// Poster side.
+// WantReap asks the poller for a Reap (a selective queue that took
+// unsignaled requests, or is short of room while they may hold it), after
+// the post call's End or Fail. It reports whether the request is new: false
+// if one is pending, or if the queue is not selective; the caller hands a
+// new one to its poller. Poster side.
 func (w *Queue) WantReap() bool {
 	return w.unsig != nil && !w.reapWanted.Load() && !w.reapWanted.Swap(true)
 }
@@ -339,34 +359,118 @@ func (w *Queue) completeSelective(id uint64, anyone bool) bool {
 	return false
 }
 
-// Reap retires, on a selective queue, the unsignaled requests at the head
-// of the record that the device has consumed (its consumer index is past
-// them): they make no completion, and their slots are the poster's again.
-// It stops at the first signaled request, which its completion retires. It
-// answers a WantReap and returns how many it retired; a consumer index out
-// of range retires nothing (the next post reports it). Poller side; call
-// PublishHead after.
-func (w *Queue) Reap() int {
+// Reap retires, on a selective queue, every unsignaled request the device
+// has consumed (its consumer index is past it), wherever it is among those
+// outstanding: it makes no completion, and its slot is the poster's again.
+// The signaled requests among them stay outstanding, in order, for their
+// completions. It answers a WantReap and returns how many it retired, and
+// whether requests remain that the device has not consumed (a later Reap
+// may retire some: see RetakeReap). A consumer index out of range retires
+// nothing and reports none pending (the next post reports it). Poller
+// side; call PublishHead after.
+func (w *Queue) Reap() (n int, pending bool) {
 	if w.unsig == nil {
-		return 0
+		return 0, false
 	}
 	w.reapWanted.Store(false)
 	// The consumer index first, then the posts: the device consumes only
 	// what was published, after its tail was stored.
 	cons := w.st.ConsHead()
 	tail := w.tailP.Load()
+	done, ok := w.consumed(cons, tail)
+	if !ok {
+		return 0, false
+	}
+	return w.reapTo(done), done != tail
+}
+
+// RetakeReap is the poller's, after a Reap that reported requests pending:
+// it asks for the next Reap itself, unless the poster has asked anew since
+// (then the poster's request stands). It reports whether the poller keeps
+// the queue in its reaps.
+func (w *Queue) RetakeReap() bool { return !w.reapWanted.Swap(true) }
+
+// consumed converts the consumer index cons to the record count of the
+// requests the device has consumed (tail: the posts published); false for
+// an index out of range.
+func (w *Queue) consumed(cons, tail uint32) (uint32, bool) {
 	ahead := (w.ringBase + tail - cons) & w.ctrMask
 	if cons&^w.ctrMask != 0 || ahead > uint32(len(w.wrids)) {
+		return 0, false
+	}
+	return tail - ahead, true
+}
+
+// reapTo retires the unsignaled requests among those before record count
+// done. The records from scanned on are looked at (those before are all
+// signaled): walking back from done, the signaled ones move to its end;
+// then the signaled ones before scanned move up next to them, and the
+// head moves past the slots freed. The record stays dense and in order.
+func (w *Queue) reapTo(done uint32) int {
+	head := w.headC
+	from := w.scanned
+	if int32(from-head) < 0 {
+		from = head
+	}
+	if int32(done-from) <= 0 {
 		return 0
 	}
-	done := tail - ahead // records before it were consumed
-	n := uint32(0)
-	for h := w.headC; int32(done-h) > 0 && w.unsig[h&w.mask]; h++ {
-		n++
+	dst := done
+	for k := done; k != from; {
+		k--
+		if i := k & w.mask; !w.unsig[i] {
+			dst--
+			if d := dst & w.mask; d != i {
+				w.wrids[d], w.unsig[d] = w.wrids[i], false
+			}
+		}
 	}
-	w.headC += n
+	n := dst - from
+	if n > 0 {
+		for k := from; k != head; {
+			k--
+			dst--
+			i, d := k&w.mask, dst&w.mask
+			w.wrids[d], w.unsig[d] = w.wrids[i], false
+		}
+		w.headC = head + n
+	}
+	w.scanned = done
 	return int(n)
 }
+
+// ConsHead reads the device's consumer index of the ring, for BeginFlush
+// once the device is done with the queue (its QP destroyed, the ring not
+// yet freed).
+func (w *Queue) ConsHead() uint32 { return w.st.ConsHead() }
+
+// BeginFlush readies the queue for flush completions (PopFlush), once the
+// device will complete none of its requests, with cons the device's last
+// consumer index (ConsHead): on a selective queue every unsignaled request
+// the device consumed is retired first, without a completion. From then on
+// Flushing reports true. It returns how many it retired. Poller side;
+// calling it again retires nothing more.
+func (w *Queue) BeginFlush(cons uint32) int {
+	w.flushing = true
+	if w.unsig == nil {
+		return 0
+	}
+	tail := w.tailP.Load()
+	done, ok := w.consumed(cons, tail)
+	if !ok {
+		return 0
+	}
+	n := w.reapTo(done)
+	if n > 0 {
+		w.PublishHead()
+	}
+	return n
+}
+
+// Flushing reports whether BeginFlush has run: the queue's requests still
+// outstanding complete by PopFlush, and a device completion with no record
+// is a late one. Poller side.
+func (w *Queue) Flushing() bool { return w.flushing }
 
 // PublishHead shows the poster (Outstanding, Room) and OutstandingP the
 // completions counted since the last call. Poller side. Until it runs the

@@ -107,24 +107,99 @@ func TestErrorCompletionOfUnsignaledAndFlushExactlyOnce(t *testing.T) {
 	assert.False(t, w.Complete(3), "a late completion of a flushed request")
 }
 
-// Reap frees the slots of unsignaled requests the device has consumed,
-// with no completion at all; it stops at a signaled request (its
-// completion retires it) and never passes the device's consumer index.
-func TestReapFreesConsumedUnsignaledSlots(t *testing.T) {
+// Reap frees the slots of every unsignaled request the device has
+// consumed, wherever it stands among signaled ones, with no completion at
+// all, and never passes the device's consumer index; the signaled ones
+// stay outstanding, in posting order, for their completions. It reports
+// whether the device has requests left to consume.
+func TestReapFreesConsumedUnsignaledSlotsWhereverTheyStand(t *testing.T) {
 	w, c := newSendQueue(t, 8)
 	postSends(t, w, c, false, u(1), u(2), s(3), u(4), u(5))
-	assert.Zero(t, w.Reap(), "nothing consumed yet")
-	n, err := c.Ready()
+	n, pending := w.Reap()
+	assert.Zero(t, n, "nothing consumed yet")
+	assert.True(t, pending)
+	ready, err := c.Ready()
 	require.NoError(t, err)
-	c.Consume(n - 1) // all but the last
-	assert.Equal(t, 2, w.Reap(), "the unsignaled sends before the signaled one")
-	assert.Equal(t, 3, outstanding(w))
+	c.Consume(ready - 1) // all but the last
+	n, pending = w.Reap()
+	assert.Equal(t, 3, n, "1, 2 and 4: the unsignaled sends consumed, before and after the signaled one")
+	assert.True(t, pending, "5 is not consumed")
+	assert.Equal(t, 2, outstanding(w), "3, and 5")
 	require.True(t, w.Complete(3))
-	assert.Equal(t, 1, w.Reap(), "4 is consumed; 5 is not")
 	assert.Equal(t, 1, outstanding(w))
 	c.Consume(1)
-	assert.Equal(t, 1, w.Reap())
+	n, pending = w.Reap()
+	assert.Equal(t, 1, n)
+	assert.False(t, pending)
 	assert.Zero(t, outstanding(w))
+
+	// Signaled requests among consumed unsignaled ones keep their order.
+	postSends(t, w, c, true, s(1), u(2), s(3), u(4), u(5), s(6), u(7))
+	n, pending = w.Reap()
+	assert.Equal(t, 4, n)
+	assert.False(t, pending)
+	assert.Equal(t, []uint64{1, 3, 6}, drainFlush(w))
+}
+
+// A Reap that finds requests the device has not consumed keeps the reap
+// asked for (RetakeReap), so that the poller reaps again; a poster's
+// request made meanwhile stands instead (the poller drops its own); once
+// everything is consumed no request is left, and the poster's next one is
+// new.
+func TestReapIsAskedForAgainUntilTheDeviceConsumedEverything(t *testing.T) {
+	w, c := newSendQueue(t, 8)
+	postSends(t, w, c, false, u(1), u(2))
+	require.True(t, w.WantReap(), "the poster's request")
+	_, pending := w.Reap()
+	require.True(t, pending)
+	assert.True(t, w.RetakeReap(), "the poller keeps the queue in its reaps")
+	assert.False(t, w.WantReap(), "pending: the poster asks nothing new")
+	_, pending = w.Reap()
+	require.True(t, pending)
+	require.True(t, w.WantReap(), "a post after the Reap began: the poster asks anew")
+	assert.False(t, w.RetakeReap(), "the poster's request stands; the poller drops its own")
+	ready, err := c.Ready()
+	require.NoError(t, err)
+	c.Consume(ready)
+	n, pending := w.Reap()
+	assert.Equal(t, 2, n)
+	assert.False(t, pending, "all consumed: no reap is asked for")
+	assert.True(t, w.WantReap(), "the next post's request is new")
+}
+
+// BeginFlush, once the device is done with the queue, retires the
+// unsignaled requests it consumed, wherever they stand, and only those:
+// the flush completes the signaled ones and the unconsumed ones, in order.
+// A consumer index out of range retires nothing; the queue reports that
+// it is flushing either way.
+func TestBeginFlushFlushesOnlyWhatTheDeviceDidNotConsume(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		consume int
+		cons    func(valid uint32) uint32
+		retired int
+		flushed []uint64
+	}{
+		{"five of seven consumed", 5, func(v uint32) uint32 { return v }, 3, []uint64{1, 4, 6, 7}},
+		{"all consumed", 7, func(v uint32) uint32 { return v }, 5, []uint64{1, 4}},
+		{"none consumed", 0, func(v uint32) uint32 { return v }, 0, []uint64{1, 2, 3, 4, 5, 6, 7}},
+		{"index out of range", 7, func(v uint32) uint32 { return v + 1<<20 }, 0, []uint64{1, 2, 3, 4, 5, 6, 7}},
+		{"index ahead of the posts", 5, func(v uint32) uint32 { return v + 3 }, 0, []uint64{1, 2, 3, 4, 5, 6, 7}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			w, c := newSendQueue(t, 8)
+			postSends(t, w, c, false, s(1), u(2), u(3), s(4), u(5), u(6), u(7))
+			_, err := c.Ready()
+			require.NoError(t, err)
+			c.Consume(tc.consume)
+			assert.False(t, w.Flushing())
+			assert.Equal(t, tc.retired, w.BeginFlush(tc.cons(w.ConsHead())))
+			assert.True(t, w.Flushing())
+			assert.Equal(t, len(tc.flushed), w.OutstandingP(), "published")
+			assert.Equal(t, tc.flushed, drainFlush(w))
+			assert.Zero(t, w.BeginFlush(w.ConsHead()), "again: nothing more")
+		})
+	}
 }
 
 // Unsignaled sends alone, with no completion ever, never fill the queue
@@ -149,7 +224,8 @@ func TestUnsignaledOnlySendsNeverLeakSlots(t *testing.T) {
 		n, err := c.Ready()
 		require.NoError(t, err)
 		c.Consume(n)
-		require.Equal(t, depth, w.Reap())
+		n, _ = w.Reap()
+		require.Equal(t, depth, n)
 		w.PublishHead()
 	}
 }
@@ -176,16 +252,22 @@ func TestBoundQueueRoomFollowsTheConsumerIndex(t *testing.T) {
 	assert.Equal(t, 4, room)
 }
 
-// A random mix of signaled and unsignaled sends, completed as a device
-// that honours signaling would (in order, a CQE for each signaled one),
-// with reaps at random moments: every signaled request completes exactly
-// once, nothing is left outstanding at the end, and the queue never
-// fills for good over many laps.
+// A random mix of signaled and unsignaled sends, consumed and completed as
+// a device that honours signaling would (consumed in order, a CQE for each
+// signaled one, in order), with reaps at random moments: every signaled
+// request completes exactly once, a reap retires exactly the consumed
+// unsignaled requests, what is outstanding always matches, a flush at the
+// end reports the rest in posting order, and the queue never fills for
+// good over many laps.
 func TestSelectiveQueueModel(t *testing.T) {
 	const depth = 16
 	w, c := newSendQueue(t, depth)
 	rnd := rand.New(rand.NewPCG(3, 9))
-	var posted []sendReq // consumed by the device, not yet completed or reaped, in order
+	type rec struct {
+		sendReq
+		consumed bool
+	}
+	var posted []rec // outstanding, in posting order
 	next := uint64(0)
 	for round := range 3000 {
 		room, err := w.PostRoom()
@@ -195,41 +277,63 @@ func TestSelectiveQueueModel(t *testing.T) {
 			r := sendReq{id: next % 5, sig: rnd.IntN(3) == 0} // wr_ids repeat
 			next++
 			rings.PutSendWQE(w.ClaimSend(r.id, r.sig), &rings.SendWQE{})
-			posted = append(posted, r)
+			posted = append(posted, rec{sendReq: r})
 		}
 		require.NoError(t, w.End(false))
-		if n, _ := c.Ready(); n > 0 {
+		if n, _ := c.Ready(); n > 0 { // the device consumes some, in order
+			n = rnd.IntN(n + 1)
 			c.Consume(n)
+			for i := 0; n > 0; i++ {
+				if !posted[i].consumed {
+					posted[i].consumed = true
+					n--
+				}
+			}
 		}
 		switch rnd.IntN(3) {
-		case 0: // the device completes, in order, some signaled requests
-			for i := 0; i < len(posted); i++ {
+		case 0: // the device completes, in order, some consumed signaled requests
+			for i := 0; i < len(posted) && posted[i].consumed; i++ {
 				if !posted[i].sig {
 					continue
 				}
 				require.True(t, w.Complete(posted[i].id), "round %d", round)
-				posted, i = posted[i+1:], -1
+				kept := posted[:0]
+				for j, r := range posted {
+					if j > i || j < i && r.sig { // the unsignaled before it go with it
+						kept = append(kept, r)
+					}
+				}
+				posted, i = kept, -1
 				if rnd.IntN(2) == 0 {
 					break
 				}
 			}
 		case 1:
-			lead := 0
-			for lead < len(posted) && !posted[lead].sig {
-				lead++
+			want := 0
+			kept := posted[:0]
+			for _, r := range posted {
+				if r.consumed && !r.sig {
+					want++
+				} else {
+					kept = append(kept, r)
+				}
 			}
-			require.Equal(t, lead, w.Reap(), "round %d: the leading unsignaled sends", round)
-			posted = posted[lead:]
+			n, pending := w.Reap()
+			require.Equal(t, want, n, "round %d: the consumed unsignaled sends", round)
+			posted = kept
+			require.Equal(t, len(posted) > 0 && !posted[len(posted)-1].consumed, pending, "round %d", round)
 		}
 		w.PublishHead()
 		require.Equal(t, len(posted), w.Outstanding(), "round %d", round)
 	}
+	var want []uint64
 	for _, r := range posted {
-		if r.sig {
-			require.True(t, w.Complete(r.id))
+		if r.sig || !r.consumed {
+			want = append(want, r.id)
 		}
 	}
-	w.Reap()
+	w.BeginFlush(w.ConsHead())
+	assert.Equal(t, want, drainFlush(w))
 	assert.Zero(t, outstanding(w))
 }
 
