@@ -21,7 +21,8 @@
 //	-list         print the mutants (file:line:col, operator, before → after)
 //	-pkgs ./a,./b the packages whose tests run, instead of the default
 //	-run REGEXP   passed to go test -run
-//	-timeout D    passed to go test -timeout (default 120s)
+//	-timeout D    passed to go test -timeout (default 10m: am's tests, the soak and the
+//	              64-task loss-free job among them, take minutes)
 //	-tags T       passed to go list and go test -tags (default none: the host tests)
 //	-min P        exit 1 if the score is below P percent
 //	-faults FILE  run the hand-written faults in FILE instead (see below)
@@ -164,7 +165,7 @@ func parseFlags(args []string, stderr io.Writer) (Config, float64, error) {
 	fs.BoolVar(&cfg.List, "list", false, "print the mutants without running them")
 	fs.StringVar(&pkgs, "pkgs", "", "comma-separated `packages` whose tests run (default: the file's package and its importers)")
 	fs.StringVar(&cfg.Run, "run", "", "passed to go test -run")
-	fs.DurationVar(&cfg.Timeout, "timeout", 120*time.Second, "passed to go test -timeout")
+	fs.DurationVar(&cfg.Timeout, "timeout", 10*time.Minute, "passed to go test -timeout")
 	fs.StringVar(&cfg.Tags, "tags", "", "build tags passed to go list and go test")
 	fs.StringVar(&cfg.Faults, "faults", "", "run the hand-written faults in `FILE` instead of generated mutants")
 	fs.Float64Var(&min, "min", 0, "exit 1 if the score is below `P` percent")

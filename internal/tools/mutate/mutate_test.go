@@ -284,7 +284,7 @@ func TestParseFlags(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, Config{
 		Files: []string{"x.go", "y.go"}, Pkgs: []string{"./a", "./b"},
-		Timeout: 120 * time.Second, Jobs: 2, N: 10, Seed: 7,
+		Timeout: 10 * time.Minute, Jobs: 2, N: 10, Seed: 7,
 	}, cfg)
 	assert.Equal(t, 80.0, min)
 
