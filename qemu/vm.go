@@ -63,7 +63,10 @@ type Options struct {
 	KeepAlive bool          // do not kill QEMU on the done record (wait for its own exit)
 	// TraceDoorbells counts, on the device side, the UAR doorbells each
 	// VM's pvrdma received (QEMU's pvrdma_uar_write trace event, logged to
-	// a file of the run): VMResult.Doorbells.
+	// a file of the run): VMResult.Doorbells. The vCPU thread writes
+	// each event to the file as it happens, which slows the guest: a run
+	// that measures a rate or a latency leaves it off (docs/benchmarks.md,
+	// "The bench's speed").
 	TraceDoorbells bool
 	// Timeline records, on the device side and stamped with the host's
 	// clock, each doorbell and each CQE the device wrote (QEMU's

@@ -4,10 +4,16 @@
 # messages in flight; the doorbells each device received, counted on the
 # device side (QEMU's trace). vfrdma's defaults come first (no flags: the
 # ends poll without sleeping, with the POLL doorbell), then its other
-# modes. Every figure is the median of REPS runs, with the range
+# modes. Every rate and latency is the median of REPS runs, with the range
 # beside it; the runs are interleaved (round r runs every configuration
 # once, the reference first), so that the bench's drift over the
-# invocation falls on both stacks alike.
+# invocation falls on both stacks alike. Those runs are not traced: QEMU
+# writes a trace line per doorbell from the vCPU thread, which costs a
+# stack in proportion to the doorbells it rings per message (ib_send_bw
+# 64 B, 2.2 per message, ran at 0.52x with -doorbells; pvctl bench at
+# batch 32, 0.12, at 0.93x: docs/benchmarks.md), so a traced rate favours
+# whichever stack rings less. The doorbell counts and the round trips'
+# breakdown come from one more round, traced.
 # Usage: scripts/sidebyside.sh [MESSAGES] [ITERS] [REPS]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -18,7 +24,7 @@ REPS=${3:-5}
 # Messages in flight: ib_send_bw keeps its tx depth (-t, 128 by default) in
 # flight whatever it posts per doorbell; pvctl bench keeps the same.
 WINDOW=128
-PVVM=($GO run ./cmd/pvvm -vms 2 -doorbells)
+PVVM=($GO run ./cmd/pvvm -vms 2)
 
 # run LABEL ARGS...: one pvvm run; its output in $out (and on failure, stderr).
 run() {
@@ -72,20 +78,31 @@ declare -A VF_NAME=([vf]="vfrdma, no flags" [ev]="vfrdma --events" [sp]="vfrdma 
 declare -A vals notes
 # add KEY VALUE: one run's figure ("" and "-" are dropped).
 add() { [ -n "$2" ] && [ "$2" != - ] && vals[$1]+="$2"$'\n'; return 0; }
-for ((rep = 0; rep < REPS; rep++)); do
+# round REP TRACED: every configuration once. Untraced (TRACED=0) it adds
+# each run's rate or latency; traced (1: the rate runs with -doorbells, the
+# latency runs with -timeline) each run's doorbells and round-trip spans.
+round() {
+  local rep=$1 traced=$2 size k batch db="" tl=""
+  [ "$traced" = 1 ] && db=-doorbells tl=-timeline
   for size in 64 4096; do
     # Reference: ib_send_bw (CQ moderation 1: QEMU 7.2 completes every
     # send WQE, signaled or not, so perftest's default moderation overflows
     # its CQ) and ib_send_lat (its typical one-way latency), VM 0 the
     # server.
-    run "reference ib_send_bw $size B" -ref 2 -- @0 ib_send_bw -x 1 -Q 1 -n "$MSGS" -s "$size" + @1 retry ib_send_bw -x 1 -Q 1 -n "$MSGS" -s "$size" 192.168.100.1
-    add "rate,ref,$size" "$(echo "$out" | awk -v s="$size" '$1 == "vm1:" && $2 == s && NF == 6 { printf "%.0f\n", $6 * 1e6 }')"
-    add "db,ref,$size" "$(dbpm "$MSGS")"
-    notes[ref,$size]=$(kinds)
-    run "reference ib_send_lat $size B" -timeline -ref 2 -- @0 ib_send_lat -x 1 -n "$ITERS" -s "$size" + @1 retry ib_send_lat -x 1 -n "$ITERS" -s "$size" 192.168.100.1
-    add "lat,ref,$size" "$(echo "$out" | awk -v s="$size" '$1 == "vm1:" && $2 == s && NF >= 10 { print $6 }')"
-    add "mean,ref,$size" "$(echo "$out" | awk -v s="$size" '$1 == "vm1:" && $2 == s && NF >= 10 { print $7 }')"
-    spans "rt,ref,$size"
+    run "reference ib_send_bw $size B" $db -ref 2 -- @0 ib_send_bw -x 1 -Q 1 -n "$MSGS" -s "$size" + @1 retry ib_send_bw -x 1 -Q 1 -n "$MSGS" -s "$size" 192.168.100.1
+    if [ "$traced" = 1 ]; then
+      add "db,ref,$size" "$(dbpm "$MSGS")"
+      notes[ref,$size]=$(kinds)
+    else
+      add "rate,ref,$size" "$(echo "$out" | awk -v s="$size" '$1 == "vm1:" && $2 == s && NF == 6 { printf "%.0f\n", $6 * 1e6 }')"
+    fi
+    run "reference ib_send_lat $size B" $tl -ref 2 -- @0 ib_send_lat -x 1 -n "$ITERS" -s "$size" + @1 retry ib_send_lat -x 1 -n "$ITERS" -s "$size" 192.168.100.1
+    if [ "$traced" = 1 ]; then
+      spans "rt,ref,$size"
+    else
+      add "lat,ref,$size" "$(echo "$out" | awk -v s="$size" '$1 == "vm1:" && $2 == s && NF >= 10 { print $6 }')"
+      add "mean,ref,$size" "$(echo "$out" | awk -v s="$size" '$1 == "vm1:" && $2 == s && NF >= 10 { print $7 }')"
+    fi
 
     # vfrdma: pvctl bench (VM 1 sends, VM 0 receives and reposts its
     # receives in chains), one doorbell per message (batch 1) and per 32,
@@ -94,19 +111,29 @@ for ((rep = 0; rep < REPS; rep++)); do
     for k in "${VF_KEYS[@]}"; do
       for batch in 1 32; do
         # shellcheck disable=SC2086 # the flags are words
-        run "vfrdma $k bench batch $batch $size B" -- bench --vm --tag b$rep --rc --size "$size" --messages "$MSGS" --batches "$batch" --window "$WINDOW" ${VF_FLAGS[$k]}
-        add "rate,$k$batch,$size" "$(benchrate "$batch")"
-        add "db,$k$batch,$size" "$(dbpm "$MSGS")"
-        notes[$k$batch,$size]=$(kinds)
+        run "vfrdma $k bench batch $batch $size B" $db -- bench --vm --tag b$rep --rc --size "$size" --messages "$MSGS" --batches "$batch" --window "$WINDOW" ${VF_FLAGS[$k]}
+        if [ "$traced" = 1 ]; then
+          add "db,$k$batch,$size" "$(dbpm "$MSGS")"
+          notes[$k$batch,$size]=$(kinds)
+        else
+          add "rate,$k$batch,$size" "$(benchrate "$batch")"
+        fi
       done
       # shellcheck disable=SC2086
-      run "vfrdma $k pingpong $size B" -timeline -- pingpong --vm --tag p$rep --rc --size "$size" --iters "$ITERS" ${VF_FLAGS[$k]}
-      add "lat,$k,$size" "$(halfrtt)"
-      add "mean,$k,$size" "$(halfmean)"
-      spans "rt,$k,$size"
+      run "vfrdma $k pingpong $size B" $tl -- pingpong --vm --tag p$rep --rc --size "$size" --iters "$ITERS" ${VF_FLAGS[$k]}
+      if [ "$traced" = 1 ]; then
+        spans "rt,$k,$size"
+      else
+        add "lat,$k,$size" "$(halfrtt)"
+        add "mean,$k,$size" "$(halfmean)"
+      fi
     done
   done
+}
+for ((rep = 0; rep < REPS; rep++)); do
+  round "$rep" 0
 done
+round "$REPS" 1
 
 med() { printf '%s' "${vals[$1]:-}" | median; }
 rng() { printf '%s' "${vals[$1]:-}" | spread "$2"; }
@@ -123,7 +150,7 @@ echo
 echo "RC SEND between two guests on the same bench (QEMU 7.2 pvrdma under TCG, the softverbs backend)"
 echo "medians of $REPS interleaved runs (range in brackets): $MSGS messages per rate run, $WINDOW in flight; $ITERS iterations per latency run;"
 echo "one-way latency: half the median round trip (ib_send_lat's t_typical), and half the mean (its t_avg);"
-echo "doorbells: every kind both devices received in the rate runs (QEMU's pvrdma_uar_write), per message"
+echo "doorbells: every kind both devices received in the traced round's rate run (QEMU's pvrdma_uar_write), per message"
 echo
 row size stack "msg/s" "one-way µs, median" "one-way µs, mean" "doorbells/msg" "vfrdma/ref"
 printf "|%s|%s|%s|%s|%s|%s|%s|\n" -------- ---------------------------------------------- ---------------------------- ------------------------ ------------------------ --------------- ------------
@@ -138,7 +165,7 @@ done
 echo
 echo "One round trip broken down from the two devices' timelines (pvvm -timeline: the host's clock in"
 echo "QEMU's trace of each doorbell and CQE; a transit is SEND doorbell → receive CQE in the peer's ring,"
-echo "a turnaround is CQE → the guest's next SEND doorbell); µs, medians of the runs' medians (range):"
+echo "a turnaround is CQE → the guest's next SEND doorbell); µs, the traced round's medians (the trace slows both):"
 echo
 brow() { printf "| %-6s | %-30s | %-20s | %-20s | %-20s | %-20s | %-20s |\n" "$@"; }
 brow size stack "transit to server" "server turnaround" "transit to client" "client turnaround" "round trip"
@@ -151,7 +178,7 @@ for size in 64 4096; do
   done
 done
 echo
-echo "Doorbells by kind, both VMs, the last round's rate runs:"
+echo "Doorbells by kind, both VMs, the traced round's rate runs:"
 for size in 64 4096; do
   echo "  $size B ref: ${notes[ref,$size]}"
   for k in "${VF_KEYS[@]}"; do
