@@ -486,7 +486,7 @@ func (cq *CQ) dropReap(qp *QP) {
 			kept = append(kept, q)
 		}
 	}
-	clear(cq.reaps[len(kept):])
+	clear(cq.reaps[len(kept):]) // mutation: equivalent — removed: the QPs dropped would only be kept from the collector longer
 	cq.reaps = kept
 }
 
@@ -504,15 +504,13 @@ func (cq *CQ) reap() {
 		if qp.State() != StateRTS {
 			continue
 		}
-		n, pending := qp.sq.Reap()
-		if n > 0 {
-			qp.sq.PublishHead()
-		}
+		_, pending := qp.sq.Reap()
+		qp.sq.PublishHead()
 		if pending && qp.sq.RetakeReap() {
 			kept = append(kept, qp) // in place: no allocation
 		}
 	}
-	clear(cq.reaps[len(kept):])
+	clear(cq.reaps[len(kept):]) // mutation: equivalent — removed: the QPs dropped would only be kept from the collector longer
 	cq.reaps = kept
 	cq.reapPending.Store(len(kept) > 0)
 }

@@ -236,10 +236,10 @@ func (w *Queue) ClaimSend(wrID uint64, signaled bool) []byte {
 }
 
 // WantReap asks the poller for a Reap (a selective queue that took
-// unsignaled requests, or is short of room while they may hold it), after
-// the post call's End or Fail. It reports whether the request is new: false
-// if one is pending, or if the queue is not selective; the caller hands a
-// new one to its poller. Poster side.
+// unsignaled requests: TookUnsignaled), after the post call's End or Fail.
+// It reports whether the request is new: false if one is pending, or if
+// the queue is not selective; the caller hands a new one to its poller.
+// Poster side.
 func (w *Queue) WantReap() bool {
 	return w.unsig != nil && !w.reapWanted.Load() && !w.reapWanted.Swap(true)
 }
@@ -408,11 +408,8 @@ func (w *Queue) consumed(cons, tail uint32) (uint32, bool) {
 // head moves past the slots freed. The record stays dense and in order.
 func (w *Queue) reapTo(done uint32) int {
 	head := w.headC
-	from := w.scanned
-	if int32(from-head) < 0 {
-		from = head
-	}
-	if int32(done-from) <= 0 {
+	from := head + uint32(max(int32(w.scanned-head), 0))
+	if done-from > uint32(len(w.wrids)) { // behind from: an index moved back
 		return 0
 	}
 	dst := done
@@ -426,16 +423,17 @@ func (w *Queue) reapTo(done uint32) int {
 		}
 	}
 	n := dst - from
-	if n > 0 {
-		for k := from; k != head; {
-			k--
-			dst--
-			i, d := k&w.mask, dst&w.mask
-			w.wrids[d], w.unsig[d] = w.wrids[i], false
-		}
-		w.headC = head + n
+	w.scanned = done // mutation: equivalent — removed: the next Reap walks from the head again, only more work
+	if n == 0 {
+		return 0
 	}
-	w.scanned = done
+	for k := from; k != head; {
+		k--
+		dst--
+		i, d := k&w.mask, dst&w.mask
+		w.wrids[d], w.unsig[d] = w.wrids[i], false
+	}
+	w.headC = head + n
 	return int(n)
 }
 
@@ -461,9 +459,7 @@ func (w *Queue) BeginFlush(cons uint32) int {
 		return 0
 	}
 	n := w.reapTo(done)
-	if n > 0 {
-		w.PublishHead()
-	}
+	w.PublishHead()
 	return n
 }
 

@@ -18,6 +18,14 @@ import (
 // the ring.
 func newSendQueue(t testing.TB, depth int) (*wq.Queue, *rings.Consumer) {
 	t.Helper()
+	w, c, _ := newSendQueueState(t, depth)
+	return w, c
+}
+
+// newSendQueueState is newSendQueue with the ring's state, for a device
+// that writes its consumer index at will.
+func newSendQueueState(t testing.TB, depth int) (*wq.Queue, *rings.Consumer, *rings.State) {
+	t.Helper()
 	reg, err := mmio.New(make([]byte, doorbell.PageSize))
 	require.NoError(t, err)
 	state := make([]byte, 8)
@@ -30,7 +38,7 @@ func newSendQueue(t testing.TB, depth int) (*wq.Queue, *rings.Consumer) {
 	require.NoError(t, err)
 	c, err := rings.NewConsumer(st, depth)
 	require.NoError(t, err)
-	return &w, c
+	return &w, c, st
 }
 
 // sendReq is a request to post: its wr_id and whether it is signaled.
@@ -167,6 +175,59 @@ func TestReapIsAskedForAgainUntilTheDeviceConsumedEverything(t *testing.T) {
 	assert.True(t, w.WantReap(), "the next post's request is new")
 }
 
+// The poster learns after each post call whether it handed the device an
+// unsignaled request (TookUnsignaled), once: a call of signaled requests
+// alone asks for no reap. A queue that is not selective never does, and
+// its Reap retires nothing and asks for none.
+func TestTookUnsignaledReportsEachCallOnce(t *testing.T) {
+	w, c := newSendQueue(t, 8)
+	postSends(t, w, c, false, s(1), u(2))
+	assert.True(t, w.TookUnsignaled())
+	assert.False(t, w.TookUnsignaled(), "once")
+	postSends(t, w, c, false, s(3))
+	assert.False(t, w.TookUnsignaled(), "signaled only")
+
+	plain, pc := newQueue(t, 8)
+	plain.ClaimSend(1, false)
+	require.NoError(t, plain.End(false))
+	assert.False(t, plain.TookUnsignaled(), "not selective")
+	ready, err := pc.Ready()
+	require.NoError(t, err)
+	pc.Consume(ready)
+	n, pending := plain.Reap()
+	assert.Zero(t, n)
+	assert.False(t, pending)
+	assert.False(t, plain.WantReap())
+}
+
+// Reap reads the consumer index at its limits: a full queue the device
+// has consumed nothing of is valid (requests pending), and an index out of
+// range, beyond the ring's counters or ahead of the posts, retires
+// nothing and asks for no more reaps (the next post reports the fault).
+func TestReapAtTheConsumerIndexLimits(t *testing.T) {
+	const depth = 8
+	w, c, st := newSendQueueState(t, depth)
+	wrs := make([]sendReq, depth)
+	for i := range wrs {
+		wrs[i] = u(uint64(i))
+	}
+	postSends(t, w, c, false, wrs...)
+	n, pending := w.Reap()
+	assert.Zero(t, n)
+	assert.True(t, pending, "the whole queue posted, none consumed: a valid index")
+	good := st.ConsHead()
+	for _, bad := range []uint32{good + 2*depth, good + depth + 1} {
+		st.SetConsHead(bad)
+		n, pending = w.Reap()
+		assert.Zero(t, n, "cons_head %d", bad)
+		assert.False(t, pending, "cons_head %d: no more reaps", bad)
+	}
+	st.SetConsHead(good + depth)
+	n, pending = w.Reap()
+	assert.Equal(t, depth, n, "all consumed, at the exact limit")
+	assert.False(t, pending)
+}
+
 // BeginFlush, once the device is done with the queue, retires the
 // unsignaled requests it consumed, wherever they stand, and only those:
 // the flush completes the signaled ones and the unconsumed ones, in order.
@@ -180,6 +241,7 @@ func TestBeginFlushFlushesOnlyWhatTheDeviceDidNotConsume(t *testing.T) {
 		retired int
 		flushed []uint64
 	}{
+		{"two of seven consumed", 2, func(v uint32) uint32 { return v }, 1, []uint64{1, 3, 4, 5, 6, 7}},
 		{"five of seven consumed", 5, func(v uint32) uint32 { return v }, 3, []uint64{1, 4, 6, 7}},
 		{"all consumed", 7, func(v uint32) uint32 { return v }, 5, []uint64{1, 4}},
 		{"none consumed", 0, func(v uint32) uint32 { return v }, 0, []uint64{1, 2, 3, 4, 5, 6, 7}},
