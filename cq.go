@@ -504,15 +504,19 @@ func (cq *CQ) reap() {
 		if qp.State() != StateRTS {
 			continue
 		}
-		_, pending := qp.sq.Reap()
-		qp.sq.PublishHead()
-		if pending && qp.sq.RetakeReap() {
+		n, keep := qp.sq.Reap()
+		if n != 0 {
+			qp.sq.PublishHead()
+		}
+		if keep {
 			kept = append(kept, qp) // in place: no allocation
 		}
 	}
 	clear(cq.reaps[len(kept):]) // mutation: equivalent — removed: the QPs dropped would only be kept from the collector longer
 	cq.reaps = kept
-	cq.reapPending.Store(len(kept) > 0)
+	if len(kept) == 0 {
+		cq.reapPending.Store(false)
+	}
 }
 
 // countOn counts a completion on a QP's counter.

@@ -118,60 +118,55 @@ func TestErrorCompletionOfUnsignaledAndFlushExactlyOnce(t *testing.T) {
 // Reap frees the slots of every unsignaled request the device has
 // consumed, wherever it stands among signaled ones, with no completion at
 // all, and never passes the device's consumer index; the signaled ones
-// stay outstanding, in posting order, for their completions. It reports
-// whether the device has requests left to consume.
+// stay outstanding, in posting order, for their completions. The poller
+// keeps the queue in its reaps while the device has requests left to
+// consume.
 func TestReapFreesConsumedUnsignaledSlotsWhereverTheyStand(t *testing.T) {
 	w, c := newSendQueue(t, 8)
 	postSends(t, w, c, false, u(1), u(2), s(3), u(4), u(5))
-	n, pending := w.Reap()
+	n, keep := w.Reap()
 	assert.Zero(t, n, "nothing consumed yet")
-	assert.True(t, pending)
+	assert.True(t, keep)
 	ready, err := c.Ready()
 	require.NoError(t, err)
 	c.Consume(ready - 1) // all but the last
-	n, pending = w.Reap()
+	n, keep = w.Reap()
 	assert.Equal(t, 3, n, "1, 2 and 4: the unsignaled sends consumed, before and after the signaled one")
-	assert.True(t, pending, "5 is not consumed")
+	assert.True(t, keep, "5 is not consumed")
 	assert.Equal(t, 2, outstanding(w), "3, and 5")
 	require.True(t, w.Complete(3))
 	assert.Equal(t, 1, outstanding(w))
 	c.Consume(1)
-	n, pending = w.Reap()
+	n, keep = w.Reap()
 	assert.Equal(t, 1, n)
-	assert.False(t, pending)
+	assert.False(t, keep)
 	assert.Zero(t, outstanding(w))
 
 	// Signaled requests among consumed unsignaled ones keep their order.
 	postSends(t, w, c, true, s(1), u(2), s(3), u(4), u(5), s(6), u(7))
-	n, pending = w.Reap()
+	n, keep = w.Reap()
 	assert.Equal(t, 4, n)
-	assert.False(t, pending)
+	assert.False(t, keep)
 	assert.Equal(t, []uint64{1, 3, 6}, drainFlush(w))
 }
 
-// A Reap that finds requests the device has not consumed keeps the reap
-// asked for (RetakeReap), so that the poller reaps again; a poster's
-// request made meanwhile stands instead (the poller drops its own); once
-// everything is consumed no request is left, and the poster's next one is
-// new.
+// The request for reaps stays the poller's while the device has requests
+// to consume: the poster asks nothing new meanwhile. Once the device has
+// consumed everything the poller gives it up, and the poster's next
+// request is new.
 func TestReapIsAskedForAgainUntilTheDeviceConsumedEverything(t *testing.T) {
 	w, c := newSendQueue(t, 8)
 	postSends(t, w, c, false, u(1), u(2))
 	require.True(t, w.WantReap(), "the poster's request")
-	_, pending := w.Reap()
-	require.True(t, pending)
-	assert.True(t, w.RetakeReap(), "the poller keeps the queue in its reaps")
+	_, keep := w.Reap()
+	require.True(t, keep, "the poller keeps the queue in its reaps")
 	assert.False(t, w.WantReap(), "pending: the poster asks nothing new")
-	_, pending = w.Reap()
-	require.True(t, pending)
-	require.True(t, w.WantReap(), "a post after the Reap began: the poster asks anew")
-	assert.False(t, w.RetakeReap(), "the poster's request stands; the poller drops its own")
 	ready, err := c.Ready()
 	require.NoError(t, err)
 	c.Consume(ready)
-	n, pending := w.Reap()
+	n, keep := w.Reap()
 	assert.Equal(t, 2, n)
-	assert.False(t, pending, "all consumed: no reap is asked for")
+	assert.False(t, keep, "all consumed: the request is given up")
 	assert.True(t, w.WantReap(), "the next post's request is new")
 }
 
@@ -194,9 +189,9 @@ func TestTookUnsignaledReportsEachCallOnce(t *testing.T) {
 	ready, err := pc.Ready()
 	require.NoError(t, err)
 	pc.Consume(ready)
-	n, pending := plain.Reap()
+	n, keep := plain.Reap()
 	assert.Zero(t, n)
-	assert.False(t, pending)
+	assert.False(t, keep)
 	assert.False(t, plain.WantReap())
 }
 
@@ -212,20 +207,20 @@ func TestReapAtTheConsumerIndexLimits(t *testing.T) {
 		wrs[i] = u(uint64(i))
 	}
 	postSends(t, w, c, false, wrs...)
-	n, pending := w.Reap()
+	n, keep := w.Reap()
 	assert.Zero(t, n)
-	assert.True(t, pending, "the whole queue posted, none consumed: a valid index")
+	assert.True(t, keep, "the whole queue posted, none consumed: a valid index")
 	good := st.ConsHead()
 	for _, bad := range []uint32{good + 2*depth, good + depth + 1} {
 		st.SetConsHead(bad)
-		n, pending = w.Reap()
+		n, keep = w.Reap()
 		assert.Zero(t, n, "cons_head %d", bad)
-		assert.False(t, pending, "cons_head %d: no more reaps", bad)
+		assert.False(t, keep, "cons_head %d: no more reaps", bad)
 	}
 	st.SetConsHead(good + depth)
-	n, pending = w.Reap()
+	n, keep = w.Reap()
 	assert.Equal(t, depth, n, "all consumed, at the exact limit")
-	assert.False(t, pending)
+	assert.False(t, keep)
 }
 
 // BeginFlush, once the device is done with the queue, retires the
@@ -380,10 +375,10 @@ func TestSelectiveQueueModel(t *testing.T) {
 					kept = append(kept, r)
 				}
 			}
-			n, pending := w.Reap()
+			n, keep := w.Reap()
 			require.Equal(t, want, n, "round %d: the consumed unsignaled sends", round)
 			posted = kept
-			require.Equal(t, len(posted) > 0 && !posted[len(posted)-1].consumed, pending, "round %d", round)
+			require.Equal(t, len(posted) > 0 && !posted[len(posted)-1].consumed, keep, "round %d", round)
 		}
 		w.PublishHead()
 		require.Equal(t, len(posted), w.Outstanding(), "round %d", round)
