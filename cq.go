@@ -489,7 +489,7 @@ func (cq *CQ) dropReap(qp *QP) {
 			kept = append(kept, q)
 		}
 	}
-	clear(cq.reaps[len(kept):])
+	clear(cq.reaps[len(kept):]) // mutation: equivalent — removed: the QPs dropped would only be kept from the collector longer
 	cq.reaps = kept
 }
 
@@ -507,17 +507,19 @@ func (cq *CQ) reap() {
 		if qp.State() != StateRTS {
 			continue
 		}
-		n, pending := qp.sq.Reap()
-		if n > 0 {
+		n, keep := qp.sq.Reap()
+		if n != 0 {
 			qp.sq.PublishHead()
 		}
-		if pending && qp.sq.RetakeReap() {
+		if keep {
 			kept = append(kept, qp) // in place: no allocation
 		}
 	}
-	clear(cq.reaps[len(kept):])
+	clear(cq.reaps[len(kept):]) // mutation: equivalent — removed: the QPs dropped would only be kept from the collector longer
 	cq.reaps = kept
-	cq.reapPending.Store(len(kept) > 0)
+	if len(kept) == 0 {
+		cq.reapPending.Store(false)
+	}
 }
 
 // countOn counts a completion on a QP's counter.

@@ -344,3 +344,32 @@ func BenchmarkLifecycleGate(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkPollWithUnsignaledSendsPending prices what Poll pays on a device
+// that honours signaling while a QP of its has unsignaled sends the device
+// has not consumed: each poll reaps the QP (its consumer index read under
+// the reap lock), beside the same empty poll with nothing to reap.
+func BenchmarkPollWithUnsignaledSendsPending(b *testing.B) {
+	for _, pending := range []bool{false, true} {
+		b.Run(map[bool]string{false: "none", true: "pending"}[pending], func(b *testing.B) {
+			r := newRDDevice(b, realV20)
+			cq := r.cq(b, 256)
+			qp := r.rcQP(b, cq, 64, false, qpAnswer{qpn: 0x10, handle: 1})
+			if pending {
+				_, err := qp.PostSend(sends(8, 0, 0, r.mr.SGE(0, 8)), 0)
+				require.NoError(b, err)
+				require.True(b, cq.reapPending.Load())
+			}
+			wcs := make([]WC, 16)
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				if n, err := cq.Poll(wcs); n != 0 || err != nil {
+					b.Fatal(n, err)
+				}
+			}
+			b.StopTimer()
+			require.Equal(b, pending, cq.reapPending.Load(), "still pending: the device consumed nothing")
+		})
+	}
+}

@@ -178,17 +178,10 @@ func (qp *QP) postSend(wrs []SendWR, flags PostFlags) (int, error) {
 	for i := range wrs {
 		wr := &wrs[i]
 		if err := qp.checkSend(wr, &sges, emulated); err != nil {
-			err = w.Fail(i, wr.WRID, err)
-			if w.TookUnsignaled() {
-				qp.askReap()
-			}
-			return i, err
+			return i, qp.failSend(i, wr.WRID, err)
 		}
 		if i >= room {
-			err := w.Fail(i, wr.WRID, ErrQueueFull)
-			w.TookUnsignaled()
-			qp.askReap() // the slots unsignaled sends hold may be free
-			return i, err
+			return i, qp.failSend(i, wr.WRID, ErrQueueFull)
 		}
 		op := &opcodes[wr.Opcode] // checked
 		wqe.WRID, wqe.Opcode, wqe.Flags, wqe.SGEs = wr.WRID, op.wire, uint32(wr.Flags)|sigAll, wr.SGEs
@@ -206,17 +199,31 @@ func (qp *QP) postSend(wrs []SendWR, flags PostFlags) (int, error) {
 		rings.PutSendWQE(w.ClaimSend(wr.WRID, wqe.Flags&rings.SendSignaled != 0), &wqe)
 	}
 	err = w.End(flags&FlagDefer != 0)
-	if w.TookUnsignaled() || room-len(wrs) < w.Slots()/2 {
-		qp.askReap() // the unsignaled sends come back as the device consumes them; or room runs short
+	if w.TookUnsignaled() {
+		qp.askReap()
 	}
 	return len(wrs), err
 }
 
-// askReap asks the send CQ's Polls to hand back the slots of the
-// unsignaled sends the device has consumed, from the next one on until
-// the device has consumed every send posted: on a selective send queue (a
-// device that honours signaling, a QP without SignalAll), after the post
-// call has ended, once per request pending.
+// failSend closes a send post call that refused request i (wr_id id) for
+// cause, as wq.Queue.Fail does, and asks for reaps if the requests it
+// posted before i include unsignaled ones.
+func (qp *QP) failSend(i int, id uint64, cause error) error {
+	err := qp.sq.Fail(i, id, cause)
+	if qp.sq.TookUnsignaled() {
+		qp.askReap()
+	}
+	return err
+}
+
+// askReap asks the send CQ's Polls to retire the unsignaled sends the
+// device has consumed (and hand back their slots), from the next Poll on
+// until the device has consumed every send posted: on a selective send
+// queue (a device that honours signaling, a QP without SignalAll), after a
+// post call that handed the device unsignaled sends, once per request
+// pending. The CQ keeps the QP in its reaps meanwhile, so a queue whose
+// slots unsignaled sends hold never waits for another post to get them
+// back.
 func (qp *QP) askReap() {
 	if qp.sq.WantReap() {
 		qp.sendCQ.addReap(qp)

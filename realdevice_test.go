@@ -517,9 +517,81 @@ func TestUnsignaledSendsAreRetiredByThePollAfterTheDeviceConsumedThem(t *testing
 	assert.Zero(t, send, "wr 2, the last, retired by the same poll")
 	assert.Empty(t, poll(t, cq))
 	assert.Empty(t, cq.reaps, "nothing left to reap: the CQ stops reaping the QP")
+	assert.False(t, cq.reapPending.Load(), "and its polls look for no reap")
 	require.NoError(t, qp.Close())
 	assert.Empty(t, poll(t, cq), "nothing to flush")
 	assert.Zero(t, cq.Stats().Flushed)
+}
+
+// The unsignaled sends a post call handed the device before a request it
+// refused are retired like any other, at the first poll after the device
+// consumed them. (Fault caught: only calls that posted every request asked
+// the send CQ's polls to retire them.)
+func TestUnsignaledSendsBeforeARefusedRequestAreRetiredOnTime(t *testing.T) {
+	r := newRDDevice(t, realV20)
+	cq := r.cq(t, 64)
+	qp := r.rcQP(t, cq, 64, false, qpAnswer{qpn: 0x10, handle: 1})
+	sq := sqOf(t, qp)
+	wrs := sends(3, 0, 0, r.mr.SGE(0, 8))
+	wrs[2].SGEs = []SGE{{Addr: r.mr.Addr(), Length: 8, LKey: r.mr.LKey() ^ 0x5a5a}}
+	n, err := qp.PostSend(wrs, 0)
+	var pe *PostError
+	require.ErrorAs(t, err, &pe)
+	require.Equal(t, 2, n)
+	require.Equal(t, 2, pe.Index)
+	ready, err := sq.Ready()
+	require.NoError(t, err)
+	require.Equal(t, 2, ready)
+	sq.Consume(ready)
+	assert.Empty(t, poll(t, cq))
+	send, _ := qp.Outstanding()
+	assert.Zero(t, send, "both consumed: retired by the poll")
+}
+
+// A device's error completion of a send no longer outstanding is dropped,
+// not reported, where it can only be a late one: on a queue whose every
+// send is signaled (its request completed or was flushed), and on a
+// selective queue once its flush has begun (the flush reported it). Only
+// on a selective queue before any flush is it an unsignaled send retired
+// once consumed, which is reported. (Fault caught: unmatched error
+// completions returned on every queue, or after the flush too.)
+func TestALateErrorCompletionOfASendIsDroppedNotReportedTwice(t *testing.T) {
+	t.Run("every send signaled", func(t *testing.T) {
+		r := newRDDevice(t, realV20)
+		cq := r.cq(t, 64)
+		qp := r.rcQP(t, cq, 8, true, qpAnswer{qpn: 0x10, handle: 1})
+		sq := sqOf(t, qp)
+		_, err := qp.PostSend(sends(1, 7, 0, r.mr.SGE(0, 8)), 0)
+		require.NoError(t, err)
+		r.execute(t, qp, sq, false, map[uint64]uint32{7: rings.WCRemAccessErr})
+		require.Len(t, poll(t, cq), 1)
+		r.put(t, cq, rings.CQE{WRID: 7, QP: 1, Status: rings.WCRemAccessErr})
+		assert.Empty(t, poll(t, cq), "the same failure again")
+		assert.Equal(t, uint64(1), cq.Stats().Dropped)
+	})
+	t.Run("selective, flushing", func(t *testing.T) {
+		r := newRDDevice(t, realV20)
+		cq := r.cq(t, 64)
+		qp := r.rcQP(t, cq, 8, false, qpAnswer{qpn: 0x10, handle: 1})
+		_, err := qp.PostSend(sends(2, 7, 0, r.mr.SGE(0, 8)), 0)
+		require.NoError(t, err)
+		require.NoError(t, qp.Close())
+		wcs := make([]WC, 1)
+		n, err := cq.Poll(wcs)
+		require.NoError(t, err)
+		require.Equal(t, 1, n)
+		require.Equal(t, WCFlushErr, wcs[0].Status)
+		require.Equal(t, uint64(7), wcs[0].WRID)
+		// A completion of 7 under the destroyed QP's alias (a device
+		// would write none after the DESTROY; one rekeyed is polled
+		// before the flushes): the flush reported 7 already.
+		r.put(t, cq, rings.CQE{WRID: 7, QP: aliasTag<<32 | uint64(qp.alias), Status: rings.WCRemAccessErr})
+		rest := poll(t, cq)
+		require.Len(t, rest, 1, "8's flush only")
+		assert.Equal(t, uint64(8), rest[0].WRID)
+		assert.Equal(t, WCFlushErr, rest[0].Status)
+		assert.Equal(t, uint64(1), cq.Stats().Dropped)
+	})
 }
 
 // An unsignaled send a poll retired once the device consumed it that then

@@ -48,9 +48,10 @@ type Queue struct {
 	// signaled); st is the ring state, whose cons_head Reap reads;
 	// ringBase maps record counts to ring counters (prod_tail at Init), and
 	// ctrMask is the ring counters' mask (2n-1). bound makes PostRoom count
-	// the ring's free slots too. reapWanted is the request for a Reap, the
-	// poster's or the poller's own (Reap, RetakeReap); unsigCall marks a
-	// post call with an unsignaled request (the poster's).
+	// the ring's free slots too. reapWanted is the request for Reaps
+	// (WantReap), which the poller keeps while the device has requests to
+	// consume (Reap); unsigCall marks a post call with an unsignaled
+	// request (the poster's).
 	unsig      []bool
 	st         *rings.State
 	ringBase   uint32
@@ -236,10 +237,10 @@ func (w *Queue) ClaimSend(wrID uint64, signaled bool) []byte {
 }
 
 // WantReap asks the poller for a Reap (a selective queue that took
-// unsignaled requests, or is short of room while they may hold it), after
-// the post call's End or Fail. It reports whether the request is new: false
-// if one is pending, or if the queue is not selective; the caller hands a
-// new one to its poller. Poster side.
+// unsignaled requests: TookUnsignaled), after the post call's End or Fail.
+// It reports whether the request is new: false if one is pending, or if
+// the queue is not selective; the caller hands a new one to its poller.
+// Poster side.
 func (w *Queue) WantReap() bool {
 	return w.unsig != nil && !w.reapWanted.Load() && !w.reapWanted.Swap(true)
 }
@@ -363,32 +364,42 @@ func (w *Queue) completeSelective(id uint64, anyone bool) bool {
 // has consumed (its consumer index is past it), wherever it is among those
 // outstanding: it makes no completion, and its slot is the poster's again.
 // The signaled requests among them stay outstanding, in order, for their
-// completions. It answers a WantReap and returns how many it retired, and
-// whether requests remain that the device has not consumed (a later Reap
-// may retire some: see RetakeReap). A consumer index out of range retires
-// nothing and reports none pending (the next post reports it). Poller
-// side; call PublishHead after.
-func (w *Queue) Reap() (n int, pending bool) {
+// completions. It returns how many it retired, and whether the poller
+// keeps the queue in its reaps: while the device has requests left to
+// consume the request for reaps (WantReap) stays the poller's; once it has
+// none, the request is given up, and the poster's next WantReap is new
+// (unless a post came meanwhile: then the poller keeps it). A consumer
+// index out of range retires nothing and gives the request up (the next
+// post reports it). Poller side; call PublishHead after.
+func (w *Queue) Reap() (n int, keep bool) {
 	if w.unsig == nil {
 		return 0, false
 	}
-	w.reapWanted.Store(false)
 	// The consumer index first, then the posts: the device consumes only
 	// what was published, after its tail was stored.
 	cons := w.st.ConsHead()
 	tail := w.tailP.Load()
 	done, ok := w.consumed(cons, tail)
-	if !ok {
-		return 0, false
+	if ok {
+		n = w.reapTo(done)
+		if done != tail {
+			return n, true
+		}
 	}
-	return w.reapTo(done), done != tail
+	return n, w.giveUpReaps(tail)
 }
 
-// RetakeReap is the poller's, after a Reap that reported requests pending:
-// it asks for the next Reap itself, unless the poster has asked anew since
-// (then the poster's request stands). It reports whether the poller keeps
-// the queue in its reaps.
-func (w *Queue) RetakeReap() bool { return !w.reapWanted.Swap(true) }
+// giveUpReaps gives the request for reaps up, the device having consumed
+// the posts up to tail (or its index being out of range), and reports
+// whether the poller keeps the queue all the same. A poster publishes its
+// tail, then looks at the request: one that looked before the request was
+// given up asked for nothing, and its posts show in the tail read after;
+// then the poller takes the request back, unless that poster, looking
+// after, has asked anew (its request stands).
+func (w *Queue) giveUpReaps(tail uint32) bool {
+	w.reapWanted.Store(false)
+	return w.tailP.Load() != tail && !w.reapWanted.Swap(true)
+}
 
 // consumed converts the consumer index cons to the record count of the
 // requests the device has consumed (tail: the posts published); false for
@@ -408,11 +419,8 @@ func (w *Queue) consumed(cons, tail uint32) (uint32, bool) {
 // head moves past the slots freed. The record stays dense and in order.
 func (w *Queue) reapTo(done uint32) int {
 	head := w.headC
-	from := w.scanned
-	if int32(from-head) < 0 {
-		from = head
-	}
-	if int32(done-from) <= 0 {
+	from := head + uint32(max(int32(w.scanned-head), 0))
+	if done-from > uint32(len(w.wrids)) { // behind from: an index moved back
 		return 0
 	}
 	dst := done
@@ -426,16 +434,17 @@ func (w *Queue) reapTo(done uint32) int {
 		}
 	}
 	n := dst - from
-	if n > 0 {
-		for k := from; k != head; {
-			k--
-			dst--
-			i, d := k&w.mask, dst&w.mask
-			w.wrids[d], w.unsig[d] = w.wrids[i], false
-		}
-		w.headC = head + n
+	w.scanned = done // mutation: equivalent — removed: the next Reap walks from the head again, only more work
+	if n == 0 {
+		return 0
 	}
-	w.scanned = done
+	for k := from; k != head; {
+		k--
+		dst--
+		i, d := k&w.mask, dst&w.mask
+		w.wrids[d], w.unsig[d] = w.wrids[i], false
+	}
+	w.headC = head + n
 	return int(n)
 }
 
@@ -461,7 +470,7 @@ func (w *Queue) BeginFlush(cons uint32) int {
 		return 0
 	}
 	n := w.reapTo(done)
-	if n > 0 {
+	if n != 0 {
 		w.PublishHead()
 	}
 	return n

@@ -18,6 +18,14 @@ import (
 // the ring.
 func newSendQueue(t testing.TB, depth int) (*wq.Queue, *rings.Consumer) {
 	t.Helper()
+	w, c, _ := newSendQueueState(t, depth)
+	return w, c
+}
+
+// newSendQueueState is newSendQueue with the ring's state, for a device
+// that writes its consumer index at will.
+func newSendQueueState(t testing.TB, depth int) (*wq.Queue, *rings.Consumer, *rings.State) {
+	t.Helper()
 	reg, err := mmio.New(make([]byte, doorbell.PageSize))
 	require.NoError(t, err)
 	state := make([]byte, 8)
@@ -30,7 +38,7 @@ func newSendQueue(t testing.TB, depth int) (*wq.Queue, *rings.Consumer) {
 	require.NoError(t, err)
 	c, err := rings.NewConsumer(st, depth)
 	require.NoError(t, err)
-	return &w, c
+	return &w, c, st
 }
 
 // sendReq is a request to post: its wr_id and whether it is signaled.
@@ -110,61 +118,109 @@ func TestErrorCompletionOfUnsignaledAndFlushExactlyOnce(t *testing.T) {
 // Reap frees the slots of every unsignaled request the device has
 // consumed, wherever it stands among signaled ones, with no completion at
 // all, and never passes the device's consumer index; the signaled ones
-// stay outstanding, in posting order, for their completions. It reports
-// whether the device has requests left to consume.
+// stay outstanding, in posting order, for their completions. The poller
+// keeps the queue in its reaps while the device has requests left to
+// consume.
 func TestReapFreesConsumedUnsignaledSlotsWhereverTheyStand(t *testing.T) {
 	w, c := newSendQueue(t, 8)
 	postSends(t, w, c, false, u(1), u(2), s(3), u(4), u(5))
-	n, pending := w.Reap()
+	n, keep := w.Reap()
 	assert.Zero(t, n, "nothing consumed yet")
-	assert.True(t, pending)
+	assert.True(t, keep)
 	ready, err := c.Ready()
 	require.NoError(t, err)
 	c.Consume(ready - 1) // all but the last
-	n, pending = w.Reap()
+	n, keep = w.Reap()
 	assert.Equal(t, 3, n, "1, 2 and 4: the unsignaled sends consumed, before and after the signaled one")
-	assert.True(t, pending, "5 is not consumed")
+	assert.True(t, keep, "5 is not consumed")
 	assert.Equal(t, 2, outstanding(w), "3, and 5")
 	require.True(t, w.Complete(3))
 	assert.Equal(t, 1, outstanding(w))
 	c.Consume(1)
-	n, pending = w.Reap()
+	n, keep = w.Reap()
 	assert.Equal(t, 1, n)
-	assert.False(t, pending)
+	assert.False(t, keep)
 	assert.Zero(t, outstanding(w))
 
 	// Signaled requests among consumed unsignaled ones keep their order.
 	postSends(t, w, c, true, s(1), u(2), s(3), u(4), u(5), s(6), u(7))
-	n, pending = w.Reap()
+	n, keep = w.Reap()
 	assert.Equal(t, 4, n)
-	assert.False(t, pending)
+	assert.False(t, keep)
 	assert.Equal(t, []uint64{1, 3, 6}, drainFlush(w))
 }
 
-// A Reap that finds requests the device has not consumed keeps the reap
-// asked for (RetakeReap), so that the poller reaps again; a poster's
-// request made meanwhile stands instead (the poller drops its own); once
-// everything is consumed no request is left, and the poster's next one is
-// new.
+// The request for reaps stays the poller's while the device has requests
+// to consume: the poster asks nothing new meanwhile. Once the device has
+// consumed everything the poller gives it up, and the poster's next
+// request is new.
 func TestReapIsAskedForAgainUntilTheDeviceConsumedEverything(t *testing.T) {
 	w, c := newSendQueue(t, 8)
 	postSends(t, w, c, false, u(1), u(2))
 	require.True(t, w.WantReap(), "the poster's request")
-	_, pending := w.Reap()
-	require.True(t, pending)
-	assert.True(t, w.RetakeReap(), "the poller keeps the queue in its reaps")
+	_, keep := w.Reap()
+	require.True(t, keep, "the poller keeps the queue in its reaps")
 	assert.False(t, w.WantReap(), "pending: the poster asks nothing new")
-	_, pending = w.Reap()
-	require.True(t, pending)
-	require.True(t, w.WantReap(), "a post after the Reap began: the poster asks anew")
-	assert.False(t, w.RetakeReap(), "the poster's request stands; the poller drops its own")
 	ready, err := c.Ready()
 	require.NoError(t, err)
 	c.Consume(ready)
-	n, pending := w.Reap()
+	n, keep := w.Reap()
 	assert.Equal(t, 2, n)
-	assert.False(t, pending, "all consumed: no reap is asked for")
+	assert.False(t, keep, "all consumed: the request is given up")
 	assert.True(t, w.WantReap(), "the next post's request is new")
+}
+
+// The poster learns after each post call whether it handed the device an
+// unsignaled request (TookUnsignaled), once: a call of signaled requests
+// alone asks for no reap. A queue that is not selective never does, and
+// its Reap retires nothing and asks for none.
+func TestTookUnsignaledReportsEachCallOnce(t *testing.T) {
+	w, c := newSendQueue(t, 8)
+	postSends(t, w, c, false, s(1), u(2))
+	assert.True(t, w.TookUnsignaled())
+	assert.False(t, w.TookUnsignaled(), "once")
+	postSends(t, w, c, false, s(3))
+	assert.False(t, w.TookUnsignaled(), "signaled only")
+
+	plain, pc := newQueue(t, 8)
+	plain.ClaimSend(1, false)
+	require.NoError(t, plain.End(false))
+	assert.False(t, plain.TookUnsignaled(), "not selective")
+	ready, err := pc.Ready()
+	require.NoError(t, err)
+	pc.Consume(ready)
+	n, keep := plain.Reap()
+	assert.Zero(t, n)
+	assert.False(t, keep)
+	assert.False(t, plain.WantReap())
+}
+
+// Reap reads the consumer index at its limits: a full queue the device
+// has consumed nothing of is valid (requests pending), and an index out of
+// range, beyond the ring's counters or ahead of the posts, retires
+// nothing and asks for no more reaps (the next post reports the fault).
+func TestReapAtTheConsumerIndexLimits(t *testing.T) {
+	const depth = 8
+	w, c, st := newSendQueueState(t, depth)
+	wrs := make([]sendReq, depth)
+	for i := range wrs {
+		wrs[i] = u(uint64(i))
+	}
+	postSends(t, w, c, false, wrs...)
+	n, keep := w.Reap()
+	assert.Zero(t, n)
+	assert.True(t, keep, "the whole queue posted, none consumed: a valid index")
+	good := st.ConsHead()
+	for _, bad := range []uint32{good + 2*depth, good + depth + 1} {
+		st.SetConsHead(bad)
+		n, keep = w.Reap()
+		assert.Zero(t, n, "cons_head %d", bad)
+		assert.False(t, keep, "cons_head %d: no more reaps", bad)
+	}
+	st.SetConsHead(good + depth)
+	n, keep = w.Reap()
+	assert.Equal(t, depth, n, "all consumed, at the exact limit")
+	assert.False(t, keep)
 }
 
 // BeginFlush, once the device is done with the queue, retires the
@@ -180,6 +236,7 @@ func TestBeginFlushFlushesOnlyWhatTheDeviceDidNotConsume(t *testing.T) {
 		retired int
 		flushed []uint64
 	}{
+		{"two of seven consumed", 2, func(v uint32) uint32 { return v }, 1, []uint64{1, 3, 4, 5, 6, 7}},
 		{"five of seven consumed", 5, func(v uint32) uint32 { return v }, 3, []uint64{1, 4, 6, 7}},
 		{"all consumed", 7, func(v uint32) uint32 { return v }, 5, []uint64{1, 4}},
 		{"none consumed", 0, func(v uint32) uint32 { return v }, 0, []uint64{1, 2, 3, 4, 5, 6, 7}},
@@ -318,10 +375,10 @@ func TestSelectiveQueueModel(t *testing.T) {
 					kept = append(kept, r)
 				}
 			}
-			n, pending := w.Reap()
+			n, keep := w.Reap()
 			require.Equal(t, want, n, "round %d: the consumed unsignaled sends", round)
 			posted = kept
-			require.Equal(t, len(posted) > 0 && !posted[len(posted)-1].consumed, pending, "round %d", round)
+			require.Equal(t, len(posted) > 0 && !posted[len(posted)-1].consumed, keep, "round %d", round)
 		}
 		w.PublishHead()
 		require.Equal(t, len(posted), w.Outstanding(), "round %d", round)
