@@ -27,8 +27,8 @@ import (
 
 // The lifecycle rule on the device (doc.go). Each misuse runs in a child
 // process (TestMain runs the scenario named by scenarioEnv), so that a
-// fault (today's tree dies with SIGSEGV: the call read memory Close had
-// unmapped) fails that test, not the whole suite.
+// fault (a SIGSEGV, when a call reads memory Close unmapped) fails that
+// test, not the whole suite.
 
 const scenarioEnv = "VFRDMA_TEST_SCENARIO"
 
@@ -188,31 +188,31 @@ func inChild(t *testing.T, name string) {
 	}
 }
 
-// CQ.Poll after CQ.Close returns ErrClosed (today: SIGSEGV).
+// CQ.Poll after CQ.Close returns ErrClosed, without touching the freed ring.
 func TestCQPollAfterCQCloseReturnsErrClosed(t *testing.T) {
 	inChild(t, "cq-poll-after-cq-close")
 }
 
-// CQ.Poll, CQ.Arm and CQ.Wait after Device.Close return ErrClosed (today:
-// SIGSEGV).
+// CQ.Poll, CQ.Arm and CQ.Wait after Device.Close return ErrClosed, without
+// touching the unmapped rings or doorbell page.
 func TestCQCallsAfterDeviceCloseReturnErrClosed(t *testing.T) {
 	inChild(t, "cq-after-device-close")
 }
 
 // PollSet.Poll after Device.Close returns ErrClosed: the notifier's Sync
-// no longer reads the unmapped control pages (today: SIGSEGV).
+// does not read the unmapped control pages.
 func TestPollSetPollAfterDeviceCloseReturnsErrClosed(t *testing.T) {
 	inChild(t, "pollset-after-device-close")
 }
 
 // Goroutines polling and posting while Device.Close runs return ErrClosed
-// (or complete), within a bounded time (today: SIGSEGV).
+// (or complete), within a bounded time, and none faults.
 func TestPollingWhileDeviceClosesReturnsErrClosed(t *testing.T) {
 	inChild(t, "poll-during-device-close")
 }
 
 // Device.Ethernet().Send after Device.Close returns the NIC's ErrClosed
-// (it once faulted in checkLink). Device.Close closes the NIC before the
+// and does not fault in its link check. Device.Close closes the NIC before the
 // container its memory lives in; the NIC's own refusal after its Close is
 // package vmxnet3's (its lifecycle tests).
 func TestEthernetSendAfterDeviceCloseReturnsErrClosed(t *testing.T) {
@@ -220,9 +220,9 @@ func TestEthernetSendAfterDeviceCloseReturnsErrClosed(t *testing.T) {
 }
 
 // A journal that lists handles the device never had recovers nothing:
-// QEMU answers each DESTROY with EINVAL. (Today: Recovered() == 5.) QP, CQ
-// and SRQ handles: QEMU answers DESTROY_PD and DESTROY_MR with success
-// whatever the handle.
+// QEMU answers each DESTROY with EINVAL, so Recovered() is 0, not the
+// number of entries. QP, CQ and SRQ handles: QEMU answers DESTROY_PD and
+// DESTROY_MR with success whatever the handle.
 func TestRecoveredIgnoresHandlesThatNeverExisted(t *testing.T) {
 	bdf := guestBDF(t)
 	dir := t.TempDir()

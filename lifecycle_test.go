@@ -210,8 +210,8 @@ func (l *lcDevice) send(id uint64) []SendWR {
 }
 
 // After CQ.Close, every method of the CQ returns an error wrapping
-// ErrClosed, and a second Close returns nil. (On today's tree a Poll after
-// Close read the freed ring: a SIGSEGV on the device.)
+// ErrClosed, and a second Close returns nil; none reads the freed ring (on
+// the device that read is a SIGSEGV).
 func TestCQCallsAfterCloseReturnErrClosed(t *testing.T) {
 	l := newLCDevice(t)
 	cq, _ := l.addCQ(t, 5, 64)
@@ -378,9 +378,8 @@ func TestQPStaysUsableIfDestroyFails(t *testing.T) {
 
 // A QP number the device gives again never receives the CQEs of the QP
 // that had it: those still in the CQ when it was destroyed complete the
-// destroyed QP's requests, and the new QP's requests stay outstanding.
-// (On today's tree they completed the new QP's requests of the same
-// wr_ids.)
+// destroyed QP's requests, and the new QP's requests stay outstanding,
+// even those with the same wr_ids.
 func TestReusedQPNGetsNoLateCQEs(t *testing.T) {
 	l := newLCDevice(t)
 	cq, prod := l.addCQ(t, 5, 64)
@@ -489,8 +488,8 @@ func TestDeviceCloseRacingCreateLeaksNothing(t *testing.T) {
 }
 
 // Recovered counts what the device confirmed destroyed: a journal of
-// handles that never existed (each DESTROY answers EINVAL) recovers 0.
-// (On today's tree every journal entry counted, whatever DESTROY said.)
+// handles that never existed (each DESTROY answers EINVAL) recovers 0: an
+// entry counts only when its DESTROY succeeds.
 func TestRecoveredCountsConfirmedDestroys(t *testing.T) {
 	left := []journalEntry{{kindQP, 9}, {kindCQ, 8}, {kindMR, 7}, {kindPD, 6}, {kindBind, 5}}
 	none := destroyLeftovers(left, func(journalEntry) error { return syscall.EINVAL })
@@ -515,7 +514,7 @@ func newEventPollSet() *eventPollSet { return event.NewPollSet[int]() }
 func newEventWaitSet() (*eventWaitSet, error) { return event.NewWaitSet(event.Chan) }
 
 // CQ.Stats is safe beside the poller: another goroutine reads it while the
-// CQ is polled (on today's tree, a data race under -race), and the counts
+// CQ is polled (no data race under -race), and the counts
 // it returns never run backwards and end exact.
 func TestCQStatsBesidePoller(t *testing.T) {
 	f := newFixture(t, RC, 64)

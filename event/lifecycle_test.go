@@ -12,12 +12,12 @@ import (
 )
 
 // Rule: Wait never outlives its ctx. Wait on a Chan set takes the token to
-// see that the set is signaled and leaves it set; it used to put the token
-// back with a blocking send. A Wake that claimed the flag before a
-// TryWait's reset sends its token late, under the lowered flag: when that
-// send lands between Wait's receive and its put-back, the channel is full
-// and the put-back blocked for good, deaf to ctx (1 in 3 000 to 1 in
-// 100 000 tries with free-running wakers). Here the late sender is a
+// see that the set is signaled and leaves it set by putting the token back
+// without blocking. A Wake that claimed the flag before a TryWait's reset
+// sends its token late, under the lowered flag: when that send lands
+// between Wait's receive and its put-back, the channel is full, and a
+// blocking put-back would wait for good, deaf to ctx (with free-running
+// wakers, 1 try in 3 000 to 100 000 meets it). Here the late sender is a
 // goroutine parked on the full channel while Wait takes the token, which
 // hands the sender's token into the buffer at the receive: the put-back
 // meets a full channel every time the sender parked first.
@@ -73,8 +73,8 @@ func TestWaitNeverOutlivesItsCtxWhenALateWakeFillsTheChannel(t *testing.T) {
 
 // Rule: the fd FD hands out is the caller's own dup. Closing it leaves the
 // set working: events still raise its wait object and the next FD, and a
-// Wait with nothing pending sleeps until its ctx ends (it used to get nil
-// at once, forever: a silent spin on the closed number).
+// Wait with nothing pending sleeps until its ctx ends, rather than
+// returning nil at once on the closed number (a silent spin).
 func TestWaitSetFDIsTheCallersToCloseAndTheSetStillWorks(t *testing.T) {
 	f := &fakeSource{syncer: &fakeSyncer{}}
 	ws := newSetWith(t, FD, f)
@@ -110,7 +110,7 @@ func fdOpen(fd int) bool {
 
 // Rule: closing one set's FD cannot hurt another. The caller closes set
 // A's fd; set B's eventfd may then take that number; A's Close must not
-// close it (it used to: A's fd was A's own, closed twice).
+// close it (A's fd is the caller's, and closing it again would close B's).
 func TestClosingOneSetsFDLeavesAnotherSetUnaffected(t *testing.T) {
 	a, err := NewWaitSet(FD)
 	require.NoError(t, err)
@@ -282,8 +282,8 @@ func TestWaitRacingCloseReturnsErrClosedAndCloseReleasesEveryWaiter(t *testing.T
 	}
 }
 
-// Rule: the zero value of Counter is ready to use, like am.Counter's (it
-// used to panic on its first Read); so is the zero PollSet.
+// Rule: the zero value of Counter is ready to use, like am.Counter's: its
+// first Read returns 0 and no panic; so is the zero PollSet.
 func TestZeroCounterAndPollSetAreReady(t *testing.T) {
 	var c Counter
 	v, err := c.Read()

@@ -17,8 +17,9 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// Tests that pin down rules a mutation run found unguarded: each one fails
-// when the fault named in its comment is planted in the package's code.
+// Tests that pin down rules no other test guards: each one fails when the
+// fault its comment names ("Fault caught: ...") is planted in the
+// package's code.
 
 // asleepInSignalWait waits until n goroutines are parked in the select of
 // signal.wait: asleep on the wait object, past every check that comes

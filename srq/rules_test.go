@@ -10,8 +10,9 @@ import (
 	"github.com/vfrdma/vfrdma/wq"
 )
 
-// Tests that pin down rules a mutation run found unguarded: each one fails
-// when the fault named in its comment is planted in the package's code.
+// Tests that pin down rules no other test guards: each one fails when the
+// fault its comment names ("Fault caught: ...") is planted in the
+// package's code.
 
 // Rule: a low watermark equal to the depth is accepted, at creation and by
 // SetLowWatermark; only one above the depth is refused (ErrInvalid).

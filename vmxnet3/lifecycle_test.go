@@ -33,8 +33,8 @@ func noFault(f func()) (err error) {
 }
 
 // After Close every call that can fail returns ErrClosed, and none touches
-// the memory or registers Close freed (today's tree: Send faulted in
-// checkLink reading the unmapped shared area). A second Close returns nil.
+// the memory or registers Close freed (Send's link check reads no unmapped
+// shared area). A second Close returns nil.
 func TestNICCallsAfterCloseReturnErrClosed(t *testing.T) {
 	n, f := newTestNIC(t, nil)
 	require.NoError(t, n.Close())

@@ -12,8 +12,9 @@ import (
 	"github.com/vfrdma/vfrdma/wq"
 )
 
-// Tests that pin down rules a mutation run found unguarded: each one fails
-// when the fault named in its comment is planted in the package's code.
+// Tests that pin down rules no other test guards: each one fails when the
+// fault its comment names ("Fault caught: ...") is planted in the
+// package's code.
 
 // failingRegister is a doorbell register whose stores fail while err is
 // set (a revoked BAR, say); it counts the stores that succeeded.
