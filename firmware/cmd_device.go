@@ -50,7 +50,7 @@ func (r QueryPortRequest) Encode(b []byte) error {
 type PortAttr struct {
 	State         uint32 `json:"state"`   // Port* constants
 	MaxMTU        uint32 `json:"max_mtu"` // MTU* constants
-	ActiveMTU     uint32 `json:"active_m_t_u"`
+	ActiveMTU     uint32 `json:"active_mtu"`
 	GIDTblLen     uint32 `json:"gid_tbl_len"`
 	PortCapFlags  uint32 `json:"port_cap_flags"`
 	MaxMsgSz      uint32 `json:"max_msg_sz"`

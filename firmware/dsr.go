@@ -188,7 +188,7 @@ type Caps struct {
 	MaxFABitBoundary      uint32 `json:"max_fa_bit_boundary"`
 	LogMaxAtomicInlineArg uint32 `json:"log_max_atomic_inline_arg"`
 	VendorID              uint32 `json:"vendor_id"`
-	VendorPartID          uint32 `json:"vendor_part_i_d"`
+	VendorPartID          uint32 `json:"vendor_part_id"`
 	HWVer                 uint32 `json:"hw_ver"`
 	MaxQP                 uint32 `json:"max_qp"`
 	MaxQPWR               uint32 `json:"max_qp_wr"`
@@ -214,7 +214,7 @@ type Caps struct {
 	MaxTotalMcastQPAttach uint32 `json:"max_total_mcast_qp_attach"`
 	MaxAH                 uint32 `json:"max_ah"`
 	MaxFMR                uint32 `json:"max_fmr"`
-	MaxMapPerFMR          uint32 `json:"max_map_per_f_m_r"`
+	MaxMapPerFMR          uint32 `json:"max_map_per_fmr"`
 	MaxSRQ                uint32 `json:"max_srq"`
 	MaxSRQWR              uint32 `json:"max_srq_wr"`
 	MaxSRQSGE             uint32 `json:"max_srq_sge"`

@@ -1,9 +1,12 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
 	"io"
+	"reflect"
 	"slices"
 	"strings"
 	"time"
@@ -13,125 +16,166 @@ import (
 )
 
 // infoAbout is info's help beyond its summary: the JSON's forms.
-const infoAbout = `With --json, one object: the device's attributes under ibv_devinfo -v's
-names (fw_ver, node_guid, vendor_part_id, max_qp_wr, max_map_per_fmr, ...),
-then PVRDMA's own capabilities ibv_devinfo does not show, then "ports" (per
-port: state, max_mtu, active_mtu, link_layer, ..., gids), "quirks" and
-"srq". GUIDs are strings in ibv_devinfo's form "xxxx:xxxx:xxxx:xxxx";
-64-bit values (max_mr_size, page_size_cap, atomic_arg_sizes) are "0x..."
-strings, as ibv_devinfo prints them; other numbers are numbers;
-enumerations are the names ibv_devinfo prints without its "(code)":
-"PORT_ACTIVE", "1024", "Ethernet", "1X", "2.5 Gbps", "LINK_UP",
-"ATOMIC_HCA", and "unknown (N)" for a code it has no name for.`
+const infoAbout = `With --json, one object: bdf, interface_version and transport; then
+every capability the device reported, under ibv_devinfo -v's names where
+it prints one (fw_ver, node_guid, vendor_part_id, max_qp_wr,
+max_map_per_fmr, ..., with atomic_cap beside atomic_ops) and the
+capabilities' own names for the others (the device's gid_tbl_len is
+max_gid_tbl_len); then "ports" (per port: state, max_mtu, active_mtu,
+link_layer, ..., gids), "quirks" and "srq". GUIDs are strings in
+ibv_devinfo's form "xxxx:xxxx:xxxx:xxxx"; 64-bit values (max_mr_size,
+page_size_cap, atomic_arg_sizes) are "0x..." strings, as ibv_devinfo
+prints them; other numbers are numbers; enumerations are the names
+ibv_devinfo prints without its "(code)": "PORT_ACTIVE", "1024",
+"Ethernet", "1X", "2.5 Gbps", "LINK_UP", "ATOMIC_HCA", and "unknown (N)"
+for a code it has no name for.`
 
-// infoDoc is what `pvctl info --json` prints (infoAbout says its forms):
-// first the device's attributes under the names ibv_devinfo -v prints
-// (rdma-core's examples/devinfo.c), then PVRDMA's capabilities that have
-// no ibv_device_attr field, then the ports and what is vfrdma's own. Every
-// key appears once in the document.
+// infoDoc is what `pvctl info` shows (infoAbout says the JSON's forms).
+// Its JSON holds the firmware structs' fields under their JSON tags, in
+// their order, through the views below: a new field of firmware.Caps,
+// PortAttr or Quirks shows up without a change here.
 type infoDoc struct {
-	BDF              string `json:"bdf"`
-	InterfaceVersion uint32 `json:"interface_version"` // the VERSION register
-	Transport        string `json:"transport"`
-	FWVer            string `json:"fw_ver"`
-	NodeGUID         string `json:"node_guid"`
-	SysImageGUID     string `json:"sys_image_guid"`
-	VendorID         uint32 `json:"vendor_id"`
-	VendorPartID     uint32 `json:"vendor_part_id"`
-	HWVer            uint32 `json:"hw_ver"`
-	PhysPortCnt      uint8  `json:"phys_port_cnt"`
-	MaxMRSize        string `json:"max_mr_size"`
-	PageSizeCap      string `json:"page_size_cap"`
-	MaxQP            uint32 `json:"max_qp"`
-	MaxQPWR          uint32 `json:"max_qp_wr"`
-	DeviceCapFlags   uint32 `json:"device_cap_flags"`
-	MaxSGE           uint32 `json:"max_sge"`
-	MaxSGERD         uint32 `json:"max_sge_rd"`
-	MaxCQ            uint32 `json:"max_cq"`
-	MaxCQE           uint32 `json:"max_cqe"`
-	MaxMR            uint32 `json:"max_mr"`
-	MaxPD            uint32 `json:"max_pd"`
-	MaxQPRDAtom      uint32 `json:"max_qp_rd_atom"`
-	MaxEERDAtom      uint32 `json:"max_ee_rd_atom"`
-	MaxResRDAtom     uint32 `json:"max_res_rd_atom"`
-	MaxQPInitRDAtom  uint32 `json:"max_qp_init_rd_atom"`
-	MaxEEInitRDAtom  uint32 `json:"max_ee_init_rd_atom"`
-	AtomicCap        string `json:"atomic_cap"`
-	MaxEE            uint32 `json:"max_ee"`
-	MaxRDD           uint32 `json:"max_rdd"`
-	MaxMW            uint32 `json:"max_mw"`
-	MaxRawIPv6QP     uint32 `json:"max_raw_ipv6_qp"`
-	MaxRawEthyQP     uint32 `json:"max_raw_ethy_qp"`
-	MaxMcastGrp      uint32 `json:"max_mcast_grp"`
-	MaxMcastQPAttach uint32 `json:"max_mcast_qp_attach"`
-	MaxTotalMcast    uint32 `json:"max_total_mcast_qp_attach"`
-	MaxAH            uint32 `json:"max_ah"`
-	MaxFMR           uint32 `json:"max_fmr"`
-	MaxMapPerFMR     uint32 `json:"max_map_per_fmr"`
-	MaxSRQ           uint32 `json:"max_srq"`
-	MaxSRQWR         uint32 `json:"max_srq_wr"`
-	MaxSRQSGE        uint32 `json:"max_srq_sge"`
-	MaxPKeys         uint16 `json:"max_pkeys"`
-	LocalCAAckDelay  uint8  `json:"local_ca_ack_delay"`
-
-	// PVRDMA's capabilities (the DSR's caps) that ibv_devinfo does not
-	// print. MaxGIDTblLen is the caps' gid_tbl_len (the port has its
-	// own); AtomicOps the CAS (1) and fetch-and-add (2) bits atomic_cap
-	// is made from, as Linux's vmw_pvrdma makes it.
-	MaxUAR                uint32   `json:"max_uar"`
-	MaxGIDTblLen          uint32   `json:"max_gid_tbl_len"`
-	GIDTypes              []string `json:"gid_types"`
-	AtomicOps             uint8    `json:"atomic_ops"`
-	AtomicArgSizes        string   `json:"atomic_arg_sizes"`
-	BMMEFlags             uint8    `json:"bmme_flags"`
-	ExCompMask            uint32   `json:"ex_comp_mask"`
-	DeviceCapFlags2       uint32   `json:"device_cap_flags2"`
-	MaxFABitBoundary      uint32   `json:"max_fa_bit_boundary"`
-	LogMaxAtomicInlineArg uint32   `json:"log_max_atomic_inline_arg"`
-	MaxFastRegPageListLen uint32   `json:"max_fast_reg_page_list_len"`
-
-	Ports     []portDoc `json:"ports"`
-	Quirks    quirksDoc `json:"quirks"`
-	SRQ       srqInfo   `json:"srq"`
-	Recovered int       `json:"recovered_objects,omitempty"`
-
-	mode uint8 // the caps' mode, for the text
+	bdf       string
+	version   uint32 // the VERSION register
+	caps      firmware.Caps
+	port      firmware.PortAttr
+	gids      []string // by index: the one the driver binds, index 0
+	quirks    firmware.Quirks
+	srq       srqInfo
+	recovered int
 }
 
-// portDoc is one port in infoDoc, under ibv_devinfo -v's names.
-type portDoc struct {
-	Port          int      `json:"port"`
-	State         string   `json:"state"`
-	MaxMTU        string   `json:"max_mtu"`
-	ActiveMTU     string   `json:"active_mtu"`
-	SMLID         uint16   `json:"sm_lid"`
-	PortLID       uint16   `json:"port_lid"`
-	PortLMC       uint8    `json:"port_lmc"`
-	LinkLayer     string   `json:"link_layer"`
-	MaxMsgSz      uint32   `json:"max_msg_sz"`
-	PortCapFlags  uint32   `json:"port_cap_flags"`
-	MaxVLNum      string   `json:"max_vl_num"`
-	BadPKeyCntr   uint32   `json:"bad_pkey_cntr"`
-	QKeyViolCntr  uint32   `json:"qkey_viol_cntr"`
-	SMSL          uint8    `json:"sm_sl"`
-	PKeyTblLen    uint16   `json:"pkey_tbl_len"`
-	GIDTblLen     uint32   `json:"gid_tbl_len"`
-	SubnetTimeout uint8    `json:"subnet_timeout"`
-	InitTypeReply uint8    `json:"init_type_reply"`
-	ActiveWidth   string   `json:"active_width"`
-	ActiveSpeed   string   `json:"active_speed"`
-	PhysState     string   `json:"phys_state"`
-	GIDs          []string `json:"gids"` // by index: the one the driver binds, index 0
+// A view says how info shows a firmware field, by its JSON tag: under
+// another key (ibv_devinfo's name, or one that keeps keys unique), in
+// another form, or not at all. A field without a view is shown as it is,
+// under its tag.
+type view struct {
+	key  string                  // "" for the tag; "-" to leave the field out
+	form func(reflect.Value) any // nil for the value as it is
 }
 
-// quirksDoc is the driver's view of the device's deviations (vfrdma.Quirks
-// without its version, which is interface_version).
-type quirksDoc struct {
-	Emulated          bool   `json:"emulated"`
-	SRQSwap           string `json:"srq_swap"`
-	NoAsyncEvents     bool   `json:"no_async_events"`
-	CQArmBoth         bool   `json:"cq_arm_both"`
-	UnquiesceKeepsErr bool   `json:"unquiesce_keeps_err"`
+// capsViews are the capabilities shown other than as they are.
+var capsViews = map[string]view{
+	"fw_ver":           {form: func(v reflect.Value) any { return (&firmware.Caps{FWVer: v.Uint()}).FWVersion() }},
+	"node_guid":        {form: func(v reflect.Value) any { return guid(v.Uint()) }},
+	"sys_image_guid":   {form: func(v reflect.Value) any { return guid(v.Uint()) }},
+	"max_mr_size":      {form: func(v reflect.Value) any { return hex64(v.Uint()) }},
+	"page_size_cap":    {form: func(v reflect.Value) any { return hex64(v.Uint()) }},
+	"atomic_arg_sizes": {form: func(v reflect.Value) any { return hex64(v.Uint()) }},
+	"gid_tbl_len":      {key: "max_gid_tbl_len"}, // the port's is gid_tbl_len
+	"gid_types":        {form: func(v reflect.Value) any { return gidTypeNames(uint8(v.Uint())) }},
+	"mode":             {key: "-"}, // shown as transport and link_layer
+}
+
+// portViews are the port attributes shown other than as they are.
+var portViews = map[string]view{
+	"state":        {form: func(v reflect.Value) any { return portStateName(uint32(v.Uint())) }},
+	"max_mtu":      {form: func(v reflect.Value) any { return enumName(mtuNames, uint32(v.Uint())) }},
+	"active_mtu":   {form: func(v reflect.Value) any { return enumName(mtuNames, uint32(v.Uint())) }},
+	"lid":          {key: "port_lid"},
+	"lmc":          {key: "port_lmc"},
+	"max_vl_num":   {form: func(v reflect.Value) any { return enumName(vlNames, uint32(v.Uint())) }},
+	"active_width": {form: func(v reflect.Value) any { return enumName(widthNames, uint32(v.Uint())) }},
+	"active_speed": {form: func(v reflect.Value) any { return enumName(speedNames, uint32(v.Uint())) }},
+	"phys_state":   {form: func(v reflect.Value) any { return enumName(physStateNames, uint32(v.Uint())) }},
+}
+
+// quirksViews: the version is interface_version.
+var quirksViews = map[string]view{"version": {key: "-"}}
+
+// object is a JSON object whose members keep the order they were added in.
+type object []member
+
+type member struct {
+	key   string
+	value any
+}
+
+func (o *object) add(key string, value any) { *o = append(*o, member{key, value}) }
+
+// MarshalJSON writes the members in order; a key twice is an error.
+func (o object) MarshalJSON() ([]byte, error) {
+	var b bytes.Buffer
+	b.WriteByte('{')
+	seen := make(map[string]bool, len(o))
+	for i, m := range o {
+		if seen[m.key] {
+			return nil, fmt.Errorf("key %q twice in one object", m.key)
+		}
+		seen[m.key] = true
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		k, err := json.Marshal(m.key)
+		if err != nil {
+			return nil, err
+		}
+		v, err := json.Marshal(m.value)
+		if err != nil {
+			return nil, fmt.Errorf("%s: %w", m.key, err)
+		}
+		b.Write(k)
+		b.WriteByte(':')
+		b.Write(v)
+	}
+	b.WriteByte('}')
+	return b.Bytes(), nil
+}
+
+// addFields adds the fields of s, a struct, under their JSON tags, in
+// their order, each through its view. after, if it names a key, is called
+// once that key is added.
+func (o *object) addFields(s any, views map[string]view, after map[string]func()) {
+	v := reflect.ValueOf(s)
+	for i := range v.NumField() {
+		f := v.Type().Field(i)
+		tag, _, _ := strings.Cut(f.Tag.Get("json"), ",")
+		if !f.IsExported() || tag == "" || tag == "-" {
+			continue
+		}
+		key, value := tag, v.Field(i).Interface()
+		if vw, ok := views[tag]; ok {
+			if vw.key == "-" {
+				continue
+			}
+			if vw.key != "" {
+				key = vw.key
+			}
+			if vw.form != nil {
+				value = vw.form(v.Field(i))
+			}
+		}
+		o.add(key, value)
+		if fn := after[key]; fn != nil {
+			fn()
+		}
+	}
+}
+
+// MarshalJSON writes the document infoAbout describes.
+func (d *infoDoc) MarshalJSON() ([]byte, error) {
+	transport, link := transportAndLink(d.caps.Mode)
+	var doc object
+	doc.add("bdf", d.bdf)
+	doc.add("interface_version", d.version)
+	doc.add("transport", transport)
+	doc.addFields(d.caps, capsViews, map[string]func(){
+		"atomic_ops": func() { doc.add("atomic_cap", atomicCap(d.caps.AtomicOps)) },
+	})
+	var port object
+	port.add("port", 1)
+	port.addFields(d.port, portViews, nil)
+	port.add("link_layer", link)
+	port.add("gids", d.gids)
+	doc.add("ports", []object{port})
+	var quirks object
+	quirks.addFields(d.quirks, quirksViews, nil)
+	doc.add("quirks", quirks)
+	doc.add("srq", d.srq)
+	if d.recovered > 0 {
+		doc.add("recovered_objects", d.recovered)
+	}
+	return json.Marshal(doc)
 }
 
 // The names ibv_devinfo prints for the codes of the port's and device's
@@ -205,41 +249,10 @@ func gidTypeNames(mask uint8) []string {
 
 // newInfoDoc makes info's document from what the device reported.
 func newInfoDoc(d *vfrdma.Device, port vfrdma.PortAttr) infoDoc {
-	c, q := d.Caps(), d.Quirks()
-	transport, link := transportAndLink(c.Mode)
 	return infoDoc{
-		BDF: d.Name(), InterfaceVersion: d.Version(), Transport: transport, FWVer: c.FWVersion(),
-		NodeGUID: guid(c.NodeGUID), SysImageGUID: guid(c.SysImageGUID),
-		VendorID: c.VendorID, VendorPartID: c.VendorPartID, HWVer: c.HWVer, PhysPortCnt: c.PhysPortCnt,
-		MaxMRSize: hex64(c.MaxMRSize), PageSizeCap: hex64(c.PageSizeCap),
-		MaxQP: c.MaxQP, MaxQPWR: c.MaxQPWR, DeviceCapFlags: c.DeviceCapFlags, MaxSGE: c.MaxSGE, MaxSGERD: c.MaxSGERD,
-		MaxCQ: c.MaxCQ, MaxCQE: c.MaxCQE, MaxMR: c.MaxMR, MaxPD: c.MaxPD,
-		MaxQPRDAtom: c.MaxQPRDAtom, MaxEERDAtom: c.MaxEERDAtom, MaxResRDAtom: c.MaxResRDAtom,
-		MaxQPInitRDAtom: c.MaxQPInitRDAtom, MaxEEInitRDAtom: c.MaxEEInitRDAtom, AtomicCap: atomicCap(c.AtomicOps),
-		MaxEE: c.MaxEE, MaxRDD: c.MaxRDD, MaxMW: c.MaxMW, MaxRawIPv6QP: c.MaxRawIPv6QP, MaxRawEthyQP: c.MaxRawEthyQP,
-		MaxMcastGrp: c.MaxMcastGrp, MaxMcastQPAttach: c.MaxMcastQPAttach, MaxTotalMcast: c.MaxTotalMcastQPAttach,
-		MaxAH: c.MaxAH, MaxFMR: c.MaxFMR, MaxMapPerFMR: c.MaxMapPerFMR,
-		MaxSRQ: c.MaxSRQ, MaxSRQWR: c.MaxSRQWR, MaxSRQSGE: c.MaxSRQSGE, MaxPKeys: c.MaxPKeys, LocalCAAckDelay: c.LocalCAAckDelay,
-
-		MaxUAR: c.MaxUAR, MaxGIDTblLen: c.GIDTblLen, GIDTypes: gidTypeNames(c.GIDTypes), AtomicOps: c.AtomicOps,
-		AtomicArgSizes: hex64(c.AtomicArgSizes), BMMEFlags: c.BMMEFlags, ExCompMask: c.ExCompMask,
-		DeviceCapFlags2: c.DeviceCapFlags2, MaxFABitBoundary: c.MaxFABitBoundary,
-		LogMaxAtomicInlineArg: c.LogMaxAtomicInlineArg, MaxFastRegPageListLen: c.MaxFastRegPageListLen,
-
-		Ports: []portDoc{{
-			Port: 1, State: portStateName(port.State), MaxMTU: enumName(mtuNames, port.MaxMTU), ActiveMTU: enumName(mtuNames, port.ActiveMTU),
-			SMLID: port.SMLID, PortLID: port.LID, PortLMC: port.LMC, LinkLayer: link, MaxMsgSz: port.MaxMsgSz,
-			PortCapFlags: port.PortCapFlags, MaxVLNum: enumName(vlNames, uint32(port.MaxVLNum)),
-			BadPKeyCntr: port.BadPKeyCntr, QKeyViolCntr: port.QKeyViolCntr, SMSL: port.SMSL, PKeyTblLen: port.PKeyTblLen,
-			GIDTblLen: port.GIDTblLen, SubnetTimeout: port.SubnetTimeout, InitTypeReply: port.InitTypeReply,
-			ActiveWidth: enumName(widthNames, uint32(port.ActiveWidth)), ActiveSpeed: enumName(speedNames, uint32(port.ActiveSpeed)),
-			PhysState: enumName(physStateNames, uint32(port.PhysState)), GIDs: []string{d.GID().String()},
-		}},
-		Quirks: quirksDoc{Emulated: q.Emulated, SRQSwap: q.SRQSwap.String(), NoAsyncEvents: q.NoAsyncEvents,
-			CQArmBoth: q.CQArmBoth, UnquiesceKeepsErr: q.UnquiesceKeepsErr},
-		SRQ:       newSRQInfo(d),
-		Recovered: d.Recovered(),
-		mode:      c.Mode,
+		bdf: d.Name(), version: d.Version(), caps: d.Caps(), port: port,
+		gids: []string{d.GID().String()}, quirks: d.Quirks(),
+		srq: newSRQInfo(d), recovered: d.Recovered(),
 	}
 }
 
@@ -314,7 +327,7 @@ func cmdInfo(e *env, args []string) error {
 		return err
 	}
 	if e.json {
-		return e.printJSON(doc)
+		return e.printJSON(&doc)
 	}
 	printInfo(e.out, &doc)
 	return nil
@@ -325,54 +338,55 @@ func guid(v uint64) string {
 }
 
 func printInfo(w io.Writer, d *infoDoc) {
-	p := &d.Ports[0]
+	c, p := &d.caps, &d.port
+	transport, link := transportAndLink(c.Mode)
 	rows := []struct {
 		k string
 		v any
 	}{
-		{"hca_id", "pvrdma " + d.BDF},
-		{"interface version", d.InterfaceVersion},
-		{"transport", d.Transport},
-		{"fw_ver", d.FWVer},
-		{"node_guid", d.NodeGUID},
-		{"sys_image_guid", d.SysImageGUID},
-		{"phys_port_cnt", d.PhysPortCnt},
-		{"max_mr_size", d.MaxMRSize},
-		{"max_qp", d.MaxQP},
-		{"max_qp_wr", d.MaxQPWR},
-		{"max_sge", d.MaxSGE},
-		{"max_cq", d.MaxCQ},
-		{"max_cqe", d.MaxCQE},
-		{"max_mr", d.MaxMR},
-		{"max_pd", d.MaxPD},
-		{"max_ah", d.MaxAH},
-		{"max_srq", d.MaxSRQ},
-		{"max_srq_wr", d.MaxSRQWR},
-		{"max_srq_sge", d.MaxSRQSGE},
-		{"max_pkeys", d.MaxPKeys},
-		{"atomic_cap", d.AtomicCap},
-		{"gid_tbl_len", d.MaxGIDTblLen},
-		{"gid_types", strings.Join(d.GIDTypes, ", ")},
-		{"mode", map[uint8]string{0: "RoCE", 1: "iWARP", 2: "InfiniBand"}[d.mode]},
-		{"port 1 state", p.State},
-		{"port 1 max_mtu", p.MaxMTU},
-		{"port 1 active_mtu", p.ActiveMTU},
-		{"port 1 link_layer", p.LinkLayer},
+		{"hca_id", "pvrdma " + d.bdf},
+		{"interface version", d.version},
+		{"transport", transport},
+		{"fw_ver", c.FWVersion()},
+		{"node_guid", guid(c.NodeGUID)},
+		{"sys_image_guid", guid(c.SysImageGUID)},
+		{"phys_port_cnt", c.PhysPortCnt},
+		{"max_mr_size", hex64(c.MaxMRSize)},
+		{"max_qp", c.MaxQP},
+		{"max_qp_wr", c.MaxQPWR},
+		{"max_sge", c.MaxSGE},
+		{"max_cq", c.MaxCQ},
+		{"max_cqe", c.MaxCQE},
+		{"max_mr", c.MaxMR},
+		{"max_pd", c.MaxPD},
+		{"max_ah", c.MaxAH},
+		{"max_srq", c.MaxSRQ},
+		{"max_srq_wr", c.MaxSRQWR},
+		{"max_srq_sge", c.MaxSRQSGE},
+		{"max_pkeys", c.MaxPKeys},
+		{"atomic_cap", atomicCap(c.AtomicOps)},
+		{"gid_tbl_len", c.GIDTblLen},
+		{"gid_types", strings.Join(gidTypeNames(c.GIDTypes), ", ")},
+		{"mode", map[uint8]string{0: "RoCE", 1: "iWARP", 2: "InfiniBand"}[c.Mode]},
+		{"port 1 state", portStateName(p.State)},
+		{"port 1 max_mtu", enumName(mtuNames, p.MaxMTU)},
+		{"port 1 active_mtu", enumName(mtuNames, p.ActiveMTU)},
+		{"port 1 link_layer", link},
 		{"port 1 max_msg_sz", fmt.Sprintf("0x%x", p.MaxMsgSz)},
 		{"port 1 gid_tbl_len", p.GIDTblLen},
 		{"port 1 pkey_tbl_len", p.PKeyTblLen},
-		{"port 1 active_width", p.ActiveWidth},
-		{"port 1 active_speed", p.ActiveSpeed},
-		{"port 1 GID[0]", p.GIDs[0]},
-		{"srq max depth", d.SRQ.depthText()},
-		{"srq depth limit", d.SRQ.limitText()},
-		{"srq low watermark", "raised by " + d.SRQ.LimitEvents},
-		{"quirks", fmt.Sprintf("emulated=%v cq_arm_both=%v no_async_events=%v", d.Quirks.Emulated, d.Quirks.CQArmBoth, d.Quirks.NoAsyncEvents)},
+		{"port 1 active_width", enumName(widthNames, uint32(p.ActiveWidth))},
+		{"port 1 active_speed", enumName(speedNames, uint32(p.ActiveSpeed))},
+		{"port 1 GID[0]", d.gids[0]},
+		{"srq max depth", d.srq.depthText()},
+		{"srq depth limit", d.srq.limitText()},
+		{"srq low watermark", "raised by " + d.srq.LimitEvents},
+		{"quirks", fmt.Sprintf("emulated=%v cq_arm_both=%v no_async_events=%v", d.quirks.Emulated, d.quirks.CQArmBoth, d.quirks.NoAsyncEvents)},
 	}
 	for _, r := range rows {
 		fmt.Fprintf(w, "%-22s %v\n", r.k+":", r.v)
 	}
-	if d.Recovered > 0 {
-		fmt.Fprintf(w, "%-22s %d (left by a process that died holding the device)\n", "recovered objects:", d.Recovered)
+	if d.recovered > 0 {
+		fmt.Fprintf(w, "%-22s %d (left by a process that died holding the device)\n", "recovered objects:", d.recovered)
 	}
 }

@@ -194,7 +194,7 @@ func TestEthJSONKeys(t *testing.T) {
 
 // The key checks catch what they are for: a camel-case conversion's keys,
 // a GUID as a number, one key at two places.
-func TestJSONKeyChecksCatchTheOldForms(t *testing.T) {
+func TestJSONKeyChecksCatchSplitInitialismsNumericGUIDsAndRepeatedKeys(t *testing.T) {
 	for _, doc := range []string{
 		`{"port": {"active_m_t_u": 3}}`,
 		`{"vendor_part_i_d": 1}`,
