@@ -489,7 +489,7 @@ func (cq *CQ) dropReap(qp *QP) {
 			kept = append(kept, q)
 		}
 	}
-	clear(cq.reaps[len(kept):]) // mutation: equivalent — removed: the QPs dropped would only be kept from the collector longer
+	clear(cq.reaps[len(kept):])
 	cq.reaps = kept
 }
 
@@ -515,7 +515,7 @@ func (cq *CQ) reap() {
 			kept = append(kept, qp) // in place: no allocation
 		}
 	}
-	clear(cq.reaps[len(kept):]) // mutation: equivalent — removed: the QPs dropped would only be kept from the collector longer
+	clear(cq.reaps[len(kept):])
 	cq.reaps = kept
 	if len(kept) == 0 {
 		cq.reapPending.Store(false)
@@ -645,11 +645,11 @@ func (cq *CQ) emitFlushes(wcs []WC) int {
 // every one, or once per the device's pace (Options.PollPace).
 func (cq *CQ) pollDue() bool {
 	pace := cq.d.pollPace
-	if pace <= 0 { // mutation: equivalent — a bound of 1 ns instead: a pace of 1 ns lets every poll through anyway
+	if pace <= 0 {
 		return true
 	}
 	now := time.Now()
-	if now.Sub(cq.lastPoll) < pace { // mutation: equivalent — <= instead: differs only when exactly a pace has passed, to the ns
+	if now.Sub(cq.lastPoll) < pace {
 		return false
 	}
 	cq.lastPoll = now
@@ -737,7 +737,7 @@ func (cq *CQ) Wait(ctx context.Context) error {
 func (cq *CQ) spin(ctx context.Context, d time.Duration) (bool, error) {
 	ok, err := event.Spin(ctx, d, func() (bool, error) {
 		if !cq.enter() {
-			return false, ErrClosed // mutation: equivalent — true instead: beside an error the bool is dropped (the switch below returns on the error)
+			return false, ErrClosed
 		}
 		ok, _ := cq.ready()
 		cq.gate.Exit()

@@ -271,7 +271,7 @@ func (c *Context) dead(err error) {
 	for _, cn := range c.conns {
 		c.fail(cn, err)
 	}
-	c.notify() // mutation: equivalent — each fail above notifies, unless its task had failed before, and then every waiter's condition (no message pending, a task failed) already holds
+	c.notify()
 }
 
 // sendDone frees a send's slot; a failed send purges its task (an RC send
@@ -389,7 +389,7 @@ func (c *Context) take(cn *conn, b []byte) {
 	}
 	if h.kind != kindFrag {
 		cn.rxNext++
-		if k := h.rideAcks(); k > 0 { // mutation: equivalent — >= instead: with k == 0 acked takes an empty list, which changes nothing
+		if k := h.rideAcks(); k > 0 {
 			if err := c.acked(cn, b[24:24+4*k]); err != nil {
 				c.mu.Unlock()
 				c.refuse(cn, err)

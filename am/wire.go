@@ -125,7 +125,7 @@ func (h *header) parse(b []byte, maxMessage, maxUHdr int) error {
 		// Each term on its own, so that no sum can wrap around: the offset
 		// test keeps length-offset from wrapping.
 		if body == 0 || h.length > uint64(maxMessage) ||
-			h.offset >= h.length || // mutation: equivalent — with > instead, an offset equal to the length is refused by the next term (a body of at least one byte)
+			h.offset >= h.length ||
 			body > h.length-h.offset {
 			return fmt.Errorf("%w: fragment of %d bytes at %d of a %d-byte message (maximum %d)", errProtocol, body, h.offset, h.length, maxMessage)
 		}

@@ -245,7 +245,7 @@ func (c *Counter) Ready(arm bool, mark *uint64) (bool, error) {
 	}
 	for _, d := range c.driven() {
 		if _, err := d.Progress(); err != nil {
-			return false, err // mutation: equivalent — true instead: with an error the bool means nothing, and every caller (TryWait, Wait, Poll) returns the error first
+			return false, err
 		}
 		if arm {
 			// An event that lands between the progress and the arming
@@ -380,7 +380,7 @@ func (c *Counter) ownSet() (*WaitSet, error) {
 	if err != nil {
 		return nil, err
 	}
-	if err := ws.Add(c); err != nil { // mutation: equivalent — Add fails only on a counter closed meanwhile, and the closed check below then closes the set and returns ErrClosed too
+	if err := ws.Add(c); err != nil {
 		_ = ws.Close()
 		return nil, err
 	}

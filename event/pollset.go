@@ -237,10 +237,10 @@ func (ps *PollSet[C]) Poll(out []C) (int, error) {
 	if idleAfter == 0 {
 		idleAfter = DefaultIdleAfter
 	}
-	n, idled := 0, false // mutation: equivalent — starting true only compacts a list with nothing idled: the same list, more work
+	n, idled := 0, false
 	h := len(ps.hot)
 	start := ps.cursor
-	if start >= h { // mutation: equivalent — with > instead, a start of h wraps to slot k on the first step, as a start of 0 would
+	if start >= h {
 		start = 0
 	}
 	for k := 0; k < h && n < len(out); k++ {

@@ -99,8 +99,8 @@ var one = binary.NativeEndian.AppendUint64(nil, 1)
 // set counts the raise (raised), so that reset can tell a raise it has not
 // drained from none.
 func (s *signal) set() {
-	// mutation: equivalent — dropping "s.on.Load() ||": the CAS alone decides
-	// the same; the Load only spares a locked CAS while the flag is up.
+	// The CAS decides; the Load only spares a locked CAS while the flag
+	// is up.
 	if s.on.Load() || !s.on.CompareAndSwap(false, true) {
 		return
 	}
@@ -170,8 +170,8 @@ func (s *signal) fdOp(what string, op func(fd int) error) {
 		return
 	}
 	err := op(s.efd)
-	// mutation: equivalent — dropping the retry: read and write on a
-	// non-blocking eventfd never sleep, so they never fail with EINTR.
+	// Read and write on a non-blocking eventfd never sleep, so EINTR is
+	// not expected; it is retried all the same.
 	for err == unix.EINTR {
 		err = op(s.efd)
 	}
@@ -180,9 +180,8 @@ func (s *signal) fdOp(what string, op func(fd int) error) {
 	}
 }
 
-// mutation: equivalent — a Store instead of the CompareAndSwap differs only
-// when two uses fail at once, both with EBADF: the error kept differs in its
-// text, not for errors.Is.
+// kill records the error that killed the set: the first, when two uses
+// fail at once.
 func (s *signal) kill(err error) { s.dead.CompareAndSwap(nil, &err) }
 
 // err reports a dead eventfd.
@@ -212,9 +211,8 @@ func (s *signal) dup() (int, error) {
 
 // wait blocks until the signal is set, ctx ends or the signal is closed.
 func (s *signal) wait(ctx context.Context) error {
-	// mutation: equivalent — dropping this check: an ended ctx still wins the
-	// select below, unless a raise landed since TryWait, and then nil is as
-	// right (Wait returns at once either way).
+	// An ended ctx is reported at once, even beside a raise that landed
+	// since TryWait (the select below would take either).
 	if err := ctx.Err(); err != nil {
 		return err
 	}

@@ -19,9 +19,8 @@ func TryWait(ws ...Waiter) error {
 		if err == nil {
 			continue
 		}
-		// mutation: equivalent — dropping !errors.Is(err, ErrAgain) only swaps one
-		// ErrAgain for another: every Waiter (WaitSet, Counter, CQ) returns the
-		// bare sentinel.
+		// The first error that is not ErrAgain wins; an ErrAgain only
+		// until one comes (every Waiter returns the bare sentinel).
 		if first == nil || (errors.Is(first, ErrAgain) && !errors.Is(err, ErrAgain)) {
 			first = err
 		}

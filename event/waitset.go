@@ -273,11 +273,11 @@ func (ws *WaitSet) spinFor(ctx context.Context) (bool, error) {
 // error). It reads the clock and ctx once per 16 looks, and allocates
 // nothing: the spin of CQ.Wait and of a wait set's Wait.
 func Spin(ctx context.Context, d time.Duration, look func() (bool, error)) (bool, error) {
-	if d <= 0 { // mutation: equivalent — with < or a bound of 1 ns instead, a spin of 0 ends at its 16th look
+	if d <= 0 {
 		return false, nil
 	}
 	var deadline time.Time
-	for i := 0; ; i++ { // mutation: equivalent — i-- instead: the clock is read at 0, -16, ... as at 0, 16, ...
+	for i := 0; ; i++ {
 		if ok, err := look(); ok || err != nil {
 			return ok, err
 		}

@@ -26,6 +26,8 @@
 //	-tags T       passed to go list and go test -tags (default none: the host tests)
 //	-min P        exit 1 if the score is below P percent
 //	-faults FILE  run the hand-written faults in FILE instead (see below)
+//	-equivalents FILE
+//	              the equivalent mutants (default internal/tools/mutate/equivalent.txt)
 //
 // # Mutants
 //
@@ -72,13 +74,24 @@
 // # Equivalent mutants
 //
 // Some mutants cannot change behaviour: i < n and i <= n are the same loop
-// when i only ever equals n after the last step, say. Mark such a line
-// with a comment:
+// when i only ever equals n after the last step, say. Such a mutant is
+// named in the tool's own file, internal/tools/mutate/equivalent.txt, not
+// in the code it mutates: one block per mutant, with why no test can tell
+// it apart,
 //
-//	if len(b) >= hdrLen { // mutation: equivalent — b is never shorter than hdrLen here
+//	file:   am/wire.go
+//	func:   (*header).decode
+//	code:   if len(b) >= hdrLen {
+//	change: >= → >
+//	why:    b is never shorter than hdrLen here
 //
-// and its mutants are listed as "equivalent" without being run, and left
-// out of the score. Say why after the dash, for the next reader.
+// and the mutants named are listed as "equivalent" without being run, and
+// left out of the score. A block names one mutant by its package, the
+// declaration around it, a piece of the code around it and its change,
+// not by line number, so it holds while code moves; Mark says the form. Before it runs,
+// the tool reports the blocks of the packages it mutates that name no
+// mutant any more (stale), several, or one in another file, and the
+// package's tests check every block against the module.
 //
 // # Hand-written faults
 //
@@ -168,6 +181,7 @@ func parseFlags(args []string, stderr io.Writer) (Config, float64, error) {
 	fs.DurationVar(&cfg.Timeout, "timeout", 10*time.Minute, "passed to go test -timeout")
 	fs.StringVar(&cfg.Tags, "tags", "", "build tags passed to go list and go test")
 	fs.StringVar(&cfg.Faults, "faults", "", "run the hand-written faults in `FILE` instead of generated mutants")
+	fs.StringVar(&cfg.Marks, "equivalents", "", "the equivalent mutants' `FILE` (default "+defaultMarks+" under the module root)")
 	fs.Float64Var(&min, "min", 0, "exit 1 if the score is below `P` percent")
 	if err := fs.Parse(args); err != nil {
 		return Config{}, 0, err

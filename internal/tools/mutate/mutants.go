@@ -31,10 +31,6 @@ const (
 	OpInt        Op = "int"        // an integer literal n → n+1
 )
 
-// equivalentMarker, in a comment on a line, says the mutants on that line
-// are known to be equivalent: they are listed but neither run nor counted.
-const equivalentMarker = "mutation: equivalent"
-
 // formattingMethods are the methods whose code only formats a value for
 // humans. Tests rarely pin their exact output, and faults there do not
 // change what the driver does, so they are not mutated at all.
@@ -49,9 +45,10 @@ type Mutant struct {
 	Line, Col  int    // where the replaced text starts; Col counts bytes from 1
 	Start, End int    // the replaced bytes of the original source
 	Op         Op
+	Func       string // the declaration it is in: f, T.m, (*T).m, or var v for a package-level initializer
 	Before     string // the original text, src[Start:End]
 	After      string // its replacement; empty deletes it
-	Equivalent bool   // its line is marked "mutation: equivalent"
+	Equivalent bool   // an entry of the equivalents file names it: listed, neither run nor counted
 	Name       string // a hand-written fault's name (OpFault); "" for generated ones
 }
 
@@ -103,12 +100,11 @@ func Generate(name string, src []byte, pkgVars map[string]bool) ([]Mutant, error
 		return nil, err
 	}
 	g := &generator{
-		fset:  fset,
-		tf:    fset.File(f.Pos()),
-		src:   src,
-		name:  name,
-		vars:  make(map[string]bool),
-		equiv: equivalentLines(fset, f),
+		fset: fset,
+		tf:   fset.File(f.Pos()),
+		src:  src,
+		name: name,
+		vars: make(map[string]bool),
 	}
 	maps.Copy(g.vars, pkgVars)
 	maps.Copy(g.vars, topLevelVars(f))
@@ -118,10 +114,12 @@ func Generate(name string, src []byte, pkgVars map[string]bool) ([]Mutant, error
 			if d.Body == nil || (d.Recv != nil && formattingMethods[d.Name.Name]) {
 				continue
 			}
+			g.fn = funcName(d)
 			g.walk(d.Body, declaredNames(d))
 		case *ast.GenDecl:
 			// Package-level initializers hold expressions worth mutating
 			// too (var tables, computed sizes).
+			g.fn = genDeclName(d)
 			g.walk(d, declaredNames(d))
 		}
 	}
@@ -131,13 +129,55 @@ func Generate(name string, src []byte, pkgVars map[string]bool) ([]Mutant, error
 
 // generator collects the mutants of one parsed file.
 type generator struct {
-	fset  *token.FileSet
-	tf    *token.File
-	src   []byte
-	name  string
-	vars  map[string]bool // package-level variable names
-	equiv map[int]bool    // lines marked "mutation: equivalent"
-	out   []Mutant
+	fset *token.FileSet
+	tf   *token.File
+	src  []byte
+	name string
+	vars map[string]bool // package-level variable names
+	fn   string          // the declaration being walked, as Mutant.Func
+	out  []Mutant
+}
+
+// funcName names a function declaration as Mutant.Func does: f for a
+// function, T.m for a method on a value, (*T).m on a pointer; a generic
+// receiver's type parameters are left out.
+func funcName(d *ast.FuncDecl) string {
+	if d.Recv == nil || len(d.Recv.List) == 0 {
+		return d.Name.Name
+	}
+	t := d.Recv.List[0].Type
+	star := false
+	if s, ok := t.(*ast.StarExpr); ok {
+		star, t = true, s.X
+	}
+	switch x := t.(type) {
+	case *ast.IndexExpr:
+		t = x.X
+	case *ast.IndexListExpr:
+		t = x.X
+	}
+	recv := "?"
+	if id, ok := t.(*ast.Ident); ok {
+		recv = id.Name
+	}
+	if star {
+		return "(*" + recv + ")." + d.Name.Name
+	}
+	return recv + "." + d.Name.Name
+}
+
+// genDeclName names a package-level declaration as Mutant.Func does: its
+// keyword and its first name (var table).
+func genDeclName(d *ast.GenDecl) string {
+	for _, spec := range d.Specs {
+		switch s := spec.(type) {
+		case *ast.ValueSpec:
+			return d.Tok.String() + " " + s.Names[0].Name
+		case *ast.TypeSpec:
+			return d.Tok.String() + " " + s.Name.Name
+		}
+	}
+	return d.Tok.String()
 }
 
 // add records the mutant that replaces the source between from and to.
@@ -146,15 +186,15 @@ func (g *generator) add(op Op, from, to token.Pos, after string) {
 	// Ignore //line directives: reports point at the file on disk.
 	p := g.fset.PositionFor(from, false)
 	g.out = append(g.out, Mutant{
-		File:       g.name,
-		Line:       p.Line,
-		Col:        p.Column,
-		Start:      start,
-		End:        end,
-		Op:         op,
-		Before:     string(g.src[start:end]),
-		After:      after,
-		Equivalent: g.equiv[p.Line],
+		File:   g.name,
+		Line:   p.Line,
+		Col:    p.Column,
+		Start:  start,
+		End:    end,
+		Op:     op,
+		Func:   g.fn,
+		Before: string(g.src[start:end]),
+		After:  after,
 	})
 }
 
@@ -479,20 +519,6 @@ func topLevelVars(f *ast.File) map[string]bool {
 		}
 	}
 	return names
-}
-
-// equivalentLines returns the lines that carry a comment with the
-// equivalent marker.
-func equivalentLines(fset *token.FileSet, f *ast.File) map[int]bool {
-	lines := make(map[int]bool)
-	for _, cg := range f.Comments {
-		for _, c := range cg.List {
-			if strings.Contains(c.Text, equivalentMarker) {
-				lines[fset.PositionFor(c.Pos(), false).Line] = true
-			}
-		}
-	}
-	return lines
 }
 
 // packageVars returns the package-level variables declared by the other

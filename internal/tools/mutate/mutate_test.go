@@ -209,35 +209,6 @@ func TestApplyKeepsTheRestOfTheFile(t *testing.T) {
 	}
 }
 
-func TestEquivalentComment(t *testing.T) {
-	src := `package p
-
-func f(a, b int) bool {
-	if a < b { // mutation: equivalent — only reached with a != b
-		return true
-	}
-	/* mutation: equivalent */ return a == b
-}
-`
-	ms, err := Generate("p.go", []byte(src), nil)
-	require.NoError(t, err)
-	equivalent := make(map[string]bool)
-	for _, m := range ms {
-		equivalent[m.Pos()] = m.Equivalent
-	}
-	assert.Equal(t, map[string]bool{
-		"p.go:4:5":  true,  // negate-if
-		"p.go:4:7":  true,  // <
-		"p.go:5:10": false, // true
-		"p.go:7:38": true,  // ==
-	}, equivalent)
-
-	// A sample always keeps the documented equivalents: the summary
-	// counts them whatever was run.
-	sampled := selectMutants(ms, 0, 1, 1)
-	assert.Len(t, sampled, 4)
-}
-
 func TestSelectMutants(t *testing.T) {
 	var ms []Mutant
 	for i := range 20 {
@@ -287,6 +258,10 @@ func TestParseFlags(t *testing.T) {
 		Timeout: 10 * time.Minute, Jobs: 2, N: 10, Seed: 7,
 	}, cfg)
 	assert.Equal(t, 80.0, min)
+
+	cfg, _, err = parseFlags([]string{"-equivalents", "eq.txt", "x.go"}, &bytes.Buffer{})
+	require.NoError(t, err)
+	assert.Equal(t, "eq.txt", cfg.Marks)
 
 	cfg, _, err = parseFlags([]string{"-only", "x.go:3"}, &bytes.Buffer{})
 	require.NoError(t, err, "-only alone names the file")
@@ -369,12 +344,15 @@ func writeModule(t *testing.T, code, test string) string {
 	t.Helper()
 	dir := t.TempDir()
 	files := map[string]string{
-		"go.mod":    "module example.com/m\n\ngo 1.22\n",
-		"m.go":      code,
-		"m_test.go": test,
+		"go.mod":     "module example.com/m\n\ngo 1.22\n",
+		"m.go":       code,
+		"m_test.go":  test,
+		defaultMarks: moduleMarks,
 	}
 	for name, content := range files {
-		require.NoError(t, os.WriteFile(filepath.Join(dir, name), []byte(content), 0o644))
+		p := filepath.Join(dir, filepath.FromSlash(name))
+		require.NoError(t, os.MkdirAll(filepath.Dir(p), 0o755))
+		require.NoError(t, os.WriteFile(p, []byte(content), 0o644))
 	}
 	return dir
 }
@@ -389,8 +367,17 @@ func Max(a, b int) int {
 	return b
 }
 
-// Zero is never called. mutation: equivalent — nothing calls it
-func Zero() bool { return false } // mutation: equivalent — nothing calls it
+// Zero is never called.
+func Zero() bool { return false }
+`
+
+// moduleMarks is the module's equivalents file: Zero's mutant.
+const moduleMarks = `# Zero's one mutant.
+file:   m.go
+func:   Zero
+code:   return false
+change: false → true
+why:    nothing calls it
 `
 
 const moduleTest = `package m
@@ -407,7 +394,10 @@ func TestMax(t *testing.T) {
 }
 `
 
-func TestEndToEnd(t *testing.T) {
+// A run judges each mutant of a file by the tests (caught, survived,
+// equivalent as marked), scores them, and leaves the file as it was; -list
+// runs nothing and -only keeps one line.
+func TestARunJudgesEveryMutantAndLeavesTheFileAsItWas(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs go test on a temporary module")
 	}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"os"
+	"path"
 	"path/filepath"
 	"regexp"
 	"slices"
@@ -29,6 +30,7 @@ type Config struct {
 	Seed    uint64        // the sample's seed
 	Only    string        // file:line: run only the mutants on that line
 	Faults  string        // a file of hand-written faults to run instead of generated mutants
+	Marks   string        // the equivalents file; "" for defaultMarks under the module root, if it is there
 }
 
 // Counts tallies the verdicts.
@@ -70,10 +72,12 @@ type FileCounts struct {
 }
 
 // Summary is the outcome of a run: per file, in the order given, and in
-// total.
+// total; and what is wrong with the marks of the equivalents file for the
+// packages of the files run (see checkMarks).
 type Summary struct {
-	Files []FileCounts
-	Total Counts
+	Files        []FileCounts
+	Total        Counts
+	MarkProblems []string
 }
 
 // target is one file to mutate.
@@ -120,14 +124,31 @@ func run(ctx context.Context, cfg Config, w io.Writer) (*Summary, error) {
 	if err != nil {
 		return nil, interrupted(ctx, err)
 	}
-	targets, err := loadTargets(dir, root, cfg)
+	marks, marksName, err := cfgMarks(dir, root, cfg)
+	if err != nil {
+		return nil, err
+	}
+	targets, err := loadTargets(dir, root, cfg, marks)
+	if err != nil {
+		return nil, err
+	}
+	dirs := map[string]bool{}
+	for _, t := range targets {
+		dirs[path.Dir(t.rel)] = true
+	}
+	markProblems, err := checkMarks(root, marks, dirs)
 	if err != nil {
 		return nil, err
 	}
 	out := &lockedWriter{w: w}
+	for _, p := range markProblems {
+		out.printf("%s:%s\n", marksName, p)
+	}
 	if cfg.List {
 		listMutants(out, targets)
-		return summarize(targets), nil
+		sum := summarize(targets)
+		sum.MarkProblems = markProblems
+		return sum, nil
 	}
 
 	g := &goTool{root: root, tmp: tmp}
@@ -159,13 +180,32 @@ func run(ctx context.Context, cfg Config, w io.Writer) (*Summary, error) {
 		return nil, err
 	}
 	sum := summarize(targets)
+	sum.MarkProblems = markProblems
 	printSummary(out, sum)
 	return sum, nil
 }
 
-// loadTargets resolves the files, reads them and generates and selects
-// their mutants.
-func loadTargets(dir, root string, cfg Config) ([]*target, error) {
+// cfgMarks reads the equivalents file cfg names (relative to dir), or the
+// module's default one if it has one; -faults runs take none. It returns
+// the marks and the file's name for messages.
+func cfgMarks(dir, root string, cfg Config) ([]Mark, string, error) {
+	if cfg.Faults != "" {
+		return nil, "", nil
+	}
+	p, name, asked := filepath.Join(root, filepath.FromSlash(defaultMarks)), defaultMarks, false
+	if cfg.Marks != "" {
+		p, name, asked = cfg.Marks, cfg.Marks, true
+		if !filepath.IsAbs(p) {
+			p = filepath.Join(dir, p)
+		}
+	}
+	marks, err := loadMarks(p, asked)
+	return marks, name, err
+}
+
+// loadTargets resolves the files, reads them, generates their mutants,
+// marks the equivalent ones and selects those to run.
+func loadTargets(dir, root string, cfg Config, marks []Mark) ([]*target, error) {
 	if cfg.Faults != "" {
 		return loadFaultTargets(dir, root, cfg)
 	}
@@ -203,22 +243,11 @@ func loadTargets(dir, root string, cfg Config) ([]*target, error) {
 			continue
 		}
 		seen[rel] = true
-		src, err := os.ReadFile(abs)
+		ms, src, err := generateFile(root, rel)
 		if err != nil {
 			return nil, err
 		}
-		pkg, err := packageName(abs, src)
-		if err != nil {
-			return nil, err
-		}
-		vars, err := packageVars(filepath.Dir(abs), pkg, abs)
-		if err != nil {
-			return nil, err
-		}
-		ms, err := Generate(rel, src, vars)
-		if err != nil {
-			return nil, err
-		}
+		markEquivalents(ms, src, marks)
 		line := 0
 		if onlyRel != "" {
 			if rel != onlyRel {
