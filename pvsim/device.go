@@ -30,11 +30,12 @@ var ErrNotSupported = errors.New("pvsim: not supported by the modelled device")
 // their triggers arrive. Doorbell writes only queue work for it and never
 // block; a write of REQUEST waits for its command on a QEMU device or a
 // VMware device without CommandDelay, as QEMU's MMIO write does; the
-// events on demand (events.go) and the views of objects, logs and state
-// (inspect.go) wait for the device goroutine too (after Close the events
-// return ErrClosed and the views empty results). Stats and DMA read
-// counts without waiting; InjectFault and ClearFaults (faults.go) only
-// change what later commands meet.
+// events on demand (Raise, SetPort, Fatal, OverflowCQ, ErrorQP) and the
+// views of objects, logs and state (QP, QPs, SRQ, MRs, Objects, GIDs,
+// Events, Hazards, State) wait for the device goroutine too (after Close
+// the events return ErrClosed and the views empty results). Stats and DMA
+// read counts without waiting; InjectFault and ClearFaults only change
+// what later commands meet.
 type Device struct {
 	s   *settings
 	fab *Fabric
