@@ -35,7 +35,9 @@
 //   - Async events on the async ring and vector 1 where a device raises
 //     them, and on demand (Raise, SetPort, Fatal, OverflowCQ, ErrorQP);
 //     command faults on demand (InjectFault: never answered, answered with
-//     an error, refused).
+//     an error, refused; ClearFaults) and answers lost on demand
+//     (Fabric.LoseAnswers): the fault-injection API a driver's tests and
+//     soaks use.
 //   - Observability: Stats, QP/QPByNumber/QPs, SRQ, MRs, Objects, GIDs,
 //     DMA, Events, State, Hazards; Fabric.Stats sums the Stats of a
 //     fabric's devices. Among the counts: Retransmits (RC requests sent

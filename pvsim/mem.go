@@ -193,32 +193,3 @@ func (m *memory) unmapDMA(iova uint64, size int) error {
 	m.remove(iova)
 	return nil
 }
-
-// DMAUse counts the memory a model has mapped for its device now: the
-// buffers AllocDMA allocated and the ranges MapDMA mapped, through any
-// handle, and not yet freed or unmapped.
-type DMAUse struct {
-	Buffers     int // AllocDMA buffers
-	BufferBytes int
-	Maps        int // MapDMA ranges
-	MapBytes    int
-}
-
-// DMA returns what the model has mapped for its device now: a driver that
-// frees what it allocates comes back to the same counts once its objects
-// are gone, and to none once it is closed.
-func (d *Device) DMA() DMAUse {
-	var u DMAUse
-	d.mem.mu.Lock()
-	defer d.mem.mu.Unlock()
-	for _, mp := range d.mem.maps {
-		if mp.mmapped {
-			u.Buffers++
-			u.BufferBytes += len(mp.mem)
-		} else {
-			u.Maps++
-			u.MapBytes += len(mp.mem)
-		}
-	}
-	return u
-}
