@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/binary"
 	"errors"
+	"flag"
 	"fmt"
 	"math/rand/v2"
 	"runtime"
@@ -206,8 +207,10 @@ func (f *eventDevice) explain() string {
 	return s
 }
 
-// Rule 4 (trywait) and rule 3 under the race detector: a million
-// completions over 64 CQs, 48 polled by the consumer and 16 driven by four
+var trywaitTotal = flag.Int("trywait.total", 0, "completions TestTryWaitThenSleepNeverLosesAWakeUp produces (0: a million, a tenth under -race or -short)")
+
+// Rule 4 (trywait) and rule 3, also under the race detector: a million
+// completions (a tenth under -race or -short; -trywait.total N) over 64 CQs, 48 polled by the consumer and 16 driven by four
 // counters, produced in random bursts by a fake device that interrupts
 // only armed CQs. The consumer finds work through a poll set, and sleeps
 // only in epoll on the wait set's fd after TryWait succeeds. Not one
@@ -223,8 +226,11 @@ func TestTryWaitThenSleepNeverLosesAWakeUp(t *testing.T) {
 		depth    = 32
 	)
 	total := 1_000_000
-	if testing.Short() {
+	if testing.Short() || raceOn {
 		total = 100_000
+	}
+	if *trywaitTotal > 0 {
+		total = *trywaitTotal
 	}
 	f := newEventDevice(t, ncq, depth)
 	counters := make([]*event.Counter, ncounter)

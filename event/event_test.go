@@ -786,7 +786,9 @@ func TestCounterWaitReturnsErrCounterWhenTheErrorValueMoves(t *testing.T) {
 	for _, move := range []func(){func() { c.CountErr(1) }, func() { c.AddErr(1) }} {
 		done := make(chan error, 1)
 		go func() { done <- c.Wait(ctx, 1000) }()
-		time.Sleep(time.Millisecond)
+		// Move only once the Wait took its starting error value (it counts
+		// itself a waiter after that): a move before is not its business.
+		require.Eventually(t, func() bool { return c.nwait.Load() > 0 }, long, 100*time.Microsecond, "Wait never began waiting")
 		move()
 		select {
 		case err := <-done:

@@ -24,6 +24,10 @@ THREE_VM_TESTS='^TestMultiVM3'
 CMD_LIMIT=90s
 RUN_LIMIT=15m
 GUEST_LIMIT=25m
+# HOST_LIMIT is go test's per-package timeout in the host tier, a hang guard
+# too: the root package takes about 3 min under -race on a quiet machine and
+# 10 at load 20, where go test's default 10 min killed it.
+HOST_LIMIT=30m
 
 # pvvm_failure OUT: what a failed pvvm run said: its post-mortem (every VM's
 # commands, backend drop counters and console tail, lines "pvvm: ...") and
@@ -133,7 +137,7 @@ run_tier() {
   case $1 in
     vet)       $GO vet ./... && $GO vet -tags guest ./... && $GO vet -tags bench ./qemu/... &&
                $GO tool staticcheck ./... && $GO tool staticcheck -tags guest ./... && $GO tool staticcheck -tags bench ./qemu/... ;;
-    host)      $GO test -race -count=1 ./... ;;
+    host)      $GO test -race -count=1 -timeout $HOST_LIMIT ./... ;;
     backend)   make -s -C qemu/softverbs test OUT="$SV_OUT" && ucxhost_check ;;
     guest)     $GO test -tags bench -count=1 ./qemu/... && $GO run ./cmd/pvvm -timeout $GUEST_LIMIT -test all ;;
     guest-2vm) $GO run ./cmd/pvvm -vms 2 -timeout $GUEST_LIMIT -test all -run "$TWO_VM_TESTS" ;;

@@ -244,6 +244,7 @@ func TestRunGoTest(t *testing.T) {
 	common := []res{{"TestOK", "pass"}, {"TestOK/sub", "pass"}, {"TestOK/skipped", "skip"}}
 	for _, tc := range []struct {
 		mode    string
+		args    []string
 		timeout time.Duration
 		tests   []res
 		code    int
@@ -253,14 +254,16 @@ func TestRunGoTest(t *testing.T) {
 		{mode: "ok", tests: append(common, res{"TestMode", "pass"}, res{"TestLast", "pass"})},
 		{mode: "fail", tests: append(common, res{"TestMode", "fail"}, res{"TestLast", "pass"}), code: 1},
 		{mode: "panic", tests: append(common, res{"TestMode", "fail"}), code: 2, msg: "panic: boom in goroutine", testMsg: "panic: boom in goroutine\n\ngoroutine"},
-		// -test.timeout (90% of the step's timeout) fires before the kill.
-		{mode: "hang", timeout: 2 * time.Second, tests: append(common, res{"TestMode", "fail"}), code: 2, msg: "panic: test timed out after 1.8s", testMsg: "panic: test timed out after 1.8s\n\trunning tests:\n\t\tTestMode"},
+		// The testing package's own timeout (its panic names the running
+		// test) is reported as the test's failure and the exit's message;
+		// the kill comes long after it (stepArgs' margin is tested above).
+		{mode: "hang", args: []string{"-test.timeout=1s"}, timeout: 60 * time.Second, tests: append(common, res{"TestMode", "fail"}), code: 2, msg: "panic: test timed out after 1s", testMsg: "panic: test timed out after 1s\n\trunning tests:\n\t\tTestMode"},
 	} {
 		t.Run(tc.mode, func(t *testing.T) {
 			if tc.timeout == 0 {
 				tc.timeout = 20 * time.Second
 			}
-			recs, ok := runOne(t, guest.Step{Name: "fake.test", Path: bin, Kind: guest.KindGoTest, Timeout: tc.timeout, Env: []string{"FAKE_MODE=" + tc.mode}})
+			recs, ok := runOne(t, guest.Step{Name: "fake.test", Path: bin, Kind: guest.KindGoTest, Args: tc.args, Timeout: tc.timeout, Env: []string{"FAKE_MODE=" + tc.mode}})
 			var tests []res
 			var long, stderr int
 			for _, r := range recs {
