@@ -236,7 +236,7 @@ type Context struct {
 	stats    Stats
 	wr       [1]vfrdma.SendWR
 	sge      [1]vfrdma.SGE
-	maxAcks  int
+	maxAcks  int // acknowledgements a control packet holds
 	slotSize int
 }
 
@@ -337,7 +337,7 @@ func newContext(ctx context.Context, d *vfrdma.Device, cfg Config, hold time.Dur
 	}
 	c := &Context{cfg: cfg, d: d, byQPN: map[uint32]*conn{}, arrived: map[uint64]int{}, done: make(chan struct{})}
 	c.slotSize = cfg.PacketSize
-	c.maxAcks = (cfg.PacketSize - headerSize) / 4
+	c.maxAcks = (cfg.PacketSize - headerSize) / ackSize
 	defer func() {
 		if err == nil {
 			return
