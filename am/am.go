@@ -95,8 +95,6 @@ type Config struct {
 	// that double from 20 µs to 1 ms between polls, woken early by work
 	// to send; there 0 means NapSpin.
 	Spin time.Duration
-
-	ackHold time.Duration // tests: the hold instead of ackHold (0: ackHold)
 }
 
 // Arrival is what a header handler gets. It is valid only during the call.
@@ -189,20 +187,20 @@ type Context struct {
 	sendOwn, recvOwn *vfio.Memory
 	bufs             int // receive buffers posted, Tasks × Credits
 	ws               *event.WaitSet
+	cqInSet          bool // the CQ is in ws (it can be armed)
 	conns            []*conn
 	spin             time.Duration // Config.Spin, or the CQ's (negative: none)
+	onIdle           idlePolicy    // how the progress goroutine waits when idle
 	// ackHold is how long an idle progress goroutine keeps an
-	// acknowledgement back for a data packet to ride on (ackHold, at most
-	// half the spin: none when it does not spin).
+	// acknowledgement back for a data packet to ride on, and taken
+	// buffers back from the SRQ (idlePolicy.hold: none when it does not
+	// spin).
 	ackHold time.Duration
 	// repostBatch is how many taken buffers go back to the SRQ at once
 	// when the goroutine is busy.
 	repostBatch int
-	// napping: the CQ cannot be armed (Options.PollDoorbell on QEMU): the
-	// progress goroutine naps between polls, woken early by Wake.
-	napping bool
-	qps     []*vfrdma.QP
-	byQPN   map[uint32]*conn
+	qps         []*vfrdma.QP
+	byQPN       map[uint32]*conn
 
 	handlers [MaxHandlers]atomic.Pointer[HeaderHandler]
 	arrival  Arrival   // the header handler's, progress goroutine only
@@ -238,7 +236,7 @@ type Context struct {
 	stats    Stats
 	wr       [1]vfrdma.SendWR
 	sge      [1]vfrdma.SGE
-	maxAcks  int
+	maxAcks  int // acknowledgements a control packet holds
 	slotSize int
 }
 
@@ -248,24 +246,29 @@ type conn struct {
 
 	// Under Context.mu.
 	credits  int
-	owed     int // credits to return: buffers the task used, back in the SRQ
-	unposted int // buffers the task used, not yet back in the SRQ
-	acks     []uint32
-	ackAt    time.Time // when the oldest of acks was queued
-	ackSoon  bool      // one of acks is for a message whose origin waits for it
+	owed     int      // credits to return: buffers the task used, back in the SRQ
+	unposted int      // buffers the task used, not yet back in the SRQ
+	acks     []uint32 // acknowledgements to send the task, oldest first
+	ackState ackState // what acks wait for before they go alone
+	// ackAt is when acks last went from empty to not (set only when the
+	// context holds acknowledgements back: zero otherwise).
+	ackAt    time.Time
 	sendq    []*outMsg
 	sendBack []*outMsg          // sendq's array, from its start
 	sent     map[uint32]*outMsg // sent whole, not yet acknowledged
 	nextID   uint32
 	rxNext   uint32 // the id the task's next message must have
 	barrier  uint64 // the last barrier the task sent its message for
-	dirtyOut bool   // deferred posts to ring
-	dirtyIn  bool
+	unrung   queues // the queues with deferred posts whose doorbell has not rung
 	err      error
-	stalled  bool // out of credits with data queued (Stats.CreditStalls)
+	// stalled: data is queued and waits for credits (creditStalled), a
+	// spell Stats.CreditStalls has counted; a data packet that goes ends
+	// it.
+	stalled bool
 
 	// Liveness, under Context.mu: packets heard from the task, their count
-	// at the last look, and whether a probe is on its way.
+	// at the last look, and whether a probe is on its way (posted, its
+	// completion not yet taken).
 	heard, heardSeen uint64
 	probing          bool
 
@@ -306,7 +309,8 @@ const probeEvery = 250 * time.Millisecond
 // QP to that task; for itself, the QP its own requests arrive on.
 func (c *Context) address() []byte {
 	gid := c.d.GID()
-	b := append([]byte(nil), gid[:]...)
+	b := make([]byte, addrQPNs, addressLen(len(c.conns)))
+	copy(b, gid[:])
 	for _, cn := range c.conns {
 		b = binary.LittleEndian.AppendUint32(b, cn.in.QPN())
 	}
@@ -320,13 +324,20 @@ func (c *Context) address() []byte {
 // its error beside the cause, and stays with the device until the
 // device's Close, which destroys it: the packet memory of an MR it
 // refused to deregister is freed then.
-func New(ctx context.Context, d *vfrdma.Device, cfg Config) (_ *Context, err error) {
+func New(ctx context.Context, d *vfrdma.Device, cfg Config) (*Context, error) {
+	return newContext(ctx, d, cfg, ackHold)
+}
+
+// newContext is New with hold, the most an idle progress goroutine keeps
+// acknowledgements and taken buffers back (the context's idle policy
+// bounds it: idlePolicy.hold), instead of ackHold.
+func newContext(ctx context.Context, d *vfrdma.Device, cfg Config, hold time.Duration) (_ *Context, err error) {
 	if err := cfg.fill(); err != nil {
 		return nil, err
 	}
 	c := &Context{cfg: cfg, d: d, byQPN: map[uint32]*conn{}, arrived: map[uint64]int{}, done: make(chan struct{})}
 	c.slotSize = cfg.PacketSize
-	c.maxAcks = (cfg.PacketSize - headerSize) / 4
+	c.maxAcks = (cfg.PacketSize - headerSize) / ackSize
 	defer func() {
 		if err == nil {
 			return
@@ -350,9 +361,9 @@ func New(ctx context.Context, d *vfrdma.Device, cfg Config) (_ *Context, err err
 		return nil, err
 	}
 	c.spin = cfg.Spin
-	c.napping = !c.cq.Armable()
+	armable := c.cq.Armable()
 	switch {
-	case c.spin == 0 && c.napping:
+	case c.spin == 0 && !armable:
 		// The CQ polls with the POLL doorbell (no interrupt): spinning
 		// then harvests the backend at once, the mode that wins on
 		// QEMU's device (docs/benchmarks.md), before the naps begin.
@@ -360,13 +371,8 @@ func New(ctx context.Context, d *vfrdma.Device, cfg Config) (_ *Context, err err
 	case c.spin == 0:
 		c.spin = c.cq.Spin()
 	}
-	c.ackHold = ackHold
-	if cfg.ackHold != 0 {
-		c.ackHold = cfg.ackHold
-	}
-	if !cfg.Polling {
-		c.ackHold = min(c.ackHold, max(c.spin/2, 0)) // let go well within the spin
-	}
+	c.onIdle = chooseIdle(cfg.Polling, armable, c.spin)
+	c.ackHold = c.onIdle.hold(hold, c.spin)
 	c.repostBatch = max(1, min(cfg.Credits/2, repostBatch))
 	if c.srq, err = c.pd.CreateSRQ(ctx, &vfrdma.SRQConfig{Depth: c.bufs, CQ: c.cq}); err != nil {
 		return nil, err
@@ -421,12 +427,12 @@ func New(ctx context.Context, d *vfrdma.Device, cfg Config) (_ *Context, err err
 	}
 	for t, cn := range c.conns {
 		b := all[t]
-		if len(b) != 16+4*n {
-			return nil, fmt.Errorf("%w: task %d's address is %d bytes, not %d", errProtocol, t, len(b), 16+4*n)
+		if len(b) != addressLen(n) {
+			return nil, fmt.Errorf("%w: task %d's address is %d bytes, not %d", errProtocol, t, len(b), addressLen(n))
 		}
 		var gid vfrdma.GID
-		copy(gid[:], b)
-		qpn := binary.LittleEndian.Uint32(b[16+4*cfg.Self:])
+		copy(gid[:], b[:addrQPNs])
+		qpn := addressQPN(b, cfg.Self)
 		if t == cfg.Self {
 			// Our requests go from out to in, acknowledgements back.
 			if err = cn.out.Connect(ctx, vfrdma.Remote{QPN: cn.in.QPN(), GID: gid}, 0); err == nil {
@@ -457,11 +463,12 @@ func New(ctx context.Context, d *vfrdma.Device, cfg Config) (_ *Context, err err
 	}
 	// A CQ that cannot be armed stays out of the set: the set then only
 	// carries Wake (work to send), and the progress goroutine naps
-	// between polls instead of sleeping on the interrupt.
-	if !c.napping {
+	// between polls instead of sleeping on the interrupt (idleSpinNap).
+	if armable {
 		if err = c.ws.Add(c.cq); err != nil {
 			return nil, err
 		}
+		c.cqInSet = true
 	}
 	pctx, stop := context.WithCancel(context.Background())
 	c.stop = stop
@@ -545,21 +552,11 @@ func (cfg *Config) fill() error {
 // polling's latency and rate, where 200 µs left them 1.6 times slower.
 const NapSpin = time.Millisecond
 
-// ProgressMode says how the progress goroutine waits for work:
-// "polling" (Config.Polling), "spin, then sleep" on the CQ's interrupt,
-// "sleep" (no spin), or "spin, then nap" (a CQ that cannot be armed:
-// Options.PollDoorbell on QEMU's device).
-func (c *Context) ProgressMode() string {
-	switch {
-	case c.cfg.Polling:
-		return "polling"
-	case c.napping:
-		return "spin, then nap"
-	case c.spin > 0:
-		return "spin, then sleep"
-	}
-	return "sleep"
-}
+// ProgressMode says how the progress goroutine waits for work, as New
+// chose once: "polling" (Config.Polling), "spin, then sleep" on the CQ's
+// interrupt, "sleep" (no spin), or "spin, then nap" (a CQ that cannot be
+// armed: Options.PollDoorbell on QEMU's device).
+func (c *Context) ProgressMode() string { return c.onIdle.String() }
 
 // Tasks returns the number of tasks; Self this task's index.
 func (c *Context) Tasks() int { return c.cfg.Tasks }
@@ -693,7 +690,7 @@ func (c *Context) release() error {
 		return false
 	}
 	if c.ws != nil {
-		if !c.napping {
+		if c.cqInSet {
 			_ = c.ws.Remove(c.cq)
 		}
 		gone(c.ws.Close())

@@ -206,9 +206,9 @@ func dialWhenListening(t *testing.T, ctx context.Context, addr string) net.Conn 
 }
 
 // A connection that says nothing does not hold up the exchange: task 0
-// greets every connection on its own, with a deadline of its own. (It
-// used to read each in turn with only ctx's deadline: one silent stray
-// blocked the whole job until ctx ended.)
+// greets every connection on its own, with a deadline of its own. (Fault
+// caught: task 0 reading each connection in turn with only ctx's
+// deadline, where one silent stray blocks the whole job until ctx ends.)
 func TestTCPExchangerSilentStrayDoesNotBlockTheJob(t *testing.T) {
 	addr := freeAddr(t)
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // a hang guard

@@ -76,7 +76,7 @@ func eagerStream(tb testing.TB) (*Context, func() []byte) {
 	return c, func() []byte {
 		h := header{kind: kindEager, handler: 1, id: cn.rxNext, length: 8}
 		h.put(b)
-		cn.unposted, cn.acks = 0, cn.acks[:0]
+		cn.unposted, cn.acks, cn.ackState = 0, cn.acks[:0], acksNone
 		return b
 	}
 }

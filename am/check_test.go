@@ -222,9 +222,10 @@ func TestMessageOutOfSequenceIsRefused(t *testing.T) {
 	assert.Equal(t, 1, j.ready)
 }
 
-// Barrier messages are eager, empty, with an 8-byte epoch. One claiming
-// data used to get no buffer and no drop, and its next fragment panicked
-// on the nil buffer.
+// Barrier messages are eager, empty, with an 8-byte epoch: one claiming
+// data is refused, and its fragment after it panics nothing. (Fault
+// caught: a barrier message with data given no buffer and no drop, whose
+// next fragment is copied into the nil buffer.)
 func TestBarrierMessageWithDataIsRefused(t *testing.T) {
 	j := newPeerJob(t)
 	require.NotPanics(t, func() {
@@ -269,8 +270,8 @@ func TestPacketsOfAPurgedTaskAreDropped(t *testing.T) {
 // The CQ holds every completion that can be outstanding at once: a send
 // slot each and a receive buffer each. 64 tasks at 32 credits need 4160,
 // over the 4096 a CQ holds: the configuration is refused with an error
-// that names the limit (the context used to cap its CQ at 4096 and lose
-// completions).
+// that names the limit. (Fault caught: a CQ capped at 4096 entries, which
+// loses completions.)
 func TestConfigThatCanOverflowTheCQIsRefused(t *testing.T) {
 	cfg := Config{Tasks: 64, Self: 0, Credits: 32}
 	require.NoError(t, cfg.fill())

@@ -94,8 +94,12 @@
 //
 // A goroutine per Context polls its CQ, runs header handlers, reposts
 // buffers (one SRQ doorbell per batch) and sends what credits allow. Idle,
-// it sleeps on the CQ's interrupt through an event.WaitSet (TryWait, then
-// sleep), or spins if Config.Polling is set.
+// it waits as the policy New chose says (ProgressMode names it): it polls
+// on (Config.Polling); spins for Config.Spin, then sleeps on the CQ's
+// interrupt through an event.WaitSet (TryWait, then sleep); sleeps at
+// once (no spin); or, on a CQ that cannot be armed, spins, then naps.
+// schedule.go holds the policies and the rules for when data,
+// acknowledgements, credits and probes go; wire.go the packet layout.
 //
 // # Failures
 //

@@ -16,15 +16,30 @@ import (
 // newJob makes n tasks, each a Context on d, as n processes would.
 func newJob(t testing.TB, d *vfrdma.Device, n int, cfg Config) []*Context {
 	t.Helper()
+	return newHoldingJob(t, d, n, cfg, ackHold)
+}
+
+// newHoldingJob is newJob with contexts that hold acknowledgements and
+// taken buffers back for hold instead of ackHold (as far as their idle
+// policy lets them: idlePolicy.hold).
+func newHoldingJob(t testing.TB, d *vfrdma.Device, n int, cfg Config, hold time.Duration) []*Context {
+	t.Helper()
 	ds := make([]*vfrdma.Device, n)
 	for i := range ds {
 		ds[i] = d
 	}
-	return newJobOn(t, ds, cfg)
+	return startJob(t, ds, cfg, hold)
 }
 
 // newJobOn makes one task per device, task i on ds[i].
 func newJobOn(t testing.TB, ds []*vfrdma.Device, cfg Config) []*Context {
+	t.Helper()
+	return startJob(t, ds, cfg, ackHold)
+}
+
+// startJob makes one task per device, task i on ds[i], each holding
+// acknowledgements back for hold.
+func startJob(t testing.TB, ds []*vfrdma.Device, cfg Config, hold time.Duration) []*Context {
 	t.Helper()
 	n := len(ds)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
@@ -39,7 +54,7 @@ func newJobOn(t testing.TB, ds []*vfrdma.Device, cfg Config) []*Context {
 			defer wg.Done()
 			cfg := cfg
 			cfg.Tasks, cfg.Self, cfg.Exchange = n, i, xs[i]
-			cs[i], errs[i] = New(ctx, ds[i], cfg)
+			cs[i], errs[i] = newContext(ctx, ds[i], cfg, hold)
 		}()
 	}
 	wg.Wait()

@@ -22,7 +22,7 @@ func hostContext(t testing.TB, cfg Config) *Context {
 	require.NoError(t, cfg.fill())
 	c := &Context{cfg: cfg, byQPN: map[uint32]*conn{}, arrived: map[uint64]int{}, done: make(chan struct{})}
 	c.slotSize = cfg.PacketSize
-	c.maxAcks = (cfg.PacketSize - headerSize) / 4
+	c.maxAcks = (cfg.PacketSize - headerSize) / ackSize
 	c.bufs = cfg.Tasks * cfg.Credits
 	c.recvMem = make([]byte, c.bufs*cfg.PacketSize)
 	c.sendMem = make([]byte, cfg.sendSlots()*cfg.PacketSize)

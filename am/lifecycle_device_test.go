@@ -19,9 +19,9 @@ import (
 // Fence, the progress goroutines taking packets) crashes nothing: each
 // context fails with ErrClosed, its progress goroutine and ticker end, the
 // senders and waiters return errors wrapping ErrClosed, every call after
-// it returns one, and Close frees the rest with no error. It used to die
-// with SIGSEGV: Close's flushes woke the progress goroutine, which polled
-// the freed CQ.
+// it returns one, and Close frees the rest with no error. (Fault caught:
+// Close's flushes waking the progress goroutine, which then polls the
+// freed CQ: SIGSEGV.)
 //
 // Each way the progress goroutine idles (sleeping, polling) runs rounds
 // that close the device after more or fewer messages landed, so that the

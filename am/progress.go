@@ -14,14 +14,14 @@ import (
 
 // progress is the context's goroutine: it polls the CQ, takes what
 // arrived (running header handlers), frees send slots, sends what credits
-// now allow and the acknowledgements that gathered, and sleeps on the CQ's
-// interrupt (a wait set) when there is nothing to do.
+// now allow and the acknowledgements that gathered, and waits as its idle
+// policy (c.onIdle) says when there is nothing to do.
 func (c *Context) progress(ctx context.Context) {
 	defer close(c.done)
 	wcs := make([]vfrdma.WC, 64)
 	// The buffers taken and not yet back in the SRQ, since heldAt: they go
-	// back repostBatch at a time, or once idle for ackHold, with one
-	// doorbell, and their credits with them.
+	// back when repostDue says, with one doorbell, and their credits with
+	// them.
 	reposts := make([]vfrdma.RecvWR, 0, c.bufs)
 	sges := make([]vfrdma.SGE, c.bufs)
 	// What is held back goes within the spin (the hold is at most half
@@ -29,15 +29,11 @@ func (c *Context) progress(ctx context.Context) {
 	// goroutine sleeps; a napping one lets it go at its first round after
 	// the hold (a nap is at most napMax).
 	var heldAt time.Time
-	var idleSince time.Time // when polls began to find nothing (Config.Spin)
-	// A napping goroutine's pause doubles from napMin to napMax while
-	// nothing arrives; one timer serves every nap.
-	pause := napMin
-	var nap *time.Timer
-	if c.napping {
-		nap = time.NewTimer(time.Hour)
-		nap.Stop()
-		defer nap.Stop()
+	spell := idleSpell{pause: napMin}
+	if c.onIdle == idleSpinNap {
+		spell.nap = time.NewTimer(time.Hour)
+		spell.nap.Stop()
+		defer spell.nap.Stop()
 	}
 	for {
 		n, err := c.cq.Poll(wcs)
@@ -83,7 +79,7 @@ func (c *Context) progress(ctx context.Context) {
 		// The buffers go back in a batch, or once the goroutine has been
 		// idle for the hold (at once when idle, without one): off a
 		// ping-pong's critical path, one doorbell for many in a stream.
-		rang := len(reposts) >= c.repostBatch || len(reposts) > 0 && idle && now.Sub(heldAt) >= c.ackHold
+		rang := c.repostDue(len(reposts), idle, now, heldAt)
 		if rang {
 			if _, err := c.srq.PostRecv(reposts, 0); err != nil {
 				c.die(fmt.Errorf("am: reposting receive buffers: %w", err))
@@ -111,8 +107,7 @@ func (c *Context) progress(ctx context.Context) {
 		}
 		c.mu.Unlock()
 		if n > 0 {
-			idleSince = time.Time{}
-			pause = napMin
+			spell.end()
 			if idle {
 				// The CQ is drained: let the goroutines the round's
 				// handlers woke (a ping-pong's caller waiting for its
@@ -125,48 +120,87 @@ func (c *Context) progress(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		if c.cfg.Polling {
-			runtime.Gosched()
-			continue
-		}
-		if c.spin > 0 {
-			// Keep polling for the spin: traffic that goes on within it
-			// costs no arming and no interrupt.
-			now := time.Now()
-			if idleSince.IsZero() {
-				idleSince = now
-			}
-			if now.Sub(idleSince) < c.spin {
-				runtime.Gosched()
-				continue
-			}
-			if !c.napping { // a napper's idle spell goes on between naps
-				idleSince = time.Time{}
-			}
-		}
-		if c.napping {
-			if !c.napFor(ctx, nap, pause) {
-				return
-			}
-			pause = min(2*pause, napMax)
-			continue
-		}
-		// Sleep on the set's channel: TryWait arms the CQ and reports
-		// what is pending, the receive takes the signal, and nothing is
-		// put back, so that Close's cancel always ends the sleep.
-		switch err := c.ws.TryWait(); {
-		case errors.Is(err, event.ErrAgain):
-			continue
-		case err != nil:
-			c.die(fmt.Errorf("am: progress: %w", err))
-			return
-		}
-		select {
-		case <-c.ws.C():
-		case <-ctx.Done():
+		if !c.waitIdle(ctx, &spell) {
 			return
 		}
 	}
+}
+
+// idleSpell is what the progress goroutine keeps of a spell of polls
+// that find nothing: when it began, for the spin, and the next nap's
+// pause (idleSpinNap), which doubles from napMin to napMax while nothing
+// arrives; one timer serves every nap.
+type idleSpell struct {
+	since time.Time // zero: no spin under way
+	pause time.Duration
+	nap   *time.Timer // idleSpinNap only
+}
+
+// end ends the spell: something arrived.
+func (s *idleSpell) end() {
+	s.since = time.Time{}
+	s.pause = napMin
+}
+
+// waitIdle waits as c.onIdle says after a round that found nothing: it
+// polls on, spins, naps or sleeps until the next round. False when the
+// goroutine must stop (ctx ended, or it died).
+func (c *Context) waitIdle(ctx context.Context, s *idleSpell) bool {
+	switch c.onIdle {
+	case idlePoll:
+		runtime.Gosched()
+		return true
+	case idleSpinSleep, idleSpinNap:
+		if c.spinning(s) {
+			runtime.Gosched()
+			return true
+		}
+	}
+	if c.onIdle == idleSpinNap {
+		if !c.napFor(ctx, s.nap, s.pause) {
+			return false
+		}
+		s.pause = min(2*s.pause, napMax)
+		return true
+	}
+	// Sleep on the set's channel: TryWait arms the CQ and reports what
+	// is pending, the receive takes the signal, and nothing is put back,
+	// so that Close's cancel always ends the sleep.
+	switch err := c.ws.TryWait(); {
+	case errors.Is(err, event.ErrAgain):
+		return true
+	case err != nil:
+		c.die(fmt.Errorf("am: progress: %w", err))
+		return false
+	}
+	select {
+	case <-c.ws.C():
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// spinning reports whether the spell is still within the spin (c.spin
+// from its first idle round): the goroutine keeps polling, and traffic
+// that goes on within it costs no arming and no interrupt. Past the spin
+// a sleeper's spell starts over (each wake-up that finds nothing spins
+// again); a napper's goes on between naps, until something arrives.
+func (c *Context) spinning(s *idleSpell) bool {
+	if c.spin <= 0 {
+		return false
+	}
+	now := time.Now()
+	if s.since.IsZero() {
+		s.since = now
+	}
+	if now.Sub(s.since) < c.spin {
+		return true
+	}
+	if c.onIdle != idleSpinNap {
+		s.since = time.Time{}
+	}
+	return false
 }
 
 // A napping progress goroutine's pauses: from napMin, doubling while
@@ -300,7 +334,7 @@ func (c *Context) sendDone(wc *vfrdma.WC) {
 	}
 	c.putSlot(int32(slot))
 	if wc.WRID&probeTag != 0 {
-		cn.probing = false
+		cn.probing = false // the probe is back: the next look may send another
 	}
 	if cause != nil {
 		c.fail(cn, cause)
@@ -390,7 +424,7 @@ func (c *Context) take(cn *conn, b []byte) {
 	if h.kind != kindFrag {
 		cn.rxNext++
 		if k := h.rideAcks(); k > 0 {
-			if err := c.acked(cn, b[24:24+4*k]); err != nil {
+			if err := c.acked(cn, rideAckBytes(b, k)); err != nil {
 				c.mu.Unlock()
 				c.refuse(cn, err)
 				return
@@ -534,18 +568,24 @@ func (c *Context) finish(cn *conn, m *inMsg) {
 
 // ack queues an acknowledgement for cn, of a message received (counted
 // in Stats.Received) or dropped; soon when its origin waits for it (a
-// Cmpl counter), else it may wait ackHold for a data packet to ride on.
+// Cmpl counter: the acknowledgements are then wanted), else it may be
+// held for a data packet to ride on (see ackState).
 func (c *Context) ack(cn *conn, a uint32, soon, received bool) {
 	c.mu.Lock()
 	if received {
 		c.stats.Received++
 	}
 	if cn.err == nil {
-		if len(cn.acks) == 0 && c.ackHold > 0 {
+		if cn.ackState == acksNone && c.ackHold > 0 {
 			cn.ackAt = time.Now()
 		}
 		cn.acks = append(cn.acks, a)
-		cn.ackSoon = cn.ackSoon || soon
+		switch {
+		case soon:
+			cn.ackState = acksWanted
+		case cn.ackState == acksNone:
+			cn.ackState = acksHeld
+		}
 	}
 	c.mu.Unlock()
 }
@@ -584,19 +624,18 @@ func (c *Context) ticker(ctx context.Context) {
 	}
 }
 
-// probe sends a packet to a task that owes this one something (messages
-// of ours outstanding, or its message for the Barrier we wait in) and has
-// said nothing since the last look, even without a credit: to a live task
-// it is one more buffer it returns like any other (an RNR at worst, which
-// the QP retries without end), to a task that is gone it is a send that
-// fails once the QP's retries run out, which purges the task. Without it a
-// task waiting for credits from a dead peer, with nothing in flight, or a
-// Barrier waiting for a dead task's message, would wait forever. Under mu.
+// probe sends a packet to a task when probeDue says (it owes this one
+// something and has said nothing since the last look), even without a
+// credit: to a live task it is one more buffer it returns like any other
+// (an RNR at worst, which the QP retries without end), to a task that is
+// gone it is a send that fails once the QP's retries run out, which
+// purges the task. Without it a task waiting for credits from a dead
+// peer, with nothing in flight, or a Barrier waiting for a dead task's
+// message, would wait forever. Under mu.
 func (c *Context) probe(cn *conn) {
-	silent := cn.heard == cn.heardSeen
-	cn.heardSeen = cn.heard
-	owes := len(cn.sendq) > 0 || len(cn.sent) > 0 || c.barriers > 0 && cn.barrier < c.epoch
-	if !silent || cn.probing || cn.err != nil || !owes || len(c.free) == 0 {
+	due := c.probeDue(cn)
+	cn.heardSeen = cn.heard // the next look asks for silence since this one
+	if !due {
 		return
 	}
 	slot := c.takeSlot()
@@ -608,6 +647,6 @@ func (c *Context) probe(cn *conn) {
 	}
 	cn.owed = 0
 	cn.probing = true
-	cn.dirtyOut = true
+	cn.unrung |= outQueue
 	c.stats.CtrlPackets++
 }

@@ -166,66 +166,6 @@ func stalledJob(t *testing.T) (cs []*Context, release func()) {
 	return cs, release
 }
 
-// Control packets wait until they are worth sending (half the credits
-// owed, or half a packet of acknowledgements) unless the progress goroutine
-// is idle and acknowledgements wait, and an idle one still sends no packet
-// that only returns a few credits; a control packet needs a free send slot
-// and a credit, and the last credit goes only to a packet that returns
-// credits.
-func TestControlPacketsWaitUntilWorthSendingAndKeepTheLastCredit(t *testing.T) {
-	const credits = 8
-	c := hostContext(t, Config{Tasks: 2, Credits: credits, PacketSize: 256})
-	c.ackHold = ackHold // a spinning context's
-	half := c.maxAcks / 2
-	acks := func(n int) []uint32 { return make([]uint32, n) }
-	for _, tc := range []struct {
-		name          string
-		credits, owed int
-		acks          []uint32
-		free          int // send slots left free (-1: all)
-		idle          bool
-		due           bool
-		held          bool // the acks have waited less than ackHold, for no one
-		soon          bool // their origin waits for them
-	}{
-		{"nothing to send", credits, 0, nil, -1, true, false, false, false},
-		{"busy, a few acks and credits owed", credits, 1, acks(1), -1, false, false, false, false},
-		{"busy, credits owed, under half", credits, credits/2 - 1, nil, -1, false, false, false, false},
-		{"busy, half the credits owed", credits, credits / 2, nil, -1, false, true, false, false},
-		{"busy, half a packet of acks", credits, 0, acks(half), -1, false, true, false, false},
-		{"busy, one ack short of half a packet", credits, 0, acks(half - 1), -1, false, false, false, false},
-		{"idle, a few credits owed and no acks", credits, 1, nil, -1, true, false, false, false},
-		{"idle, one ack and nothing owed", credits, 0, acks(1), -1, true, true, false, false},
-		{"idle, one ack and a credit owed", credits, 1, acks(1), -1, true, true, false, false},
-		{"idle, acks, only the last credit and none owed", 1, 0, acks(1), -1, true, false, false, false},
-		{"idle, acks, the last credit and a credit owed", 1, 1, acks(1), -1, true, true, false, false},
-		{"worth it, the last credit, returning credits", 1, credits / 2, nil, -1, false, true, false, false},
-		{"worth it, but no credit", 0, credits / 2, acks(half), -1, true, false, false, false},
-		{"worth it, in debt (a probe went without a credit)", -1, credits / 2, acks(half), -1, true, false, false, false},
-		{"worth it, but no send slot", credits, credits / 2, acks(half), 0, true, false, false, false},
-		{"worth it, one send slot", credits, credits / 2, acks(half), 1, true, true, false, false},
-		{"idle, one ack held for a packet to ride on", credits, 0, acks(1), -1, true, false, true, false},
-		{"idle, one ack held, and a credit owed", credits, 1, acks(1), -1, true, false, true, false},
-		{"idle, one ack its origin waits for", credits, 0, acks(1), -1, true, true, true, true},
-		{"busy, one ack its origin waits for", credits, 0, acks(1), -1, false, false, true, true},
-		{"worth it, acks held", credits, credits / 2, acks(half), -1, false, true, true, false},
-	} {
-		cn := c.conns[1]
-		cn.credits, cn.owed, cn.acks, cn.ackSoon = tc.credits, tc.owed, tc.acks, tc.soon
-		cn.ackAt = time.Now()
-		now := cn.ackAt.Add(c.ackHold) // held as long as it may be
-		if tc.held {
-			now = cn.ackAt.Add(c.ackHold / 2)
-		}
-		free := c.free
-		if tc.free >= 0 {
-			c.free = c.free[:tc.free]
-		}
-		assert.Equal(t, tc.due, c.ctrlDue(cn, tc.idle, now), tc.name)
-		c.free = free
-	}
-}
-
 // A purge with exactly one message outstanding fails that message: Fence
 // returns ErrPurged and Failed counts one.
 func TestPurgeWithOneMessageOutstandingFailsIt(t *testing.T) {
@@ -418,7 +358,7 @@ func TestOnACQThatCannotBeArmedTheProgressGoroutineNaps(t *testing.T) {
 	cs := newJob(t, d, 2, Config{})
 	for _, c := range cs {
 		require.NoError(t, c.SetHandler(1, func(*Arrival) Return { return Return{} }))
-		require.True(t, c.napping)
+		require.Equal(t, idleSpinNap, c.onIdle)
 		assert.Equal(t, NapSpin, c.spin, "the default spin before the naps")
 		assert.Equal(t, "spin, then nap", c.ProgressMode())
 	}
@@ -455,7 +395,7 @@ func TestProgressModeSaysHowTheProgressGoroutineWaits(t *testing.T) {
 // so only the answer can deliver it.
 func TestAnAcknowledgementNoOneWaitsForRidesOnTheNextMessage(t *testing.T) {
 	d := openDevice(t)
-	cs := newJob(t, d, 2, Config{Polling: true, ackHold: time.Hour})
+	cs := newHoldingJob(t, d, 2, Config{Polling: true}, time.Hour)
 	got := make(chan int, 2)
 	for _, c := range cs {
 		require.NoError(t, c.SetHandler(1, func(a *Arrival) Return { got <- a.Src; return Return{} }))
@@ -512,7 +452,7 @@ func TestAHeldAcknowledgementGoesAloneAfterTheHold(t *testing.T) {
 // The hold is an hour: only the answer can deliver the acknowledgement.
 func TestAnAnswerFromAHandlerCarriesTheAcknowledgement(t *testing.T) {
 	d := openDevice(t)
-	cs := newJob(t, d, 2, Config{Polling: true, ackHold: time.Hour})
+	cs := newHoldingJob(t, d, 2, Config{Polling: true}, time.Hour)
 	pongs := make(chan struct{}, 1)
 	require.NoError(t, cs[1].SetHandler(1, func(a *Arrival) Return {
 		assert.NoError(t, cs[1].Amsend(a.Src, 2, nil, a.Data, Counters{}))
@@ -566,7 +506,7 @@ func TestTakenBuffersGoBackToTheSRQInBatches(t *testing.T) {
 // that takes every message in the call.
 func pollingJob(t *testing.T, hold time.Duration) []*Context {
 	t.Helper()
-	cs := newJob(t, openDevice(t), 2, Config{Polling: true, ackHold: hold})
+	cs := newHoldingJob(t, openDevice(t), 2, Config{Polling: true}, hold)
 	for _, c := range cs {
 		require.NoError(t, c.SetHandler(1, func(*Arrival) Return { return Return{} }))
 	}

@@ -70,19 +70,16 @@ func (c *Context) send(tgt int, handler uint16, uhdr, data []byte, cs Counters) 
 	return nil
 }
 
-// pump sends what cn's queue holds, as far as credits and send slots
-// allow, each packet deferred: flush rings once for them all. A data
-// packet leaves the last credit to a packet that returns credits, and the
-// last send slot per task to acknowledgements, so that neither side can
-// end up unable to tell the other it may go on. Under mu.
+// pump sends what cn's queue holds while dataMayGo says a data packet may
+// go, each packet deferred: flush rings once for them all. Under mu.
 func (c *Context) pump(cn *conn) {
 	defer func() {
-		if len(cn.sendq) > 0 && cn.err == nil && cn.credits < 2 && !cn.stalled {
+		if creditStalled(cn) && !cn.stalled {
 			cn.stalled = true // counted once per stall, not per look
 			c.stats.CreditStalls++
 		}
 	}()
-	for len(cn.sendq) > 0 && cn.err == nil && cn.credits >= 2 && len(c.free) > c.cfg.Tasks {
+	for c.dataMayGo(cn) {
 		cn.stalled = false
 		m := cn.sendq[0]
 		slot := c.takeSlot()
@@ -116,7 +113,7 @@ func (c *Context) pump(cn *conn) {
 			c.fail(cn, err) // the credits it carried no longer matter
 			return
 		}
-		cn.dirtyOut = true
+		cn.unrung |= outQueue
 		c.stats.Packets++
 		m.started = true
 		m.off += k
@@ -143,10 +140,7 @@ const maxKept = 1024
 // first packet of a message, h. Under mu.
 func (c *Context) rideAcks(cn *conn, h *header) {
 	k := min(len(cn.acks), maxRideAcks)
-	for i, a := range cn.acks[:k] {
-		h.offset |= uint64(a) << (32 * i)
-	}
-	h.flags |= uint8(k * flagAcksOne)
+	h.setRideAcks(cn.acks[:k])
 	c.takeAcks(cn, k)
 	c.stats.RideAcks += uint64(k)
 }
@@ -155,47 +149,31 @@ func (c *Context) rideAcks(cn *conn, h *header) {
 func (c *Context) takeAcks(cn *conn, k int) {
 	cn.acks = append(cn.acks[:0], cn.acks[k:]...)
 	if len(cn.acks) == 0 {
-		cn.ackSoon = false
+		cn.ackState = acksNone
 	}
 }
 
-// ctrl sends cn's acknowledgements and owed credits while ctrlDue says
-// they are due. Under mu.
+// ctrl sends cn's acknowledgements and owed credits in control packets
+// while ctrlDue says one goes. Under mu.
 func (c *Context) ctrl(cn *conn, idle bool, now time.Time) {
 	for cn.err == nil && c.ctrlDue(cn, idle, now) {
 		slot := c.takeSlot()
 		buf := c.slotBuf(slot)
 		k := min(len(cn.acks), c.maxAcks)
 		for i, id := range cn.acks[:k] {
-			binary.LittleEndian.PutUint32(buf[headerSize+4*i:], id)
+			binary.LittleEndian.PutUint32(buf[headerSize+ackSize*i:], id)
 		}
 		h := header{kind: kindCtrl, credits: uint32(cn.owed), length: uint64(k)}
 		h.put(buf)
-		if err := c.post(cn, cn.in, slot, headerSize+4*k); err != nil {
+		if err := c.post(cn, cn.in, slot, headerSize+ackSize*k); err != nil {
 			c.fail(cn, err)
 			return
 		}
 		cn.owed = 0
 		c.takeAcks(cn, k)
-		cn.dirtyIn = true
+		cn.unrung |= inQueue
 		c.stats.CtrlPackets++
 	}
-}
-
-// ctrlDue reports whether a control packet to cn goes now: enough
-// acknowledgements or owed credits have gathered to be worth a packet, or
-// the progress goroutine is idle (found nothing more to do, at now) with
-// acknowledgements waiting that their origin waits for (flagAckSoon) or
-// that have waited ackHold for a data packet to ride on; and it can go: a
-// send slot is free, and the task has a credit to spend on it, the last
-// one only if the packet returns credits. Under mu.
-func (c *Context) ctrlDue(cn *conn, idle bool, now time.Time) bool {
-	acks, owed := len(cn.acks), cn.owed
-	worth := acks >= c.maxAcks/2 || owed >= c.cfg.Credits/2
-	if !worth && (!idle || acks == 0 || !cn.ackSoon && now.Sub(cn.ackAt) < c.ackHold) {
-		return false
-	}
-	return len(c.free) > 0 && (cn.credits > 1 || cn.credits == 1 && owed > 0)
 }
 
 // post posts one deferred send of slot's first n bytes on qp. Under mu.
@@ -217,23 +195,26 @@ func (c *Context) postTagged(cn *conn, qp *vfrdma.QP, slot int32, n int, tag uin
 	return nil
 }
 
-// flush rings the doorbells of cn's deferred posts. Under mu.
+// flush rings the doorbells of cn's deferred posts: out's, then in's, as
+// cn.unrung names them. Under mu.
 func (c *Context) flush(cn *conn) {
-	if cn.dirtyOut {
-		cn.dirtyOut = false
-		if err := cn.out.Flush(); err != nil {
-			c.fail(cn, err)
-		} else {
-			c.stats.Doorbells++
-		}
+	unrung := cn.unrung
+	cn.unrung = 0
+	if unrung&outQueue != 0 {
+		c.ring(cn, cn.out)
 	}
-	if cn.dirtyIn {
-		cn.dirtyIn = false
-		if err := cn.in.Flush(); err != nil {
-			c.fail(cn, err)
-		} else {
-			c.stats.Doorbells++
-		}
+	if unrung&inQueue != 0 {
+		c.ring(cn, cn.in)
+	}
+}
+
+// ring rings qp's doorbell for its deferred posts to cn; a refusal
+// purges cn. Under mu.
+func (c *Context) ring(cn *conn, qp *vfrdma.QP) {
+	if err := qp.Flush(); err != nil {
+		c.fail(cn, err)
+	} else {
+		c.stats.Doorbells++
 	}
 }
 
@@ -274,7 +255,7 @@ func (c *Context) fail(cn *conn, cause error) {
 		c.stats.Failed += uint64(n)
 		c.failed = append(c.failed, fmt.Errorf("%d messages to task %d lost: %w", n, cn.task, cn.err))
 	}
-	cn.sendq, cn.sent, cn.acks = nil, map[uint32]*outMsg{}, nil
+	cn.sendq, cn.sent, cn.acks, cn.ackState = nil, map[uint32]*outMsg{}, nil, acksNone
 	c.notify()
 }
 
@@ -283,7 +264,7 @@ func (c *Context) fail(cn *conn, cause error) {
 // anything else is refused (the acks before it are taken).
 func (c *Context) acked(cn *conn, acks []byte) error {
 	defer c.notify()
-	for i := 0; i+4 <= len(acks); i += 4 {
+	for i := 0; i+ackSize <= len(acks); i += ackSize {
 		a := binary.LittleEndian.Uint32(acks[i:])
 		id := a &^ ackFailed
 		m := cn.sent[id]

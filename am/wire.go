@@ -3,6 +3,8 @@ package am
 import (
 	"encoding/binary"
 	"fmt"
+
+	"github.com/vfrdma/vfrdma"
 )
 
 // Packet kinds.
@@ -25,9 +27,13 @@ const (
 	maxRideAcks  = 2 // acknowledgements a first packet carries
 )
 
-// Ack entries: the message id, with ackFailed set when the target dropped
-// the message (no handler, no buffer, a buffer too short).
-const ackFailed = 1 << 31
+// Ack entries: a u32 each (ackSize bytes), the message id, with ackFailed
+// set when the target dropped the message (no handler, no buffer, a
+// buffer too short).
+const (
+	ackSize   = 4
+	ackFailed = 1 << 31
+)
 
 // headerSize is the fixed packet header:
 //
@@ -47,6 +53,23 @@ const ackFailed = 1 << 31
 // data; for ctrl, the acks, a u32 each. Little endian throughout.
 const headerSize = 32
 
+// Header field offsets, as the table above lays them out.
+const (
+	offKind    = 0
+	offFlags   = 1
+	offHandler = 2
+	offUHdrLen = 4
+	offTgtCntr = 6
+	offCredits = 8
+	offID      = 12
+	offLength  = 16
+	offOffset  = 24
+	// offRideAcks is where the acknowledgements riding on an eager or
+	// first packet are: its offset field, ackSize bytes each, the first
+	// at the lowest bytes.
+	offRideAcks = offOffset
+)
+
 type header struct {
 	kind    uint8
 	flags   uint8
@@ -61,15 +84,15 @@ type header struct {
 
 func (h *header) put(b []byte) {
 	_ = b[headerSize-1]
-	b[0] = h.kind
-	b[1] = h.flags
-	binary.LittleEndian.PutUint16(b[2:], h.handler)
-	binary.LittleEndian.PutUint16(b[4:], h.uhdrLen)
-	binary.LittleEndian.PutUint16(b[6:], h.tgtCntr)
-	binary.LittleEndian.PutUint32(b[8:], h.credits)
-	binary.LittleEndian.PutUint32(b[12:], h.id)
-	binary.LittleEndian.PutUint64(b[16:], h.length)
-	binary.LittleEndian.PutUint64(b[24:], h.offset)
+	b[offKind] = h.kind
+	b[offFlags] = h.flags
+	binary.LittleEndian.PutUint16(b[offHandler:], h.handler)
+	binary.LittleEndian.PutUint16(b[offUHdrLen:], h.uhdrLen)
+	binary.LittleEndian.PutUint16(b[offTgtCntr:], h.tgtCntr)
+	binary.LittleEndian.PutUint32(b[offCredits:], h.credits)
+	binary.LittleEndian.PutUint32(b[offID:], h.id)
+	binary.LittleEndian.PutUint64(b[offLength:], h.length)
+	binary.LittleEndian.PutUint64(b[offOffset:], h.offset)
 }
 
 // parse decodes and checks a received packet on its own: the peer is
@@ -84,15 +107,15 @@ func (h *header) parse(b []byte, maxMessage, maxUHdr int) error {
 	if len(b) < headerSize {
 		return fmt.Errorf("%w: a %d-byte packet, shorter than its header", errProtocol, len(b))
 	}
-	h.kind = b[0]
-	h.flags = b[1]
-	h.handler = binary.LittleEndian.Uint16(b[2:])
-	h.uhdrLen = binary.LittleEndian.Uint16(b[4:])
-	h.tgtCntr = binary.LittleEndian.Uint16(b[6:])
-	h.credits = binary.LittleEndian.Uint32(b[8:])
-	h.id = binary.LittleEndian.Uint32(b[12:])
-	h.length = binary.LittleEndian.Uint64(b[16:])
-	h.offset = binary.LittleEndian.Uint64(b[24:])
+	h.kind = b[offKind]
+	h.flags = b[offFlags]
+	h.handler = binary.LittleEndian.Uint16(b[offHandler:])
+	h.uhdrLen = binary.LittleEndian.Uint16(b[offUHdrLen:])
+	h.tgtCntr = binary.LittleEndian.Uint16(b[offTgtCntr:])
+	h.credits = binary.LittleEndian.Uint32(b[offCredits:])
+	h.id = binary.LittleEndian.Uint32(b[offID:])
+	h.length = binary.LittleEndian.Uint64(b[offLength:])
+	h.offset = binary.LittleEndian.Uint64(b[offOffset:])
 	body := uint64(len(b) - headerSize)
 	if h.kind == kindCtrl && h.offset != 0 {
 		return fmt.Errorf("%w: kind %d packet with offset %d", errProtocol, h.kind, h.offset)
@@ -105,7 +128,7 @@ func (h *header) parse(b []byte, maxMessage, maxUHdr int) error {
 		if h.flags&^flagsMessage != 0 || h.flags&flagTgtCounter != 0 && (h.tgtCntr == 0 || h.tgtCntr >= MaxCounters) || h.flags&flagTgtCounter == 0 && h.tgtCntr != 0 {
 			return fmt.Errorf("%w: flags %#x with target counter %d (1 to %d)", errProtocol, h.flags, h.tgtCntr, MaxCounters-1)
 		}
-		if n := h.rideAcks(); n > maxRideAcks || h.offset>>(32*n) != 0 {
+		if n := h.rideAcks(); n > maxRideAcks || h.offset>>(8*ackSize*n) != 0 {
 			return fmt.Errorf("%w: %d acknowledgements riding in %#x", errProtocol, n, h.offset)
 		}
 		if h.uhdrLen%8 != 0 || int(h.uhdrLen) > maxUHdr {
@@ -130,7 +153,7 @@ func (h *header) parse(b []byte, maxMessage, maxUHdr int) error {
 			return fmt.Errorf("%w: fragment of %d bytes at %d of a %d-byte message (maximum %d)", errProtocol, body, h.offset, h.length, maxMessage)
 		}
 	case kindCtrl:
-		if h.length > body/4 || h.length*4 != body {
+		if h.length > body/ackSize || h.length*ackSize != body {
 			return fmt.Errorf("%w: %d acks in a %d-byte body", errProtocol, h.length, body)
 		}
 	default:
@@ -142,3 +165,36 @@ func (h *header) parse(b []byte, maxMessage, maxUHdr int) error {
 // rideAcks is how many acknowledgements an eager or first packet carries
 // in its offset field.
 func (h *header) rideAcks() int { return int(h.flags&flagAcks) / flagAcksOne }
+
+// setRideAcks puts acks (at most maxRideAcks) in h's offset field, the
+// first at its lowest bytes, and their count in its flags.
+func (h *header) setRideAcks(acks []uint32) {
+	for i, a := range acks {
+		h.offset |= uint64(a) << (8 * ackSize * i)
+	}
+	h.flags |= uint8(len(acks) * flagAcksOne)
+}
+
+// rideAckBytes returns the k acknowledgements riding on packet b, an
+// eager or first packet that parse took (k is its rideAcks), as acked
+// reads them.
+func rideAckBytes(b []byte, k int) []byte { return b[offRideAcks : offRideAcks+ackSize*k] }
+
+// A task's address, what it publishes through the Exchanger:
+//
+//	0        16 bytes: its GID
+//	16+4×t   u32: the QPN of its QP to task t; for itself, of the QP its
+//	         own requests arrive on
+//
+// Little endian.
+const (
+	addrQPNs = len(vfrdma.GID{}) // where the QPNs begin
+	qpnSize  = 4
+)
+
+// addressLen is the length of a task's address in a job of tasks tasks.
+func addressLen(tasks int) int { return addrQPNs + qpnSize*tasks }
+
+// addressQPN returns the QPN address b gives for task t (b is
+// addressLen long).
+func addressQPN(b []byte, t int) uint32 { return binary.LittleEndian.Uint32(b[addrQPNs+qpnSize*t:]) }

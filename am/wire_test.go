@@ -4,6 +4,7 @@ package am
 
 import (
 	"context"
+	"encoding/binary"
 	"testing"
 	"time"
 
@@ -91,4 +92,68 @@ func TestAcksRideInAFirstPacketOnlyAsItsFlagsSay(t *testing.T) {
 	assert.ErrorIs(t, h.parse(wirePacket(header{kind: kindCtrl, offset: 7}, 0), 1<<20, anyUHdr), errProtocol, "a control packet with an ack in its offset")
 	assert.ErrorIs(t, h.parse(wirePacket(header{kind: kindFrag, flags: flagAcksOne, offset: 0, length: 8}, 4), 1<<20, anyUHdr), errProtocol, "a fragment with flags")
 	require.NoError(t, h.parse(wirePacket(header{kind: kindEager, flags: flagAckSoon, length: 4}, 4), 1<<20, anyUHdr), "an acknowledgement asked for soon")
+}
+
+// The header's fields sit where wire.go's table says, little endian: the
+// named offsets are those bytes, and the acknowledgements riding on a
+// message's first packet are in its offset field, at byte 24.
+func TestHeaderFieldsSitAtTheirWireOffsets(t *testing.T) {
+	h := header{kind: kindEager, flags: flagTgtCounter, handler: 0x0201, uhdrLen: 0x0403, tgtCntr: 0x0605,
+		credits: 0x0a090807, id: 0x0e0d0c0b, length: 0x161514131211100f, offset: 0x1e1d1c1b1a191817}
+	b := make([]byte, headerSize)
+	h.put(b)
+	le := binary.LittleEndian
+	for _, f := range []struct {
+		name      string
+		off, want int // the named offset, and the table's
+		got, put  uint64
+	}{
+		{"kind", offKind, 0, uint64(b[0]), uint64(h.kind)},
+		{"flags", offFlags, 1, uint64(b[1]), uint64(h.flags)},
+		{"handler", offHandler, 2, uint64(le.Uint16(b[2:])), uint64(h.handler)},
+		{"user header length", offUHdrLen, 4, uint64(le.Uint16(b[4:])), uint64(h.uhdrLen)},
+		{"target counter", offTgtCntr, 6, uint64(le.Uint16(b[6:])), uint64(h.tgtCntr)},
+		{"credits", offCredits, 8, uint64(le.Uint32(b[8:])), uint64(h.credits)},
+		{"id", offID, 12, uint64(le.Uint32(b[12:])), uint64(h.id)},
+		{"length", offLength, 16, le.Uint64(b[16:]), h.length},
+		{"offset", offOffset, 24, le.Uint64(b[24:]), h.offset},
+		{"riding acks", offRideAcks, 24, le.Uint64(b[24:]), h.offset},
+	} {
+		assert.Equal(t, f.want, f.off, f.name)
+		assert.Equal(t, f.put, f.got, f.name)
+	}
+	assert.Equal(t, 4, ackSize)
+}
+
+// Acknowledgements put on a message's first packet (setRideAcks) are
+// read back at the receiver (rideAckBytes) as the ids they were, in
+// order, as many as the flags count: none, one, and the most, two.
+func TestRidingAcksAreReadAsTheyWerePut(t *testing.T) {
+	for k := range maxRideAcks + 1 {
+		ids := []uint32{0x11223344, 0x55667788 | ackFailed}[:k]
+		h := header{kind: kindEager, length: 4}
+		h.setRideAcks(ids)
+		b := wirePacket(h, 4)
+		var got header
+		require.NoError(t, got.parse(b, 1<<20, anyUHdr), "%d acks", k)
+		require.Equal(t, k, got.rideAcks())
+		acks := rideAckBytes(b, k)
+		require.Len(t, acks, ackSize*k)
+		for i, id := range ids {
+			assert.Equal(t, id, binary.LittleEndian.Uint32(acks[ackSize*i:]), "ack %d of %d", i, k)
+		}
+	}
+}
+
+// A task's address is its GID, then a QPN per task: 16 bytes and four
+// per task, task t's QPN at 16+4t.
+func TestAnAddressIsTheGIDThenAQPNPerTask(t *testing.T) {
+	assert.Equal(t, 16, addressLen(0))
+	assert.Equal(t, 16+4*3, addressLen(3))
+	b := make([]byte, addressLen(3))
+	for i := range b {
+		b[i] = byte(i)
+	}
+	assert.Equal(t, binary.LittleEndian.Uint32(b[16:]), addressQPN(b, 0))
+	assert.Equal(t, binary.LittleEndian.Uint32(b[24:]), addressQPN(b, 2))
 }
