@@ -63,7 +63,9 @@
 // of the module that imports it directly (from its code or its tests), as
 // go list ./... reports them, with go test -count=1 -vet=off -failfast. They
 // are run once without any mutant first; if they fail, the run stops, since
-// against red tests every mutant would look caught.
+// against red tests every mutant would look caught. For a mutant, the file's
+// own package's tests run first and the importers' only if those pass: one
+// failing test is enough.
 //
 // A mutant is caught when go test fails: a test fails, panics or times out,
 // or a test binary dies. It survived when every test passed. It is not

@@ -422,13 +422,28 @@ func tryMutant(ctx context.Context, g *goTool, opts testOptions, t *target, m Mu
 	if err != nil {
 		return 0, "", err
 	}
-	r, err := g.test(ctx, opts, overlay, t.tests)
+	r, err := testInStages(ctx, g, opts, overlay, t.tests)
 	if err != nil {
 		return 0, "", err
 	}
 	r.output = renameCopy(r.output, dir, t.abs, t.rel)
 	status, detail := classify(r)
 	return status, detail, nil
+}
+
+// testInStages runs the tests of the first package of pkgs (the file's own,
+// when it has tests) and those of the rest only if they all pass: one
+// failing test is enough to catch a mutant, and the importers' tests (am's
+// take minutes) are most of what a caught mutant would otherwise cost.
+func testInStages(ctx context.Context, g *goTool, opts testOptions, overlay string, pkgs []string) (testRun, error) {
+	if len(pkgs) > 1 {
+		r, err := g.test(ctx, opts, overlay, pkgs[:1])
+		if err != nil || !r.passed {
+			return r, err
+		}
+		pkgs = pkgs[1:]
+	}
+	return g.test(ctx, opts, overlay, pkgs)
 }
 
 // renameCopy replaces, in go test's output, the path of the mutated copy
