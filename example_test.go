@@ -519,3 +519,76 @@ func ExampleSRQ() {
 	// connection 1 consumed 1
 	// 4 of 4 available
 }
+
+// CQ.WaitN waits for a number of completions: it polls into the caller's
+// slice, and while it holds fewer, waits as the device's options say
+// (Options.Spin on the ring, then asleep on the CQ's interrupt). Here four
+// messages from a to b make eight completions on one CQ.
+func ExampleCQ_WaitN() {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	m, err := pvsim.New(pvsim.Config{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	d, err := vfrdma.OpenFunction(m, &vfrdma.Options{Spin: 20 * time.Microsecond})
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer d.Close()
+	pd, err := d.AllocPD(ctx)
+	if err != nil {
+		log.Fatal(err)
+	}
+	cq, err := d.CreateCQ(ctx, 16)
+	if err != nil {
+		log.Fatal(err)
+	}
+	cfg := &vfrdma.QPConfig{Type: vfrdma.RC, SendCQ: cq, RecvCQ: cq, SignalAll: true}
+	a, err := pd.CreateQP(ctx, cfg)
+	if err != nil {
+		log.Fatal(err)
+	}
+	b, err := pd.CreateQP(ctx, cfg)
+	if err != nil {
+		log.Fatal(err)
+	}
+	mr, err := pd.AllocMR(ctx, 4096, vfrdma.AccessLocalWrite)
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := a.Connect(ctx, vfrdma.Remote{QPN: b.QPN(), GID: d.GID()}, 0); err != nil {
+		log.Fatal(err)
+	}
+	if err := b.Connect(ctx, vfrdma.Remote{QPN: a.QPN(), GID: d.GID()}, 0); err != nil {
+		log.Fatal(err)
+	}
+	recvs := make([]vfrdma.RecvWR, 4)
+	sends := make([]vfrdma.SendWR, 4)
+	for i := range 4 {
+		recvs[i] = vfrdma.RecvWR{WRID: uint64(10 + i), SGEs: []vfrdma.SGE{mr.SGE(2048+i*64, 64)}}
+		sends[i] = vfrdma.SendWR{WRID: uint64(i), SGEs: []vfrdma.SGE{mr.SGE(i*64, 64)}}
+	}
+	if _, err := b.PostRecv(recvs, 0); err != nil {
+		log.Fatal(err)
+	}
+	if _, err := a.PostSend(sends, 0); err != nil {
+		log.Fatal(err)
+	}
+
+	wcs := make([]vfrdma.WC, 8)
+	n, err := cq.WaitN(ctx, wcs, len(wcs)) // all eight
+	if err != nil {
+		log.Fatal(err)
+	}
+	count := map[vfrdma.WCOpcode]int{}
+	for _, wc := range wcs[:n] {
+		if wc.Status != vfrdma.WCSuccess {
+			log.Fatalf("%v of WR %d: %v", wc.Opcode, wc.WRID, wc.Status)
+		}
+		count[wc.Opcode]++
+	}
+	fmt.Println(n, "completions:", count[vfrdma.WCSend], "sends,", count[vfrdma.WCRecv], "receives")
+	// Output:
+	// 8 completions: 4 sends, 4 receives
+}

@@ -3,10 +3,13 @@
 package am
 
 import (
+	"context"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/vfrdma/vfrdma/internal/perf"
 )
 
 // fragmentStream returns a context reassembling a 1 MiB message from
@@ -126,5 +129,45 @@ func BenchmarkAmsendEager(b *testing.B) {
 			out = 0
 		}
 	}
+	require.NoError(b, cs[0].Fence(ctx))
+}
+
+// BenchmarkAmsendRoundTrip bounces an 8-byte message between two tasks on
+// the model, one round trip at a time (task 1's handler answers from the
+// progress goroutine), and reports the round trips' median and 99th
+// percentile (perf.Quantile, nearest rank) beside the mean.
+func BenchmarkAmsendRoundTrip(b *testing.B) {
+	d := openDevice(b)
+	cs := newJob(b, d, 2, Config{})
+	answer := make([]byte, 8) // never changes: safe to send again before the last send's Org
+	pongs := make(chan struct{}, 1)
+	require.NoError(b, cs[1].SetHandler(1, func(a *Arrival) Return {
+		_ = cs[1].Amsend(a.Src, 2, nil, answer, Counters{})
+		return Return{}
+	}))
+	require.NoError(b, cs[0].SetHandler(2, func(*Arrival) Return {
+		pongs <- struct{}{}
+		return Return{}
+	}))
+	require.NoError(b, cs[1].SetHandler(2, func(*Arrival) Return { return Return{} }))
+	require.NoError(b, cs[0].SetHandler(1, func(*Arrival) Return { return Return{} }))
+	ctx := withTimeout(b, time.Minute)
+	data := make([]byte, 8)
+	rtts := make([]time.Duration, 0, b.N)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		start := time.Now()
+		require.NoError(b, cs[0].Amsend(1, 1, nil, data, Counters{}))
+		select {
+		case <-pongs:
+		case <-ctx.Done():
+			require.FailNow(b, "no answer", "%v", context.Cause(ctx))
+		}
+		rtts = append(rtts, time.Since(start))
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(perf.Median(rtts)), "p50-ns/op")
+	b.ReportMetric(float64(perf.Quantile(rtts, 0.99)), "p99-ns/op")
 	require.NoError(b, cs[0].Fence(ctx))
 }

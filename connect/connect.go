@@ -58,6 +58,7 @@ const (
 // Bounds of the native format, on what each end sends and accepts.
 const (
 	MaxEndpoints   = 4096     // endpoints in an Info
+	MaxRegions     = 4096     // regions in an Info
 	MaxData        = 64 << 10 // bytes of Info.Data
 	MaxBarrierName = 255      // bytes of a barrier's name
 )
@@ -136,14 +137,52 @@ func (e Endpoint) check() error {
 	return nil
 }
 
+// Region is a memory region this end lets the peer name in its one-sided
+// operations (RDMA WRITE, READ, atomics): the peer's work requests carry
+// an address in [Addr, Addr+Len) and RKey.
+type Region struct {
+	Addr uint64 // the region's first byte, as the peer's requests name it
+	RKey uint32 // the MR's remote key
+	// Len is the region's length in bytes: 1 or more, and Addr+Len does
+	// not pass 2^64.
+	Len uint64
+}
+
+// RegionOf returns the region of mr: its address, remote key and length.
+// The MR grants the peer what its Access says (AccessRemoteWrite and the
+// like); Region says nothing of it.
+func RegionOf(mr *vfrdma.MR) Region {
+	return Region{Addr: mr.Addr(), RKey: mr.RKey(), Len: uint64(mr.Len())}
+}
+
+// Holds reports whether [off, off+n) lies within the region (n 0 or more).
+func (r Region) Holds(off, n uint64) bool {
+	return off <= r.Len && n <= r.Len-off
+}
+
+// check reports what of r is out of range.
+func (r Region) check() error {
+	switch {
+	case r.Len == 0:
+		return fmt.Errorf("region at %#x (rkey %#x) is empty: a region holds 1 byte or more", r.Addr, r.RKey)
+	case r.Addr+r.Len-1 < r.Addr:
+		return fmt.Errorf("region at %#x of %d bytes passes the end of the 64-bit address space", r.Addr, r.Len)
+	}
+	return nil
+}
+
 // Info is one end's half of the exchange.
 type Info struct {
 	// Endpoints are this end's QPs, in the order the peer pairs them with
 	// its own.
 	Endpoints []Endpoint
+	// Regions are this end's memory regions for the peer's one-sided
+	// operations, in the order the application gives them meaning.
+	// Native format only.
+	Regions []Region
 	// Data is the application's, up to MaxData bytes, for what else its
-	// two ends must agree on (an MR's address and rkey, a mode). Native
-	// format only.
+	// two ends must agree on (a mode, a message size, an address of its
+	// own). Native format only.
 	Data []byte
 }
 
@@ -155,6 +194,9 @@ func (f Format) checkMine(in Info) error {
 		if n > MaxEndpoints {
 			return fmt.Errorf("%d endpoints: at most %d", n, MaxEndpoints)
 		}
+		if len(in.Regions) > MaxRegions {
+			return fmt.Errorf("%d regions: at most %d", len(in.Regions), MaxRegions)
+		}
 		if len(in.Data) > MaxData {
 			return fmt.Errorf("%d bytes of data: at most %d", len(in.Data), MaxData)
 		}
@@ -165,6 +207,9 @@ func (f Format) checkMine(in Info) error {
 		if n < 1 || n > RDMACoreSRQMessages {
 			return fmt.Errorf("%d endpoints: ibv_srq_pingpong's exchange carries 1 to %d", n, RDMACoreSRQMessages)
 		}
+		if len(in.Regions) > 0 {
+			return fmt.Errorf("%d regions: rdma-core's exchange carries none (its pingpongs make no one-sided requests)", len(in.Regions))
+		}
 		if len(in.Data) > 0 {
 			return fmt.Errorf("%d bytes of data: rdma-core's exchange carries none", len(in.Data))
 		}
@@ -174,6 +219,11 @@ func (f Format) checkMine(in Info) error {
 	for i, e := range in.Endpoints {
 		if err := e.check(); err != nil {
 			return fmt.Errorf("endpoint %d: %w", i, err)
+		}
+	}
+	for i, r := range in.Regions {
+		if err := r.check(); err != nil {
+			return fmt.Errorf("region %d: %w", i, err)
 		}
 	}
 	return nil

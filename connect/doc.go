@@ -1,8 +1,9 @@
 // Package connect sets up connections between queue pairs of two
 // processes: it exchanges what each end's QPs need of the other's (QP
-// number, GID, first PSN, path MTU, Q_Key; a list of them for several QPs)
-// over TCP, and then holds both ends at a barrier until each has posted
-// its receives.
+// number, GID, first PSN, path MTU, Q_Key; a list of them for several
+// QPs) and the memory regions each end lets the other's one-sided
+// operations name (address, rkey, length) over TCP, and then holds both
+// ends at a barrier until each has posted its receives.
 //
 // # Use
 //
@@ -14,7 +15,8 @@
 //	c, err := connect.Dial(ctx, "host:7471", nil)  // the client: retries until the server is up
 //
 //	mine := connect.Endpoint{QPN: qp.QPN(), GID: dev.GID(), PSN: connect.RandomPSN()}
-//	peer, err := c.Exchange(ctx, connect.Info{Endpoints: []connect.Endpoint{mine}})
+//	peer, err := c.Exchange(ctx, connect.Info{Endpoints: []connect.Endpoint{mine},
+//		Regions: []connect.Region{connect.RegionOf(mr)}}) // an MR the peer may WRITE into
 //	err = qp.Connect(ctx, peer.Endpoints[0].Remote(), mine.PSN)
 //	qp.PostRecv(recvs, 0)                          // receives first,
 //	err = c.Ready(ctx)                             // then the barrier:
@@ -31,8 +33,12 @@
 //
 // Native (the default) is this package's own: a versioned binary message
 // each way carrying any number of endpoints with their path MTU and Q_Key,
-// and optional application bytes (Info.Data); named barriers; and a
-// refusal that tells the peer what was wrong with what it sent.
+// regions (Info.Regions: RegionOf an MR), and optional application bytes
+// (Info.Data); named barriers; and a refusal that tells the peer what was
+// wrong with what it sent. Version 2 added the regions; an end of version
+// 1 is refused by its version. Info.MarshalBinary and UnmarshalBinary are
+// the same message for a channel other than a Conn (a key/value store two
+// ends share), with the same checks.
 //
 // RDMACore and RDMACoreSRQ speak the exchange of rdma-core's example
 // programs, so that a vfrdma end runs against ibv_rc_pingpong,
@@ -45,7 +51,7 @@
 // writes 256 messages each way, whatever its QP count: its QPs' first,
 // zeros after. The server here writes its messages at Ready, not at
 // Exchange, for an rdma-core client sends as soon as it has read them.
-// These formats carry no MTU, Q_Key or data; the Q_Key of the endpoints
+// These formats carry no MTU, Q_Key, region or data; the Q_Key of the endpoints
 // they return is RDMACoreQKey, the one ibv_ud_pingpong uses. Their port is
 // RDMACorePort, which Listen and Dial add to an address given without one.
 //
@@ -75,8 +81,8 @@
 // Every error of a Conn, Listener, Dial or DialTCP is an *Error naming the
 // step and the peer's address. What the peer sent is input: a message
 // that is not the exchange (another protocol, wrong magic or version, a
-// count or length out of bounds, a truncated message, a bad GID or
-// number) is an error wrapping ErrProtocol, never a panic, and no length
+// count or length out of bounds, a truncated message, a bad GID, number
+// or region) is an error wrapping ErrProtocol, never a panic, and no length
 // read from the network allocates more than what arrived (plus a bounded
 // chunk); a peer that stalls inside the exchange, ErrTimeout. A misused
 // call (Ready before Exchange or a second time, an endpoint that is not

@@ -19,19 +19,29 @@ import (
 	"github.com/vfrdma/vfrdma/connect"
 )
 
+// version is the native format's version this package speaks.
+const version = 2
+
 // The native format's bytes, written here independently of the package:
 // the header (magic, version, kind) and a frame of the payload.
-func nativeMsg(version, kind uint16, payload []byte) []byte {
+func nativeMsg(v, kind uint16, payload []byte) []byte {
 	b := []byte("vfrdmaCX")
-	b = binary.LittleEndian.AppendUint16(b, version)
+	b = binary.LittleEndian.AppendUint16(b, v)
 	b = binary.LittleEndian.AppendUint16(b, kind)
 	b = binary.LittleEndian.AppendUint32(b, uint32(len(payload)))
 	return append(b, payload...)
 }
 
 // helloPayload is a hello's payload claiming count endpoints and holding
-// eps (QPN, PSN, Q_Key, LID, MTU, GID each), then data.
+// eps (QPN, PSN, Q_Key, LID, MTU, GID each), no region, then data.
 func helloPayload(count uint32, eps []connect.Endpoint, data []byte) []byte {
+	return helloRegions(count, eps, 0, nil, data)
+}
+
+// helloRegions is a hello's payload claiming count endpoints and holding
+// eps, then claiming rcount regions and holding rs (address, length,
+// rkey each), then data.
+func helloRegions(count uint32, eps []connect.Endpoint, rcount uint32, rs []connect.Region, data []byte) []byte {
 	b := binary.LittleEndian.AppendUint32(nil, count)
 	for _, e := range eps {
 		b = binary.LittleEndian.AppendUint32(b, e.QPN)
@@ -40,6 +50,12 @@ func helloPayload(count uint32, eps []connect.Endpoint, data []byte) []byte {
 		b = binary.LittleEndian.AppendUint16(b, e.LID)
 		b = binary.LittleEndian.AppendUint16(b, uint16(e.MTU))
 		b = append(b, e.GID[:]...)
+	}
+	b = binary.LittleEndian.AppendUint32(b, rcount)
+	for _, r := range rs {
+		b = binary.LittleEndian.AppendUint64(b, r.Addr)
+		b = binary.LittleEndian.AppendUint64(b, r.Len)
+		b = binary.LittleEndian.AppendUint32(b, r.RKey)
 	}
 	return append(b, data...)
 }
@@ -100,20 +116,25 @@ func TestHostileInputIsAnErrorNative(t *testing.T) {
 	}{
 		{"another protocol", []byte("GET / HTTP/1.0\r\n\r\n"), "not vfrdma's exchange", false},
 		{"rdma-core's format", rdmaCoreMsg(0, 0x11, 7, gidAHex), "rdma-core's pingpong exchange", false},
-		{"another version", nativeMsg(2, 1, helloPayload(1, []connect.Endpoint{good}, nil)), "version 2", true},
-		{"unknown kind", nativeMsg(1, 9, nil), "unknown kind 9", true},
-		{"oversize frame", nativeMsg(1, 1, nil)[:12], "", true}, // filled in below
-		{"oversize count", nativeMsg(1, 1, helloPayload(1<<20, nil, nil)), "offers 1048576 endpoints", true},
-		{"count beyond the payload", nativeMsg(1, 1, helloPayload(3, []connect.Endpoint{good}, nil)), "3 endpoints take 100 bytes, the hello has 36", true},
-		{"oversize data", nativeMsg(1, 1, helloPayload(0, nil, make([]byte, connect.MaxData+1))), "bytes of data", true},
-		{"QPN 0", nativeMsg(1, 1, helloPayload(1, []connect.Endpoint{{GID: gidA}}, nil)), "endpoint 0: QPN 0x0", true},
-		{"QPN past 24 bits", nativeMsg(1, 1, helloPayload(2, []connect.Endpoint{good, {QPN: 1 << 24}}, nil)), "endpoint 1: QPN 0x1000000", true},
-		{"PSN past 24 bits", nativeMsg(1, 1, helloPayload(1, []connect.Endpoint{{QPN: 1, PSN: 1 << 31}}, nil)), "PSN 0x80000000", true},
-		{"bad MTU", nativeMsg(1, 1, helloPayload(1, []connect.Endpoint{{QPN: 1, MTU: 1500}}, nil)), "path MTU 1500", true},
+		{"another version", nativeMsg(1, 1, helloPayload(1, []connect.Endpoint{good}, nil)), "the peer speaks version 1 of the exchange, this end 2", true},
+		{"unknown kind", nativeMsg(version, 9, nil), "unknown kind 9", true},
+		{"oversize frame", nativeMsg(version, 1, nil)[:12], "", true}, // filled in below
+		{"oversize count", nativeMsg(version, 1, helloPayload(1<<20, nil, nil)), "offers 1048576 endpoints", true},
+		{"count beyond the payload", nativeMsg(version, 1, helloPayload(3, []connect.Endpoint{good}, nil)), "3 endpoints and the region count take 104 bytes, the hello has 40", true},
+		{"no region count", nativeMsg(version, 1, helloPayload(1, []connect.Endpoint{good}, nil)[:36]), "1 endpoints and the region count take 40 bytes, the hello has 36", true},
+		{"oversize region count", nativeMsg(version, 1, helloRegions(0, nil, 1<<20, nil, nil)), "offers 1048576 regions", true},
+		{"region count beyond the payload", nativeMsg(version, 1, helloRegions(0, nil, 2, []connect.Region{{Addr: 1, Len: 1}}, nil)), "2 regions take 44 bytes, the hello has 24 after its endpoints", true},
+		{"empty region", nativeMsg(version, 1, helloRegions(0, nil, 1, []connect.Region{{Addr: 0x1000, RKey: 7}}, nil)), "region 0: region at 0x1000 (rkey 0x7) is empty", true},
+		{"region past the address space", nativeMsg(version, 1, helloRegions(0, nil, 2, []connect.Region{{Addr: 1, Len: 1}, {Addr: 1<<63 + 1, Len: 1 << 63}}, nil)), "region 1: region at 0x8000000000000001 of 9223372036854775808 bytes passes the end", true},
+		{"oversize data", nativeMsg(version, 1, helloPayload(0, nil, make([]byte, connect.MaxData+1))), "bytes of data", true},
+		{"QPN 0", nativeMsg(version, 1, helloPayload(1, []connect.Endpoint{{GID: gidA}}, nil)), "endpoint 0: QPN 0x0", true},
+		{"QPN past 24 bits", nativeMsg(version, 1, helloPayload(2, []connect.Endpoint{good, {QPN: 1 << 24}}, nil)), "endpoint 1: QPN 0x1000000", true},
+		{"PSN past 24 bits", nativeMsg(version, 1, helloPayload(1, []connect.Endpoint{{QPN: 1, PSN: 1 << 31}}, nil)), "PSN 0x80000000", true},
+		{"bad MTU", nativeMsg(version, 1, helloPayload(1, []connect.Endpoint{{QPN: 1, MTU: 1500}}, nil)), "path MTU 1500", true},
 		{"header cut", []byte("vfrdma"), "a header cut at 6 of 12 bytes", true},
-		{"frame cut", nativeMsg(1, 1, helloPayload(1, []connect.Endpoint{good}, nil))[:30], "cut short", true},
-		{"a barrier for a hello", nativeMsg(1, 2, []byte("ready")), "a barrier where a hello was due", true},
-		{"a refusal", nativeMsg(1, 3, []byte("go away\x00\xff")), "the peer refused the exchange, saying: go away??", false},
+		{"frame cut", nativeMsg(version, 1, helloPayload(1, []connect.Endpoint{good}, nil))[:30], "cut short", true},
+		{"a barrier for a hello", nativeMsg(version, 2, []byte("ready")), "a barrier where a hello was due", true},
+		{"a refusal", nativeMsg(version, 3, []byte("go away\x00\xff")), "the peer refused the exchange, saying: go away??", false},
 		{"nothing", nil, "the peer closed the connection", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -197,7 +218,7 @@ func TestHostileInputIsAnErrorRDMACore(t *testing.T) {
 		{"truncated", connect.RDMACore, good[:30], "cut at 30 of 52 bytes"},
 		{"QPN 0", connect.RDMACore, zero, "names no QP"},
 		{"no GID", connect.RDMACore, rdmaCoreMsg(0, 0x11, 7, strings.Repeat("0", 32)), "-g GID_INDEX"},
-		{"vfrdma's format", connect.RDMACore, nativeMsg(1, 1, helloPayload(1, []connect.Endpoint{{QPN: 1}}, nil)), "native exchange"},
+		{"vfrdma's format", connect.RDMACore, nativeMsg(version, 1, helloPayload(1, []connect.Endpoint{{QPN: 1}}, nil)), "native exchange"},
 		{"srq: a QP after none", connect.RDMACoreSRQ, srq(good, zero, good), "address 3 names QP 0x11 after address 2 named none"},
 		{"srq: no QP", connect.RDMACoreSRQ, srq(), "none of the peer's 256 addresses"},
 		{"srq: truncated", connect.RDMACoreSRQ, srq(good)[:100*52], "address 101 of 256"},

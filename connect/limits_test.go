@@ -134,18 +134,18 @@ func TestOnePastABoundThePeersMessageIsRefused(t *testing.T) {
 		sent []byte
 		want string // "" for taken
 	}{
-		{"endpoints at the bound", nativeMsg(1, 1, helloPayload(connect.MaxEndpoints, atLimit(connect.MaxEndpoints), nil)), ""},
-		{"endpoints one past", nativeMsg(1, 1, helloPayload(connect.MaxEndpoints+1, atLimit(connect.MaxEndpoints+1), nil)), "the peer offers 4097 endpoints, at most 4096"},
-		{"data at the bound", nativeMsg(1, 1, helloPayload(0, nil, make([]byte, connect.MaxData))), ""},
-		{"data one past", nativeMsg(1, 1, helloPayload(0, nil, make([]byte, connect.MaxData+1))), "65537 bytes of data, at most 65536"},
-		{"QPN at the bound", nativeMsg(1, 1, helloPayload(1, []connect.Endpoint{{QPN: 0xffffff}}, nil)), ""},
-		{"QPN one past", nativeMsg(1, 1, helloPayload(1, []connect.Endpoint{{QPN: 1 << 24}}, nil)), "QPN 0x1000000"},
-		{"PSN at the bound", nativeMsg(1, 1, helloPayload(1, []connect.Endpoint{{QPN: 1, PSN: 0xffffff}}, nil)), ""},
-		{"PSN one past", nativeMsg(1, 1, helloPayload(1, []connect.Endpoint{{QPN: 1, PSN: 1 << 24}}, nil)), "PSN 0x1000000"},
-		{"MTU at the bound", nativeMsg(1, 1, helloPayload(1, []connect.Endpoint{{QPN: 1, MTU: 4096}}, nil)), ""},
-		{"MTU one past", nativeMsg(1, 1, helloPayload(1, []connect.Endpoint{{QPN: 1, MTU: 8192}}, nil)), "path MTU 8192"},
-		{"barrier name at the bound", append(nativeMsg(1, 1, helloPayload(1, []connect.Endpoint{good}, nil)), nativeMsg(1, 2, bytes.Repeat([]byte("n"), connect.MaxBarrierName))...), ""},
-		{"barrier name one past", append(nativeMsg(1, 1, helloPayload(1, []connect.Endpoint{good}, nil)), nativeMsg(1, 2, bytes.Repeat([]byte("n"), connect.MaxBarrierName+1))...), "a frame of 256 bytes, at most 255 here"},
+		{"endpoints at the bound", nativeMsg(version, 1, helloPayload(connect.MaxEndpoints, atLimit(connect.MaxEndpoints), nil)), ""},
+		{"endpoints one past", nativeMsg(version, 1, helloPayload(connect.MaxEndpoints+1, atLimit(connect.MaxEndpoints+1), nil)), "the peer offers 4097 endpoints, at most 4096"},
+		{"data at the bound", nativeMsg(version, 1, helloPayload(0, nil, make([]byte, connect.MaxData))), ""},
+		{"data one past", nativeMsg(version, 1, helloPayload(0, nil, make([]byte, connect.MaxData+1))), "65537 bytes of data, at most 65536"},
+		{"QPN at the bound", nativeMsg(version, 1, helloPayload(1, []connect.Endpoint{{QPN: 0xffffff}}, nil)), ""},
+		{"QPN one past", nativeMsg(version, 1, helloPayload(1, []connect.Endpoint{{QPN: 1 << 24}}, nil)), "QPN 0x1000000"},
+		{"PSN at the bound", nativeMsg(version, 1, helloPayload(1, []connect.Endpoint{{QPN: 1, PSN: 0xffffff}}, nil)), ""},
+		{"PSN one past", nativeMsg(version, 1, helloPayload(1, []connect.Endpoint{{QPN: 1, PSN: 1 << 24}}, nil)), "PSN 0x1000000"},
+		{"MTU at the bound", nativeMsg(version, 1, helloPayload(1, []connect.Endpoint{{QPN: 1, MTU: 4096}}, nil)), ""},
+		{"MTU one past", nativeMsg(version, 1, helloPayload(1, []connect.Endpoint{{QPN: 1, MTU: 8192}}, nil)), "path MTU 8192"},
+		{"barrier name at the bound", append(nativeMsg(version, 1, helloPayload(1, []connect.Endpoint{good}, nil)), nativeMsg(version, 2, bytes.Repeat([]byte("n"), connect.MaxBarrierName))...), ""},
+		{"barrier name one past", append(nativeMsg(version, 1, helloPayload(1, []connect.Endpoint{good}, nil)), nativeMsg(version, 2, bytes.Repeat([]byte("n"), connect.MaxBarrierName+1))...), "a frame of 256 bytes, at most 255 here"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			barrier := strings.HasPrefix(tc.name, "barrier")

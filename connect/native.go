@@ -6,33 +6,41 @@ import (
 	"errors"
 	"fmt"
 	"io"
+
+	"github.com/vfrdma/vfrdma"
 )
 
 // The native format. Every message is a 12-byte header (the magic, the
 // version, the kind; little-endian) and a frame (frame.go) holding its
 // payload:
 //
-//	hello    a count (u32), that many 32-byte endpoints, then Info.Data
+//	hello    a count (u32), that many 32-byte endpoints, a count (u32),
+//	         that many 20-byte regions, then Info.Data
 //	barrier  the barrier's name
 //	refusal  why the sender refuses what it received (text)
 //
 // An endpoint is QPN, PSN, Q_Key (u32 each), LID, MTU (u16 each) and the
-// GID's 16 bytes. The client writes its hello, the server answers with its
+// GID's 16 bytes; a region is its address, its length (u64 each) and its
+// rkey (u32). The client writes its hello, the server answers with its
 // own; at a barrier likewise. An end that finds the peer's message wrong
 // answers with a refusal before it gives up, so that the peer's error says
 // what was wrong.
+//
+// Version 2 added the regions; an end of version 1 (endpoints, then the
+// data) is refused by its version.
 const (
 	nativeMagic   = "vfrdmaCX"
-	nativeVersion = 1
+	nativeVersion = 2
 	headerLen     = 12
 	endpointLen   = 32
+	regionLen     = 20
 
 	kindHello   = 1
 	kindBarrier = 2
 	kindRefusal = 3
 
 	maxRefusal = 1024
-	maxHello   = 4 + endpointLen*MaxEndpoints + MaxData
+	maxHello   = 4 + endpointLen*MaxEndpoints + 4 + regionLen*MaxRegions + MaxData
 
 	readyName = "ready" // the barrier Ready is
 )
@@ -65,7 +73,7 @@ func appendMessage(b []byte, kind uint16, p []byte) []byte {
 
 // encodeHello returns a hello's payload.
 func encodeHello(in Info) []byte {
-	b := make([]byte, 0, 4+endpointLen*len(in.Endpoints)+len(in.Data))
+	b := make([]byte, 0, 4+endpointLen*len(in.Endpoints)+4+regionLen*len(in.Regions)+len(in.Data))
 	b = binary.LittleEndian.AppendUint32(b, uint32(len(in.Endpoints)))
 	for _, e := range in.Endpoints {
 		b = binary.LittleEndian.AppendUint32(b, e.QPN)
@@ -74,6 +82,12 @@ func encodeHello(in Info) []byte {
 		b = binary.LittleEndian.AppendUint16(b, e.LID)
 		b = binary.LittleEndian.AppendUint16(b, uint16(e.MTU))
 		b = append(b, e.GID[:]...)
+	}
+	b = binary.LittleEndian.AppendUint32(b, uint32(len(in.Regions)))
+	for _, r := range in.Regions {
+		b = binary.LittleEndian.AppendUint64(b, r.Addr)
+		b = binary.LittleEndian.AppendUint64(b, r.Len)
+		b = binary.LittleEndian.AppendUint32(b, r.RKey)
 	}
 	return append(b, in.Data...)
 }
@@ -88,11 +102,8 @@ func decodeHello(p []byte) (Info, error) {
 		return Info{}, fmt.Errorf("%w: the peer offers %d endpoints, at most %d", ErrProtocol, n, MaxEndpoints)
 	}
 	need := 4 + endpointLen*int(n)
-	if len(p) < need {
-		return Info{}, fmt.Errorf("%w: %d endpoints take %d bytes, the hello has %d", ErrProtocol, n, need, len(p))
-	}
-	if len(p)-need > MaxData {
-		return Info{}, fmt.Errorf("%w: %d bytes of data, at most %d", ErrProtocol, len(p)-need, MaxData)
+	if len(p) < need+4 {
+		return Info{}, fmt.Errorf("%w: %d endpoints and the region count take %d bytes, the hello has %d", ErrProtocol, n, need+4, len(p))
 	}
 	var in Info
 	if n > 0 {
@@ -113,10 +124,76 @@ func decodeHello(p []byte) (Info, error) {
 		}
 		in.Endpoints[i] = e
 	}
+	p = p[need:]
+	m := binary.LittleEndian.Uint32(p)
+	if m > MaxRegions {
+		return Info{}, fmt.Errorf("%w: the peer offers %d regions, at most %d", ErrProtocol, m, MaxRegions)
+	}
+	need = 4 + regionLen*int(m)
+	if len(p) < need {
+		return Info{}, fmt.Errorf("%w: %d regions take %d bytes, the hello has %d after its endpoints", ErrProtocol, m, need, len(p))
+	}
+	if len(p)-need > MaxData {
+		return Info{}, fmt.Errorf("%w: %d bytes of data, at most %d", ErrProtocol, len(p)-need, MaxData)
+	}
+	if m > 0 {
+		in.Regions = make([]Region, m)
+	}
+	for i := range in.Regions {
+		b := p[4+regionLen*i : 4+regionLen*(i+1)]
+		r := Region{
+			Addr: binary.LittleEndian.Uint64(b[0:]),
+			Len:  binary.LittleEndian.Uint64(b[8:]),
+			RKey: binary.LittleEndian.Uint32(b[16:]),
+		}
+		if err := r.check(); err != nil {
+			return Info{}, fmt.Errorf("%w: region %d: %v", ErrProtocol, i, err)
+		}
+		in.Regions[i] = r
+	}
 	if len(p) > need {
 		in.Data = p[need:]
 	}
 	return in, nil
+}
+
+// MarshalBinary returns in as the native format's hello message (header
+// and frame, as Exchange sends it), for a channel other than a Conn's: a
+// key/value store that two ends share, say. What the native format cannot
+// carry (a count past its bound, a field out of range) is an error
+// wrapping vfrdma.ErrInvalid.
+func (in Info) MarshalBinary() ([]byte, error) {
+	if err := Native.checkMine(in); err != nil {
+		return nil, fmt.Errorf("%w: %v", vfrdma.ErrInvalid, err)
+	}
+	return appendMessage(nil, kindHello, encodeHello(in)), nil
+}
+
+// UnmarshalBinary decodes a hello message that MarshalBinary made, with
+// the checks Exchange makes of the peer's: what is not one whole hello of
+// this version, in range, and nothing after it, is an error wrapping
+// ErrProtocol that quotes what arrived. in's slices do not alias b.
+func (in *Info) UnmarshalBinary(b []byte) error {
+	r := bytes.NewReader(b)
+	p, err := readMessage(r, kindHello)
+	switch {
+	case err == nil:
+	case errors.Is(err, ErrProtocol):
+		return err
+	case errors.Is(err, ErrRefused):
+		return fmt.Errorf("%w: a refusal where a hello was due (%v)", ErrProtocol, err)
+	default: // b ended before the message did
+		return fmt.Errorf("%w: %s is not a whole hello (%v)", ErrProtocol, quote(b), err)
+	}
+	if r.Len() > 0 {
+		return fmt.Errorf("%w: %d bytes after the hello: %s", ErrProtocol, r.Len(), quote(b[len(b)-r.Len():]))
+	}
+	got, err := decodeHello(p)
+	if err != nil {
+		return err
+	}
+	*in = got
+	return nil
 }
 
 // readMessage reads the peer's next message, which must be of kind want,

@@ -215,8 +215,8 @@ func TestAStrangersFirstByteIsRefused(t *testing.T) {
 func TestAPeerThatStopsMidMessageIsRefusedAfterTheExchangeTimeout(t *testing.T) {
 	opts := connect.Options{ExchangeTimeout: 100 * time.Millisecond}
 	good := rdmaCoreMsg(0, 0x11, 7, gidAHex)
-	hello := nativeMsg(1, 1, helloPayload(1, []connect.Endpoint{{QPN: 1, GID: gidA}}, nil))
-	ready := nativeMsg(1, 2, []byte("ready"))
+	hello := nativeMsg(version, 1, helloPayload(1, []connect.Endpoint{{QPN: 1, GID: gidA}}, nil))
+	ready := nativeMsg(version, 2, []byte("ready"))
 	srq := func(n int) []byte { // n bytes of ibv_srq_pingpong's 256 messages
 		var b []byte
 		for len(b) < n {
@@ -233,10 +233,10 @@ func TestAPeerThatStopsMidMessageIsRefusedAfterTheExchangeTimeout(t *testing.T) 
 		quoted string
 	}{
 		{"native hello, header", connect.Native, hello[:7], exchange, 7, `"vfrdmaC"`},
-		{"native hello, frame", connect.Native, hello[:30], exchange, 30, `"vfrdmaCX\x01\x00\x01\x00$\x00\x00\x00\x01\x00\x00\x00\x01\x00`},
+		{"native hello, frame", connect.Native, hello[:30], exchange, 30, `"vfrdmaCX\x02\x00\x01\x00(\x00\x00\x00\x01\x00\x00\x00\x01\x00`},
 		{"rdma-core address", connect.RDMACore, good[:26], exchange, 26, `"0000:000011:000007:fe80000"`},
 		{"srq addresses", connect.RDMACoreSRQ, srq(100*52 + 3), exchange, 100*52 + 3, `"0000:000011:000007:fe80000000000000505400fffe123456\x000000:000011:"...`},
-		{"native ready", connect.Native, append(hello, ready[:14]...), exchangeReady, 14, `"vfrdmaCX\x01\x00\x02\x00\x05\x00"`},
+		{"native ready", connect.Native, append(hello, ready[:14]...), exchangeReady, 14, `"vfrdmaCX\x02\x00\x02\x00\x05\x00"`},
 		{"rdma-core done", connect.RDMACore, append(good, "do"...), exchangeReady, 2, `"do"`},
 	} {
 		t.Run("server/"+tc.name, func(t *testing.T) {
@@ -259,7 +259,7 @@ func TestAPeerThatStopsMidMessageIsRefusedAfterTheExchangeTimeout(t *testing.T) 
 		answer []byte
 		quoted string
 	}{
-		{"native hello", connect.Native, hello[:20], `"vfrdmaCX\x01\x00\x01\x00$\x00\x00\x00\x01\x00\x00\x00"`},
+		{"native hello", connect.Native, hello[:20], `"vfrdmaCX\x02\x00\x01\x00(\x00\x00\x00\x01\x00\x00\x00"`},
 		{"rdma-core address", connect.RDMACore, good[:40], `"0000:000011:000007:fe8000000000000050540"`},
 		{"srq addresses", connect.RDMACoreSRQ, srq(255*52 + 51), `"0000:000011:000007:fe80000000000000505400fffe123456\x000000:000011:"...`},
 	} {
@@ -285,7 +285,7 @@ func sent(f connect.Format) int {
 	case connect.RDMACoreSRQ:
 		return 256 * 52
 	}
-	return 12 + 4 + 4 + 32
+	return 12 + 4 + 4 + 32 + 4
 }
 
 // exchangeReady runs Exchange and then Ready.
@@ -323,8 +323,8 @@ func TestThePeersTurnIsNotBoundedByTheExchangeTimeout(t *testing.T) {
 	const limit = 30 * time.Millisecond
 	linger := func() { time.Sleep(5 * limit) }
 	short := connect.Options{ExchangeTimeout: limit}
-	hello := nativeMsg(1, 1, helloPayload(1, []connect.Endpoint{{QPN: 1, GID: gidA}}, nil))
-	barrier := func(name string) []byte { return nativeMsg(1, 2, []byte(name)) }
+	hello := nativeMsg(version, 1, helloPayload(1, []connect.Endpoint{{QPN: 1, GID: gidA}}, nil))
+	barrier := func(name string) []byte { return nativeMsg(version, 2, []byte(name)) }
 	// steps runs this end's steps: Exchange, Ready and, in the native
 	// format, a Barrier and a second Exchange; before each, if lingers,
 	// it lingers.
@@ -421,7 +421,7 @@ func TestThePeersTurnIsNotBoundedByTheExchangeTimeout(t *testing.T) {
 // ErrProtocol that says where it was cut and what arrived, at either end.
 func TestAPeerThatClosesMidMessageIsAProtocolError(t *testing.T) {
 	good := rdmaCoreMsg(0, 0x11, 7, gidAHex)
-	hello := nativeMsg(1, 1, helloPayload(1, []connect.Endpoint{{QPN: 1, GID: gidA}}, nil))
+	hello := nativeMsg(version, 1, helloPayload(1, []connect.Endpoint{{QPN: 1, GID: gidA}}, nil))
 	for _, tc := range []struct {
 		name string
 		f    connect.Format

@@ -16,6 +16,8 @@ import (
 
 	"github.com/vfrdma/vfrdma"
 	"github.com/vfrdma/vfrdma/am"
+	"github.com/vfrdma/vfrdma/connect"
+	"github.com/vfrdma/vfrdma/internal/perf"
 )
 
 // Handler indices of pvctl am, the same on both tasks.
@@ -253,15 +255,6 @@ func amStatsLine(s am.Stats) string {
 		s.Sent, s.Received, s.Packets, s.CtrlPackets, s.RideAcks, s.Doorbells, s.RecvDoorbells, s.CreditStalls)
 }
 
-// medianDuration is the median of d (sorted in place), 0 if empty.
-func medianDuration(d []time.Duration) time.Duration {
-	if len(d) == 0 {
-		return 0
-	}
-	slices.Sort(d)
-	return d[(len(d)-1)/2]
-}
-
 // blank formats v, or nothing for 0.
 func blank(v float64, f string) string {
 	if v == 0 {
@@ -332,20 +325,18 @@ func amRaw(ctx context.Context, t *trafficFlags, d *vfrdma.Device, sizes []int, 
 				return nil, x, err
 			}
 		}
-		var row benchRow
 		a.msgSize = max(size, 1)
-		switch {
-		case x != nil && x.server():
-			row, err = benchReceive(ctx, a, messages, vfrdma.RC, waitPoll)
-		default:
-			row, err = benchSend(ctx, a, b, messages, 32, sendOpts{}, x)
+		if x != nil && x.server() {
+			if _, err := benchReceive(ctx, a, messages, vfrdma.RC, perf.Sleep); err != nil {
+				return nil, x, err
+			}
+			continue
 		}
+		row, err := benchSend(ctx, a, b, messages, 32, sendOpts{})
 		if err != nil {
 			return nil, x, err
 		}
-		if x == nil || !x.server() {
-			rates[i] = row.MessagesPerSec
-		}
+		rates[i] = row.MessagesPerSec
 	}
 	return rates, x, nil
 }
@@ -402,12 +393,12 @@ type amPeerExchange struct {
 }
 
 func (p amPeerExchange) AllGather(ctx context.Context, mine []byte) ([][]byte, error) {
-	theirs, err := p.x.swap(ctx, peerInfo{Blob: mine})
+	theirs, err := p.x.swap(ctx, connect.Info{Data: mine})
 	if err != nil {
 		return nil, err
 	}
 	all := make([][]byte, 2)
-	all[p.self], all[1-p.self] = mine, theirs.Blob
+	all[p.self], all[1-p.self] = mine, theirs.Data
 	return all, nil
 }
 
@@ -552,10 +543,10 @@ func amLatency(ctx context.Context, c *am.Context, resp, size, iters int, pongs 
 	}
 	el := time.Since(start)
 	after := c.Stats()
-	return amRow{Test: "latency", Size: size, Messages: iters, Seconds: el.Seconds(), RoundTripUS: us(el) / float64(iters),
+	return amRow{Test: "latency", Size: size, Messages: iters, Seconds: el.Seconds(), RoundTripUS: perf.PerMessage(el, iters),
 		PacketsPerMsg:     float64(after.Packets-before.Packets) / float64(iters),
 		DoorbellsPerMsg:   float64(after.Doorbells-before.Doorbells) / float64(iters),
-		HandlerToCallerUS: us(medianDuration(h2c)), CallerToSentUS: us(medianDuration(c2s))}, nil
+		HandlerToCallerUS: perf.US(perf.Median(h2c)), CallerToSentUS: perf.US(perf.Median(c2s))}, nil
 }
 
 // amRate sends messages of size bytes one way and waits until the

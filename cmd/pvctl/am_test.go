@@ -6,6 +6,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/vfrdma/vfrdma/connect"
 )
 
 func TestAMSizesParse(t *testing.T) {
@@ -27,19 +29,19 @@ func TestAMRefusesBadFlagsBeforeTouchingADevice(t *testing.T) {
 
 // fakeExchanger swaps with a fixed peer.
 type fakeExchanger struct {
-	peer peerInfo
+	peer connect.Info
 	srv  bool
 }
 
-func (f *fakeExchanger) swap(context.Context, peerInfo) (peerInfo, error) { return f.peer, nil }
-func (f *fakeExchanger) barrier(context.Context, string) error            { return nil }
-func (f *fakeExchanger) server() bool                                     { return f.srv }
-func (f *fakeExchanger) close()                                           {}
+func (f *fakeExchanger) swap(context.Context, connect.Info) (connect.Info, error) { return f.peer, nil }
+func (f *fakeExchanger) barrier(context.Context, string) error                    { return nil }
+func (f *fakeExchanger) server() bool                                             { return f.srv }
+func (f *fakeExchanger) close()                                                   {}
 
 // The all-gather over pvctl's exchanger puts each blob at its task.
 func TestAMPeerExchangeOrdersByTask(t *testing.T) {
 	for self := range 2 {
-		x := amPeerExchange{x: &fakeExchanger{peer: peerInfo{Blob: []byte("theirs")}}, self: self}
+		x := amPeerExchange{x: &fakeExchanger{peer: connect.Info{Data: []byte("theirs")}}, self: self}
 		all, err := x.AllGather(context.Background(), []byte("mine"))
 		require.NoError(t, err)
 		assert.Equal(t, "mine", string(all[self]))

@@ -4,14 +4,13 @@ import (
 	"context"
 	"flag"
 	"fmt"
-	"runtime"
-	"slices"
 	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
 
 	"github.com/vfrdma/vfrdma"
+	"github.com/vfrdma/vfrdma/internal/perf"
 )
 
 type benchRow struct {
@@ -182,37 +181,35 @@ func cmdBench(e *env, args []string) error {
 		}
 		var row benchRow
 		switch {
-		case res.Mode == "receiver" && recvMode != recvInline:
-			var r recvResult
-			r, err = benchReceiveLoop(ctx, a, messages, typ, recvMode)
-			row = benchRow{Batch: batch, Messages: r.got, Seconds: r.elapsed.Seconds()}
-			row.addReceiver(recvMode, r)
-			row.MessagesPerSec = row.ReceiverMsgPerSec
 		case res.Mode == "receiver":
-			row, err = benchReceive(ctx, a, messages, typ, t.poller())
-			row.Batch = batch
+			var r perf.RecvResult
+			r, err = benchReceive(ctx, a, messages, typ, recvWaitOf(recvMode, t))
+			row = benchRow{Batch: batch, Messages: r.Got, Seconds: r.Elapsed.Seconds(), MessagesPerSec: perf.Rate(r.Got, r.Elapsed), ReceivesChecked: r.Got}
+			if recvMode != recvInline {
+				row.addReceiver(recvMode, r)
+			}
 		case b != nil && recvMode != recvInline:
 			// Loopback with the receiver in a goroutine of its own.
 			if err = b.fillRecvs(); err != nil {
 				break
 			}
 			type result struct {
-				r   recvResult
+				r   perf.RecvResult
 				err error
 			}
 			rch := make(chan result, 1)
 			go func() {
-				r, err := benchReceiveLoop(ctx, b, messages, typ, recvMode)
+				r, err := benchReceive(ctx, b, messages, typ, recvWaitOf(recvMode, t))
 				rch <- result{r, err}
 			}()
-			row, err = benchSend(ctx, a, nil, messages, batch, so, x)
+			row, err = benchSend(ctx, a, nil, messages, batch, so)
 			rr := <-rch
 			if err == nil {
 				err = rr.err
 			}
 			row.addReceiver(recvMode, rr.r)
 		default:
-			row, err = benchSend(ctx, a, b, messages, batch, so, x)
+			row, err = benchSend(ctx, a, b, messages, batch, so)
 		}
 		if err != nil {
 			return fmt.Errorf("batch %d: %w", batch, err)
@@ -251,16 +248,7 @@ func cmdBench(e *env, args []string) error {
 		}
 		return w.Flush()
 	}
-	inFlight := "4 batches"
-	if so.window > 0 {
-		inFlight = fmt.Sprintf("%d messages", so.window)
-	}
-	inFlight += " in flight"
-	if so.spin {
-		inFlight += ", the sender spinning"
-	} else {
-		inFlight += ", the sender sleeping on events"
-	}
+	inFlight := inFlight(so.window, "messages", "sender", so.spin, ", the sender sleeping on events")
 	fmt.Fprintf(e.out, "%s send bench, %d-byte messages, %s, at most %s; latency: %s\n", res.Transport, res.Size, res.Mode, inFlight, res.Latency)
 	fmt.Fprintln(w, "batch\tmessages\tmsg/s\tp50 µs\tp99 µs\tdoorbells/msg\tpost µs/msg\tpoll µs/msg\twait µs/msg\t")
 	for _, r := range res.Rows {
@@ -269,11 +257,25 @@ func cmdBench(e *env, args []string) error {
 	return w.Flush()
 }
 
+// inFlight says what a bench keeps in flight: window requests (what
+// counts them: unit), or four batches; then whether who spins, or else
+// what sleeping says.
+func inFlight(window int, unit, who string, spins bool, sleeping string) string {
+	s := "4 batches"
+	if window > 0 {
+		s = fmt.Sprintf("%d %s", window, unit)
+	}
+	s += " in flight"
+	if spins {
+		return s + ", the " + who + " spinning"
+	}
+	return s + sleeping
+}
+
 // sendOpts are benchSend's choices beyond the batch.
 type sendOpts struct {
-	// window: messages in flight at most; 0 means four batches: enough to
-	// keep the device busy, few enough that the latency is the device's
-	// and not the queue's.
+	// window: messages in flight at most; 0 means four batches (see
+	// perf.Send.Window).
 	window int
 	// spin: never sleep on the interrupt; poll and yield instead.
 	spin bool
@@ -282,28 +284,10 @@ type sendOpts struct {
 	remote *remoteOp
 }
 
-// benchSend sends messages from a; b, in loopback, receives them in the
-// same loop (reposting its receives). Between hosts the peer runs
-// benchReceive.
-func benchSend(ctx context.Context, a, b *endpoint, messages, batch int, so sendOpts, x exchanger) (benchRow, error) {
-	window := so.window
-	if window <= 0 {
-		window = 4 * batch
-	}
-	depth := min(a.depth, max(window, batch)) // a batch is one chain
-	recvEnd := b
-	if recvEnd != nil {
-		if err := recvEnd.fillRecvs(); err != nil {
-			return benchRow{}, err
-		}
-	}
-	wrs := make([]vfrdma.SendWR, batch)
-	sges := make([]vfrdma.SGE, batch)
-	postedAt := make([]time.Time, messages)
-	lat := make([]time.Duration, 0, messages)
-	wcs := make([]vfrdma.WC, 64)
-	before, _ := a.qp.DoorbellStats()
-	sent, done, received := 0, 0, 0
+// benchSend sends messages from a (perf.Send); b, in loopback, receives
+// them in the same loop (reposting its receives). Between hosts the peer
+// runs benchReceive.
+func benchSend(ctx context.Context, a, b *endpoint, messages, batch int, so sendOpts) (benchRow, error) {
 	size := a.slot
 	if a.qp.Type() == vfrdma.UD {
 		size -= vfrdma.UDHeaderRoom
@@ -311,148 +295,51 @@ func benchSend(ctx context.Context, a, b *endpoint, messages, batch int, so send
 	if a.msgSize > 0 {
 		size = a.msgSize
 	}
-	var inPost, inPoll, inWait time.Duration
-	start := time.Now()
-	idle := 0
-	for done < messages || (recvEnd != nil && a.qp.Type() == vfrdma.RC && received < messages) {
-		// Post batches while the window has room for one (as perftest
-		// posts up to its tx depth before it polls).
-		for {
-			n := min(batch, messages-sent, depth-(sent-done))
-			if n <= 0 || (n != batch && sent+n != messages) {
-				break
-			}
+	s := perf.Send{QP: a.qp, CQ: a.cq, Messages: messages, Batch: batch, Window: so.window, Depth: a.depth, Wait: perf.Sleep,
+		Fill: func(wr *vfrdma.SendWR, sge []vfrdma.SGE, seq int) {
 			// Receive slots (loopback) follow the queue, not the window.
-			now := time.Now()
-			for i := 0; i < n; i++ {
-				a.sendWR(&wrs[i], sges[i:i+1], uint64(sent+i), (sent+i)%a.depth, size)
-				if so.remote != nil {
-					so.remote.fill(&wrs[i], sent+i)
-				}
-				postedAt[sent+i] = now
+			a.sendWR(wr, sge, uint64(seq), seq%a.depth, size)
+			if so.remote != nil {
+				so.remote.fill(wr, seq)
 			}
-			_, err := a.qp.PostSend(wrs[:n], 0)
-			inPost += time.Since(now)
-			if err != nil {
-				return benchRow{}, err
-			}
-			sent += n
-		}
-		progress := false
-		t0 := time.Now()
-		k, err := a.cq.Poll(wcs)
-		now := time.Now()
-		inPoll += now.Sub(t0)
-		if err != nil {
+		}}
+	if so.spin {
+		s.Wait = perf.Spin
+	}
+	if so.remote != nil {
+		s.Done = so.remote.done
+	}
+	if b != nil {
+		if err := b.fillRecvs(); err != nil {
 			return benchRow{}, err
 		}
-		for _, wc := range wcs[:k] {
-			if wc.Status != vfrdma.WCSuccess {
-				return benchRow{}, fmt.Errorf("send completion %+v", wc)
-			}
-			if so.remote != nil {
-				if err := so.remote.done(&wc); err != nil {
-					return benchRow{}, err
-				}
-			}
-			lat = append(lat, now.Sub(postedAt[wc.WRID]))
-			done++
-			progress = true
-		}
-		if recvEnd != nil {
-			k, err := recvEnd.cq.Poll(wcs)
-			if err != nil {
-				return benchRow{}, err
-			}
-			for _, wc := range wcs[:k] {
-				if wc.Status != vfrdma.WCSuccess {
-					return benchRow{}, fmt.Errorf("receive completion %+v", wc)
-				}
-				received++
-				progress = true
-			}
-			if k > 0 {
-				if err := recvEnd.repost(wcs[:k]); err != nil {
-					return benchRow{}, err
-				}
-			}
-		}
-		if progress {
-			idle = 0
-		} else if so.spin {
-			if err := ctx.Err(); err != nil {
-				return benchRow{}, err
-			}
-			runtime.Gosched()
-		} else if idle++; idle > 64 {
-			// Nothing to reap for a while: sleep on the interrupt.
-			cq := a.cq
-			if done == messages && recvEnd != nil {
-				cq = recvEnd.cq
-			}
-			wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-			t0 := time.Now()
-			err := cq.Wait(wctx)
-			inWait += time.Since(t0)
-			cancel()
-			if err != nil && ctx.Err() != nil {
-				return benchRow{}, err
-			}
-			if err != nil && cq == a.cq {
-				return benchRow{}, fmt.Errorf("no send completion for 2 s (%d of %d done): %w", done, messages, err)
-			}
-			if err != nil { // UD loopback: some datagrams may have been dropped
-				break
-			}
-			idle = 0
-		}
+		s.RecvCQ, s.Repost, s.AllReceived = b.cq, b.repost, a.qp.Type() == vfrdma.RC
 	}
-	el := time.Since(start)
-	after, _ := a.qp.DoorbellStats()
-	slices.Sort(lat)
-	row := benchRow{Batch: batch, Messages: messages, Seconds: el.Seconds(), MessagesPerSec: float64(messages) / el.Seconds(),
-		P50US: us(lat[len(lat)/2]), P99US: us(lat[len(lat)*99/100]), Doorbells: after.Doorbells - before.Doorbells}
+	r, err := s.Run(ctx)
+	if err != nil {
+		return benchRow{}, err
+	}
+	row := benchRow{Batch: batch, Messages: messages, Seconds: r.Elapsed.Seconds(), MessagesPerSec: perf.Rate(messages, r.Elapsed),
+		P50US: perf.US(perf.Quantile(r.Latency, 0.5)), P99US: perf.US(perf.Quantile(r.Latency, 0.99)), Doorbells: r.Doorbells}
 	row.DoorbellsPerMsg = float64(row.Doorbells) / float64(messages)
-	row.PostUSPerMsg = us(inPost) / float64(messages)
-	row.PollUSPerMsg = us(inPoll) / float64(messages)
-	row.WaitUSPerMsg = us(inWait) / float64(messages)
-	if recvEnd != nil {
-		row.ReceivesChecked = received
+	row.PostUSPerMsg = perf.PerMessage(r.InPost, messages)
+	row.PollUSPerMsg = perf.PerMessage(r.InPoll, messages)
+	row.WaitUSPerMsg = perf.PerMessage(r.InWait, messages)
+	if b != nil {
+		row.ReceivesChecked = r.Received
 	}
 	return row, nil
 }
 
-// benchReceive keeps receives posted and counts messages until it has them
-// all (RC) or the sender goes quiet (UD may drop).
-func benchReceive(ctx context.Context, a *endpoint, messages int, typ vfrdma.QPType, poll func(context.Context, *vfrdma.CQ, []vfrdma.WC) (int, error)) (benchRow, error) {
+// benchReceive keeps receives posted on a and counts messages until it
+// has them all or the sender goes quiet (UD may drop: it stops with what
+// it got), waiting as wait says (perf.Receive).
+func benchReceive(ctx context.Context, a *endpoint, messages int, typ vfrdma.QPType, wait perf.Wait) (perf.RecvResult, error) {
 	if err := a.fillRecvs(); err != nil {
-		return benchRow{}, err
+		return perf.RecvResult{}, err
 	}
-	wcs := make([]vfrdma.WC, 64)
-	got := 0
-	start := time.Now()
-	for got < messages {
-		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		n, err := poll(wctx, a.cq, wcs)
-		cancel()
-		if err != nil {
-			if typ == vfrdma.UD {
-				break
-			}
-			return benchRow{}, fmt.Errorf("received %d of %d: %w", got, messages, err)
-		}
-		for _, wc := range wcs[:n] {
-			if wc.Status != vfrdma.WCSuccess {
-				return benchRow{}, fmt.Errorf("receive completion %+v", wc)
-			}
-			got++
-		}
-		if err := a.repost(wcs[:n]); err != nil {
-			return benchRow{}, err
-		}
-	}
-	el := time.Since(start)
-	return benchRow{Messages: got, Seconds: el.Seconds(), MessagesPerSec: float64(got) / el.Seconds(), ReceivesChecked: got}, nil
+	r := perf.Receive{CQ: a.cq, Messages: messages, Wait: wait, MayDrop: typ == vfrdma.UD, Repost: a.repost}
+	return r.Run(ctx)
 }
 
 // fillRecvs posts a receive in every slot, once: every completed receive
@@ -468,5 +355,3 @@ func (e *endpoint) fillRecvs() error {
 	}
 	return nil
 }
-
-func us(d time.Duration) float64 { return float64(d.Nanoseconds()) / 1e3 }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/vfrdma/vfrdma"
+	"github.com/vfrdma/vfrdma/connect"
 	"github.com/vfrdma/vfrdma/vmxnet3"
 	"github.com/vfrdma/vfrdma/vmxnet3/ethping"
 )
@@ -364,12 +365,15 @@ func ethGenVM(e *env, eth *vmxnet3.NIC, pf *peerFlags, sizes, batches []int, fra
 		return err
 	}
 	defer x.close()
-	peer, err := x.swap(ctx, peerInfo{Blob: eth.MAC()})
+	peer, err := x.swap(ctx, connect.Info{Data: eth.MAC()})
 	if err != nil {
 		return err
 	}
+	if len(peer.Data) != 6 {
+		return fmt.Errorf("the other VM's MAC address is %d bytes, not 6", len(peer.Data))
+	}
 	if x.server() {
-		_, err := ethGen(e, eth, net.HardwareAddr(peer.Blob), sizes, batches, frames, func(i int, end bool) error {
+		_, err := ethGen(e, eth, net.HardwareAddr(peer.Data), sizes, batches, frames, func(i int, end bool) error {
 			return x.barrier(ctx, fmt.Sprintf("row%d/%v", i, end))
 		})
 		return err

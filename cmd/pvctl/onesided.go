@@ -3,20 +3,23 @@ package main
 import (
 	"context"
 	"encoding/binary"
-	"errors"
+	"encoding/json"
 	"flag"
 	"fmt"
+	"sync/atomic"
 	"text/tabwriter"
 	"time"
 
 	"github.com/vfrdma/vfrdma"
+	"github.com/vfrdma/vfrdma/connect"
+	"github.com/vfrdma/vfrdma/internal/perf"
 )
 
 // The one-sided modes of pingpong and bench (--write, --read, --atomic):
 // one end, the initiator, names the other end's target region (its
-// receive MR, registered with the mode's remote rights) by the address
-// and rkey the ends exchanged (peerInfo; in loopback both ends are in
-// this process); the target posts nothing for them. The region is cut in
+// receive MR, registered with the mode's remote rights) by the region the
+// ends exchanged (connect.Region; in loopback both ends are in this
+// process); the target posts nothing for them. The region is cut in
 // slots of the message size, one per queue entry, like the SEND buffers.
 //
 // What is checked: RDMA WRITE, the target's slots, each holding the
@@ -120,21 +123,60 @@ func prepareTarget(e *endpoint, sided string) {
 	}
 }
 
+// terms are what two ends of pingpong and bench agree on beyond their
+// QPs and regions: the one-sided mode ("" for SEND) and the bytes per
+// slot of the target region. They travel as the exchange's data (JSON;
+// none for SEND, as rdma-core's exchange carries none).
+type terms struct {
+	OneSided string `json:"one_sided,omitempty"`
+	Slot     int    `json:"slot,omitempty"`
+}
+
+func (t terms) encode() []byte {
+	if t == (terms{}) {
+		return nil
+	}
+	b, _ := json.Marshal(t) // two plain fields: cannot fail
+	return b
+}
+
+// termsOf decodes the terms of the peer's Info (none: SEND).
+func termsOf(in connect.Info) (terms, error) {
+	var t terms
+	if len(in.Data) == 0 {
+		return t, nil
+	}
+	if err := json.Unmarshal(in.Data, &t); err != nil {
+		return t, fmt.Errorf("the other end's terms %.64q: %w", in.Data, err)
+	}
+	return t, nil
+}
+
 // checkPeer refuses a peer that runs another mode, or whose target region
-// does not hold this end's slots.
-func (e *endpoint) checkPeer(peer peerInfo) error {
-	if peer.OneSided != e.sided {
-		return fmt.Errorf("the other end runs with %s, this one with %s: give both ends the same mode", sideFlag(peer.OneSided), sideFlag(e.sided))
+// does not hold this end's slots; it takes the peer's region as e's
+// target.
+func (e *endpoint) checkPeer(peer connect.Info) error {
+	t, err := termsOf(peer)
+	if err != nil {
+		return err
+	}
+	if t.OneSided != e.sided {
+		return fmt.Errorf("the other end runs with %s, this one with %s: give both ends the same mode", sideFlag(t.OneSided), sideFlag(e.sided))
 	}
 	if e.sided == "" {
 		return nil
 	}
-	if peer.Slot != e.slot {
-		return fmt.Errorf("the other end's slots are %d bytes, this end's %d: give both ends the same --size", peer.Slot, e.slot)
+	if t.Slot != e.slot {
+		return fmt.Errorf("the other end's slots are %d bytes, this end's %d: give both ends the same --size", t.Slot, e.slot)
 	}
-	if need := e.depth * e.slot; peer.Len < need {
-		return fmt.Errorf("the other end's target region holds %d bytes, this end needs %d", peer.Len, need)
+	if len(peer.Regions) != 1 {
+		return fmt.Errorf("the other end offers %d target regions, want 1", len(peer.Regions))
 	}
+	need := uint64(e.depth * e.slot)
+	if r := peer.Regions[0]; !r.Holds(0, need) {
+		return fmt.Errorf("the other end's target region holds %d bytes, this end needs %d", r.Len, need)
+	}
+	e.target = peer.Regions[0]
 	return nil
 }
 
@@ -171,15 +213,15 @@ type remoteOp struct {
 	sided   string
 	opcode  vfrdma.Opcode
 	wc      vfrdma.WCOpcode // what its completions report
-	peer    peerInfo
-	depth   int    // slots used in each region
-	local   []byte // the initiator's send MR: where READs and atomics land
-	slot    int
-	checked int // completions whose data was checked
+	target  connect.Region  // the peer's
+	depth   int             // slots used in each region
+	local   []byte          // the initiator's send MR: where READs and atomics land
+	slot    int             // bytes per slot, the same at both ends
+	checked int             // completions whose data was checked
 }
 
 func newRemoteOp(a *endpoint) *remoteOp {
-	r := &remoteOp{sided: a.sided, peer: a.peer, depth: a.depth, local: a.send.Bytes(), slot: a.slot}
+	r := &remoteOp{sided: a.sided, target: a.target, depth: a.depth, local: a.send.Bytes(), slot: a.slot}
 	switch a.sided {
 	case sideWrite:
 		r.opcode, r.wc = vfrdma.OpRDMAWrite, vfrdma.WCRDMAWrite
@@ -199,12 +241,12 @@ func newRemoteOp(a *endpoint) *remoteOp {
 
 // fill turns wr (sendWR's, from local slot seq%depth) into operation seq.
 func (r *remoteOp) fill(wr *vfrdma.SendWR, seq int) {
-	wr.Opcode, wr.RKey = r.opcode, r.peer.RKey
+	wr.Opcode, wr.RKey = r.opcode, r.target.RKey
 	if r.sided == sideAtomic {
-		wr.RemoteAddr, wr.CompareAdd = r.peer.Addr, 1
+		wr.RemoteAddr, wr.CompareAdd = r.target.Addr, 1
 		return
 	}
-	wr.RemoteAddr = r.peer.Addr + uint64(seq%r.depth*r.peer.Slot)
+	wr.RemoteAddr = r.target.Addr + uint64(seq%r.depth*r.slot)
 }
 
 // done checks a successful completion of benchSend's operation wc.WRID.
@@ -239,14 +281,14 @@ func readWord(ctx context.Context, a *endpoint) (uint64, error) {
 	local := a.send.Bytes()[:8]
 	clear(local)
 	sge := [1]vfrdma.SGE{a.send.SGE(0, 8)}
-	wr := [1]vfrdma.SendWR{{WRID: 1 << 62, Opcode: vfrdma.OpRDMARead, SGEs: sge[:], RemoteAddr: a.peer.Addr, RKey: a.peer.RKey}}
+	wr := [1]vfrdma.SendWR{{WRID: 1 << 62, Opcode: vfrdma.OpRDMARead, SGEs: sge[:], RemoteAddr: a.target.Addr, RKey: a.target.RKey}}
 	if _, err := a.qp.PostSend(wr[:], 0); err != nil {
 		return 0, err
 	}
 	wctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	wcs := make([]vfrdma.WC, 1)
-	n, err := waitPoll(wctx, a.cq, wcs)
+	n, err := a.cq.WaitN(wctx, wcs, 1)
 	switch {
 	case err != nil:
 		return 0, fmt.Errorf("reading the word back: %w", err)
@@ -299,7 +341,7 @@ func benchOneSided(ctx context.Context, e *env, t *trafficFlags, a, b *endpoint,
 			so := so
 			so.remote = r
 			var err error
-			if row, err = benchSend(ctx, a, nil, messages, batch, so, x); err != nil {
+			if row, err = benchSend(ctx, a, nil, messages, batch, so); err != nil {
 				return fmt.Errorf("batch %d: %w", batch, err)
 			}
 			row.Checked = r.checked
@@ -388,14 +430,7 @@ func printOneSided(e *env, sided string, res *benchResult) error {
 		}
 		return w.Flush()
 	}
-	inFlight := "4 batches"
-	if res.Window > 0 {
-		inFlight = fmt.Sprintf("%d operations", res.Window)
-	}
-	inFlight += " in flight"
-	if res.SenderSpins {
-		inFlight += ", the initiator spinning"
-	}
+	inFlight := inFlight(res.Window, "operations", "initiator", res.SenderSpins, "")
 	fmt.Fprintf(e.out, "RC %s bench, %d bytes per operation, %s, at most %s, the target posting nothing; latency: %s\n",
 		res.Operation, res.Size, res.Mode, inFlight, res.Latency)
 	fmt.Fprintf(w, "batch\toperations\tops/s\tp50 µs\tp99 µs\tdoorbells/op\tpost µs/op\tpoll µs/op\twait µs/op\t%s\t\n", what)
@@ -460,10 +495,13 @@ func readPingpong(ctx context.Context, e *env, t *trafficFlags, a *endpoint, x e
 // readLoop posts the READs one at a time and checks each.
 func readLoop(ctx context.Context, t *trafficFlags, a *endpoint, iters int, stall time.Duration) (time.Duration, error) {
 	op := newRemoteOp(a)
-	wait := t.poller()
+	wait := t.wait()
 	wcs := make([]vfrdma.WC, 1)
 	var wr [1]vfrdma.SendWR
 	var sge [1]vfrdma.SGE
+	var progress atomic.Int64
+	sctx, stop := perf.WatchQuiet(ctx, &progress, stall)
+	defer stop()
 	start := time.Now()
 	for i := 0; i < iters; i++ {
 		a.sendWR(&wr[0], sge[:], uint64(i), i%a.depth, t.size)
@@ -471,15 +509,14 @@ func readLoop(ctx context.Context, t *trafficFlags, a *endpoint, iters int, stal
 		if _, err := a.qp.PostSend(wr[:], 0); err != nil {
 			return 0, err
 		}
-		sctx, cancel := context.WithTimeout(ctx, stall)
-		_, err := wait(sctx, a.cq, wcs)
-		cancel()
-		if err != nil && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+		_, err := wait.Next(sctx, a.cq, wcs)
+		if err != nil && perf.Quiet(sctx) && ctx.Err() == nil {
 			return 0, stalled(a, stall, i, 0, i)
 		}
 		if err != nil {
 			return 0, err
 		}
+		progress.Store(int64(i + 1))
 		switch wc := &wcs[0]; {
 		case wc.Status != vfrdma.WCSuccess:
 			return 0, fmt.Errorf("READ %d: completion %+v", i, *wc)

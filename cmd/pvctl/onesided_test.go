@@ -2,17 +2,18 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"encoding/json"
 	"net"
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/vfrdma/vfrdma"
+	"github.com/vfrdma/vfrdma/connect"
 	"github.com/vfrdma/vfrdma/pvsim"
 )
 
@@ -288,24 +289,6 @@ func TestPingpongReportsTheMedianAndTheTailOfItsRoundTrips(t *testing.T) {
 	assert.Regexp(t, `µs per round trip \(median [0-9.]+ µs, 99th percentile [0-9.]+ µs\)`, out.String())
 }
 
-// quantiles takes the nearest rank: of 1..100 µs the median is 50 and
-// the 99th percentile 99; one sample is both.
-func TestQuantilesAreNearestRank(t *testing.T) {
-	d := make([]time.Duration, 100)
-	for i := range d {
-		d[i] = time.Duration(100-i) * time.Microsecond // unsorted
-	}
-	med, p99 := quantiles(d)
-	assert.Equal(t, 50*time.Microsecond, med)
-	assert.Equal(t, 99*time.Microsecond, p99)
-	med, p99 = quantiles([]time.Duration{7})
-	assert.Equal(t, time.Duration(7), med)
-	assert.Equal(t, time.Duration(7), p99)
-	med, p99 = quantiles(nil)
-	assert.Zero(t, med)
-	assert.Zero(t, p99)
-}
-
 // Every message a ping-pong receives is checked, at each end, the last
 // ones too (a receive's check waits for the end's next send, and the
 // last has none), in order, over RC and UD.
@@ -335,4 +318,35 @@ func occurrences(xs []int, x int) int {
 		}
 	}
 	return n
+}
+
+// A one-sided end takes the peer's target region only if the terms match
+// and the region holds every slot: a region of exactly depth·slot bytes
+// is taken, one byte less is refused, as are a missing region, terms that
+// do not parse, and a peer that offers other than one QP.
+func TestOneSidedEndTakesAPeerRegionThatHoldsItsSlots(t *testing.T) {
+	e := &endpoint{depth: 4, slot: 64, sided: sideWrite}
+	data := terms{OneSided: sideWrite, Slot: 64}.encode()
+	peer := func(regions ...connect.Region) connect.Info {
+		return connect.Info{Endpoints: []connect.Endpoint{{QPN: 1}}, Regions: regions, Data: data}
+	}
+	region := connect.Region{Addr: 0x1000, RKey: 9, Len: 4 * 64}
+	require.NoError(t, e.checkPeer(peer(region)))
+	assert.Equal(t, region, e.target)
+
+	short := region
+	short.Len--
+	assert.ErrorContains(t, e.checkPeer(peer(short)), "the other end's target region holds 255 bytes, this end needs 256")
+	assert.ErrorContains(t, e.checkPeer(peer()), "the other end offers 0 target regions, want 1")
+	assert.ErrorContains(t, e.checkPeer(peer(region, region)), "the other end offers 2 target regions, want 1")
+	bad := peer(region)
+	bad.Data = []byte("write")
+	assert.ErrorContains(t, e.checkPeer(bad), `the other end's terms "write"`)
+	two := peer(region)
+	two.Endpoints = append(two.Endpoints, connect.Endpoint{QPN: 2})
+	assert.ErrorContains(t, e.connect(context.Background(), two), "the other end offers 2 QPs, this end has 1")
+
+	send := &endpoint{depth: 4, slot: 64}
+	assert.ErrorContains(t, send.checkPeer(peer(region)), "the other end runs with --write, this one with no one-sided flag (SEND)")
+	assert.NoError(t, send.checkPeer(connect.Info{Endpoints: []connect.Endpoint{{QPN: 1}}}), "SEND: no terms, no region")
 }

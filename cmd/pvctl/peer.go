@@ -2,7 +2,7 @@ package main
 
 import (
 	"context"
-	"encoding/json"
+	"encoding/base64"
 	"errors"
 	"flag"
 	"fmt"
@@ -10,7 +10,6 @@ import (
 	"net"
 	"net/netip"
 	"os"
-	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -21,29 +20,13 @@ import (
 	"github.com/vfrdma/vfrdma/connect"
 )
 
-// peerInfo is what two ends exchange to connect.
-type peerInfo struct {
-	QPN  uint32     `json:"qpn"`
-	GID  vfrdma.GID `json:"gid"`
-	QKey uint32     `json:"qkey"`
-	PSN  uint32     `json:"psn,omitempty"`  // its first send PSN (rdma-core's exchange carries it)
-	QPNs []uint32   `json:"qpns,omitempty"` // pingpong --srq: one per connection
-	PSNs []uint32   `json:"psns,omitempty"` // pingpong --srq: each connection's first send PSN (PSN if none)
-	Blob []byte     `json:"blob,omitempty"` // am: the task's address
-	// The one-sided modes (onesided.go): the mode this end runs ("" for
-	// SEND), and its target region, the MR the peer's RDMA WRITEs, READs
-	// and atomics name: address, rkey, length and bytes per slot.
-	OneSided string `json:"one_sided,omitempty"`
-	Addr     uint64 `json:"addr,omitempty"`
-	RKey     uint32 `json:"rkey,omitempty"`
-	Len      int    `json:"len,omitempty"`
-	Slot     int    `json:"slot,omitempty"`
-}
-
-// exchanger swaps peerInfo with the other end: over TCP (like
-// ibv_rc_pingpong), or through the bench's rendezvous between VMs.
+// exchanger swaps package connect's Info with the other end (its QPs as
+// endpoints, the regions its one-sided peer names, and the command's own
+// data): over TCP (connect's native format between two pvctl ends,
+// rdma-core's with --rdma-core), or through the bench's rendezvous
+// between VMs (the native format's hello, in base64).
 type exchanger interface {
-	swap(ctx context.Context, mine peerInfo) (peerInfo, error)
+	swap(ctx context.Context, mine connect.Info) (connect.Info, error)
 	// barrier returns once the other end called it with the same name.
 	barrier(ctx context.Context, name string) error
 	// server reports which end receives (the client sends first).
@@ -319,51 +302,8 @@ type tcpExchange struct {
 	ready bool // the first barrier (connect's Ready) is behind
 }
 
-// swap sends mine's QPs as connect's endpoints (QPNs, one each, or QPN)
-// and, in the native format, the rest of mine as JSON in Info.Data.
-func (t *tcpExchange) swap(ctx context.Context, mine peerInfo) (peerInfo, error) {
-	var in connect.Info
-	qpns := mine.QPNs
-	if len(qpns) == 0 && mine.QPN != 0 {
-		qpns = []uint32{mine.QPN}
-	}
-	for i, qpn := range qpns {
-		psn := mine.PSN
-		if i < len(mine.PSNs) {
-			psn = mine.PSNs[i]
-		}
-		in.Endpoints = append(in.Endpoints, connect.Endpoint{QPN: qpn, GID: mine.GID, PSN: psn, QKey: mine.QKey})
-	}
-	if t.c.Format() == connect.Native {
-		rest := mine
-		if len(in.Endpoints) > 0 { // the endpoints carry these
-			rest.QPN, rest.GID, rest.PSN, rest.QKey, rest.QPNs, rest.PSNs = 0, vfrdma.GID{}, 0, 0, nil, nil
-		}
-		var err error
-		if in.Data, err = json.Marshal(rest); err != nil {
-			return peerInfo{}, err
-		}
-	}
-	out, err := t.c.Exchange(ctx, in)
-	if err != nil {
-		return peerInfo{}, err
-	}
-	var theirs peerInfo
-	if len(out.Data) > 0 {
-		if err := json.Unmarshal(out.Data, &theirs); err != nil {
-			return peerInfo{}, fmt.Errorf("the peer's data: %w", err)
-		}
-	}
-	if len(out.Endpoints) > 0 {
-		e := out.Endpoints[0]
-		theirs.QPN, theirs.GID, theirs.PSN, theirs.QKey = e.QPN, e.GID, e.PSN, e.QKey
-		theirs.QPNs, theirs.PSNs = nil, nil
-		for _, e := range out.Endpoints {
-			theirs.QPNs = append(theirs.QPNs, e.QPN)
-			theirs.PSNs = append(theirs.PSNs, e.PSN)
-		}
-	}
-	return theirs, nil
+func (t *tcpExchange) swap(ctx context.Context, mine connect.Info) (connect.Info, error) {
+	return t.c.Exchange(ctx, mine)
 }
 
 // barrier: the first is connect's Ready (pvctl's first barrier always
@@ -402,17 +342,30 @@ type vmExchange struct {
 	tag string
 }
 
-func (v *vmExchange) swap(ctx context.Context, mine peerInfo) (peerInfo, error) {
-	b, _ := json.Marshal(mine)
-	if err := v.c.Put(fmt.Sprintf("%s/%d", v.tag, v.vm), string(b)); err != nil {
-		return peerInfo{}, err
+// swap writes mine as connect's native hello (Info.MarshalBinary, in
+// base64: the rendezvous holds text) and reads the other VM's, checked as
+// connect checks a peer's.
+func (v *vmExchange) swap(ctx context.Context, mine connect.Info) (connect.Info, error) {
+	b, err := mine.MarshalBinary()
+	if err != nil {
+		return connect.Info{}, err
+	}
+	if err := v.c.Put(fmt.Sprintf("%s/%d", v.tag, v.vm), base64.StdEncoding.EncodeToString(b)); err != nil {
+		return connect.Info{}, err
 	}
 	s, err := v.c.Get(ctx, fmt.Sprintf("%s/%d", v.tag, 1-v.vm))
 	if err != nil {
-		return peerInfo{}, err
+		return connect.Info{}, err
 	}
-	var theirs peerInfo
-	return theirs, json.Unmarshal([]byte(s), &theirs)
+	b, err = base64.StdEncoding.DecodeString(s)
+	if err != nil {
+		return connect.Info{}, fmt.Errorf("the other VM's address: %w: not base64 (%w)", connect.ErrProtocol, err)
+	}
+	var theirs connect.Info
+	if err := theirs.UnmarshalBinary(b); err != nil {
+		return connect.Info{}, fmt.Errorf("the other VM's address: %w", err)
+	}
+	return theirs, nil
 }
 
 // barrier waits until the other VM reached the same point.
@@ -439,14 +392,16 @@ type endpoint struct {
 	msgSize int
 	depth   int
 	ah      *vfrdma.AH
-	peer    peerInfo
+	peer    connect.Endpoint // the other end's QP
 	qkey    uint32
 	// rwrs and rsges hold the chain repost builds (one SGE per WR).
 	rwrs  []vfrdma.RecvWR
 	rsges []vfrdma.SGE
 	// sided is the one-sided mode ("" for SEND): recv is then also the
-	// target region, with the remote rights the mode needs.
-	sided string
+	// target region, with the remote rights the mode needs, and target
+	// is the other end's.
+	sided  string
+	target connect.Region
 }
 
 const testQKey = 0x1ee7
@@ -478,28 +433,34 @@ func newEndpoint(ctx context.Context, d *vfrdma.Device, pd *vfrdma.PD, typ vfrdm
 	return e, nil
 }
 
-func (e *endpoint) info(d *vfrdma.Device) peerInfo {
-	p := peerInfo{QPN: e.qp.QPN(), GID: d.GID(), QKey: e.qkey, OneSided: e.sided}
+// info is what the other end needs of e: its QP, and with a one-sided
+// mode its target region and the terms (the mode, the slot size).
+func (e *endpoint) info(d *vfrdma.Device) connect.Info {
+	in := connect.Info{Endpoints: []connect.Endpoint{{QPN: e.qp.QPN(), GID: d.GID(), QKey: e.qkey}}}
 	if e.sided != "" {
-		p.Addr, p.RKey, p.Len, p.Slot = e.recv.Addr(), e.recv.RKey(), e.recv.Len(), e.slot
+		in.Regions = []connect.Region{connect.RegionOf(e.recv)}
+		in.Data = terms{OneSided: e.sided, Slot: e.slot}.encode()
 	}
-	return p
+	return in
 }
 
-func (e *endpoint) connect(ctx context.Context, peer peerInfo) error {
+func (e *endpoint) connect(ctx context.Context, peer connect.Info) error {
+	if n := len(peer.Endpoints); n != 1 {
+		return fmt.Errorf("the other end offers %d QPs, this end has 1: give both ends the same mode (--srq on both or neither)", n)
+	}
 	if err := e.checkPeer(peer); err != nil {
 		return err
 	}
-	e.peer = peer
+	e.peer = peer.Endpoints[0]
 	if e.qp.Type() == vfrdma.UD {
-		ah, err := e.pd.CreateAH(vfrdma.AHAttr{DGID: peer.GID})
+		ah, err := e.pd.CreateAH(vfrdma.AHAttr{DGID: e.peer.GID})
 		if err != nil {
 			return err
 		}
 		e.ah = ah
 		return e.qp.Connect(ctx, vfrdma.Remote{}, 0)
 	}
-	return e.qp.Connect(ctx, vfrdma.Remote{QPN: peer.QPN, GID: peer.GID, PSN: peer.PSN}, 0)
+	return e.qp.Connect(ctx, e.peer.Remote(), 0)
 }
 
 // postRecv posts a receive into slot.
@@ -535,54 +496,6 @@ func (e *endpoint) sendWR(wr *vfrdma.SendWR, sge []vfrdma.SGE, id uint64, slot, 
 	*wr = vfrdma.SendWR{WRID: id, SGEs: sge[:1], AH: e.ah, RemoteQPN: e.peer.QPN, RemoteQKey: e.peer.QKey}
 	if n == 0 {
 		wr.SGEs = nil
-	}
-}
-
-// waitPoll polls until it gets completions, sleeping on the CQ's
-// interrupt when a few polls find nothing.
-func waitPoll(ctx context.Context, cq *vfrdma.CQ, wcs []vfrdma.WC) (int, error) {
-	for spins := 0; ; spins++ {
-		n, err := cq.Poll(wcs)
-		if n > 0 || err != nil {
-			return n, err
-		}
-		if spins < 32 {
-			continue
-		}
-		if err := cq.Wait(ctx); err != nil {
-			return 0, err
-		}
-	}
-}
-
-// spinPoll polls until it gets completions, never sleeping; it yields the
-// processor between polls (one vCPU may carry both ends) and watches ctx.
-func spinPoll(ctx context.Context, cq *vfrdma.CQ, wcs []vfrdma.WC) (int, error) {
-	return spinPollFor(ctx, cq, wcs, 0)
-}
-
-// spinPollFor is spinPoll that also gives up, with
-// context.DeadlineExceeded, when limit (if positive) passes without a
-// completion: a deadline kept by reading the clock every 64 empty polls
-// rather than by a context's timer, which a ping-pong would otherwise arm
-// and stop on every step.
-func spinPollFor(ctx context.Context, cq *vfrdma.CQ, wcs []vfrdma.WC, limit time.Duration) (int, error) {
-	var start time.Time
-	if limit > 0 {
-		start = time.Now()
-	}
-	for i := 1; ; i++ {
-		n, err := cq.Poll(wcs)
-		if n > 0 || err != nil {
-			return n, err
-		}
-		if err := ctx.Err(); err != nil {
-			return 0, err
-		}
-		if limit > 0 && i%64 == 0 && time.Since(start) > limit {
-			return 0, context.DeadlineExceeded
-		}
-		runtime.Gosched()
 	}
 }
 

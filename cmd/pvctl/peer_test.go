@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/base64"
 	"errors"
 	"fmt"
 	"io"
@@ -65,7 +66,8 @@ func (m *memRendezvous) Close() error { return nil }
 
 // Two VMs swap addresses and meet at barriers through the rendezvous; VM 0
 // is the server, and a second exchange under another tag (as am makes)
-// writes keys of its own.
+// writes keys of its own. What goes across is connect's Info, endpoints,
+// regions and data, as the native hello in base64.
 func TestVMExchange(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -73,21 +75,52 @@ func TestVMExchange(t *testing.T) {
 	xs := [2]*vmExchange{{c: r, vm: 0, tag: "t"}, {c: r, vm: 1, tag: "t"}}
 	assert.True(t, xs[0].server())
 	assert.False(t, xs[1].server())
+	info := func(i int) connect.Info {
+		return connect.Info{Endpoints: []connect.Endpoint{{QPN: uint32(10 + i), GID: gidS, QKey: testQKey}},
+			Regions: []connect.Region{{Addr: 0x1000, RKey: uint32(i), Len: 64}}, Data: []byte{byte(i)}}
+	}
 	for _, tag := range []string{"t", "t/am"} {
-		var got [2]peerInfo
+		var got [2]connect.Info
 		var wg sync.WaitGroup
 		for i, x := range xs {
 			x := &vmExchange{c: x.c, vm: x.vm, tag: tag}
 			wg.Go(func() {
 				var err error
-				got[i], err = x.swap(ctx, peerInfo{QPN: uint32(10 + i), QKey: testQKey})
+				got[i], err = x.swap(ctx, info(i))
 				assert.NoError(t, err, "vm%d swap", i)
 				assert.NoError(t, x.barrier(ctx, "done"), "vm%d barrier", i)
 			})
 		}
 		wg.Wait()
-		assert.Equal(t, peerInfo{QPN: 11, QKey: testQKey}, got[0], tag)
-		assert.Equal(t, peerInfo{QPN: 10, QKey: testQKey}, got[1], tag)
+		assert.Equal(t, info(1), got[0], tag)
+		assert.Equal(t, info(0), got[1], tag)
+		v, err := r.Get(ctx, tag+"/0")
+		require.NoError(t, err)
+		b, err := base64.StdEncoding.DecodeString(v)
+		require.NoError(t, err, "the rendezvous holds base64")
+		want, err := info(0).MarshalBinary()
+		require.NoError(t, err)
+		assert.Equal(t, want, b, "the rendezvous holds connect's native hello")
+	}
+}
+
+// What the other VM wrote is checked as connect checks a peer's: not
+// base64, or not a hello, is ErrProtocol.
+func TestVMExchangeRefusesWhatIsNotAHello(t *testing.T) {
+	for _, tc := range []struct{ name, value, want string }{
+		{"not base64", "{\"qpn\":17}", "not base64"},
+		{"not a hello", base64.StdEncoding.EncodeToString([]byte(`{"qpn":17}`)), "not vfrdma's exchange"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			r := newMemRendezvous()
+			require.NoError(t, r.Put("t/0", tc.value))
+			_, err := (&vmExchange{c: r, vm: 1, tag: "t"}).swap(ctx, connect.Info{})
+			require.ErrorIs(t, err, connect.ErrProtocol)
+			assert.ErrorContains(t, err, tc.want)
+			assert.ErrorContains(t, err, "the other VM's address")
+		})
 	}
 }
 
@@ -268,12 +301,12 @@ func tcpPair(t *testing.T, rdmaCore, srq bool) (srv, cli exchanger) {
 }
 
 // swapBoth runs swap and then each barrier named at both ends at once.
-func swapBoth(t *testing.T, srv, cli exchanger, mineSrv, mineCli peerInfo, barriers ...[2]string) (fromCli, fromSrv peerInfo, srvErr, cliErr error) {
+func swapBoth(t *testing.T, srv, cli exchanger, mineSrv, mineCli connect.Info, barriers ...[2]string) (fromCli, fromSrv connect.Info, srvErr, cliErr error) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	var wg sync.WaitGroup
-	run := func(x exchanger, mine peerInfo, got *peerInfo, err *error, end int) {
+	run := func(x exchanger, mine connect.Info, got *connect.Info, err *error, end int) {
 		defer wg.Done()
 		if *got, *err = x.swap(ctx, mine); *err != nil {
 			return
@@ -293,54 +326,59 @@ func swapBoth(t *testing.T, srv, cli exchanger, mineSrv, mineCli peerInfo, barri
 
 var gidS, gidC = vfrdma.GID{0xfe, 0x80, 15: 1}, vfrdma.GID{0xfe, 0x80, 15: 2}
 
-// Between two pvctl ends the exchange goes through package connect: the
-// QPs as its endpoints (QPN with GID, PSN and Q_Key; or a list of QPNs
-// with their PSNs), the rest of peerInfo as JSON beside them; what comes
-// back is what was sent, with every endpoint's QPN and PSN listed. The
-// first barrier is connect's Ready, the later ones its named barriers; a
-// second swap runs over the same connection (am's).
+// Between two pvctl ends the exchange is package connect's: what comes
+// back is what was sent, endpoints, regions and data. The first barrier
+// is connect's Ready, the later ones its named barriers; a second swap
+// runs over the same connection (am's).
 func TestTCPExchangeNative(t *testing.T) {
 	srv, cli := tcpPair(t, false, false)
-	mineSrv := peerInfo{QPN: 0x11, GID: gidS, QKey: testQKey, PSN: 5, OneSided: sideWrite, Addr: 0x1000, RKey: 7, Len: 4096, Slot: 64}
-	mineCli := peerInfo{QPNs: []uint32{0x21, 0x22}, PSNs: []uint32{1, 2}, GID: gidC}
+	mineSrv := connect.Info{Endpoints: []connect.Endpoint{{QPN: 0x11, GID: gidS, QKey: testQKey, PSN: 5}},
+		Regions: []connect.Region{{Addr: 0x1000, RKey: 7, Len: 4096}}, Data: terms{OneSided: sideWrite, Slot: 64}.encode()}
+	mineCli := connect.Info{Endpoints: []connect.Endpoint{{QPN: 0x21, GID: gidC, PSN: 1}, {QPN: 0x22, GID: gidC, PSN: 2}}}
 	fromCli, fromSrv, srvErr, cliErr := swapBoth(t, srv, cli, mineSrv, mineCli, [2]string{"ready", "ready"}, [2]string{"b", "b"})
 	require.NoError(t, srvErr)
 	require.NoError(t, cliErr)
-	want := mineSrv
-	want.QPNs, want.PSNs = []uint32{0x11}, []uint32{5}
-	assert.Equal(t, want, fromSrv)
-	assert.Equal(t, peerInfo{QPN: 0x21, PSN: 1, GID: gidC, QPNs: []uint32{0x21, 0x22}, PSNs: []uint32{1, 2}}, fromCli)
+	assert.Equal(t, mineSrv, fromSrv)
+	assert.Equal(t, mineCli, fromCli)
 
-	// am's all-gather: no QP, a blob; then barriers that differ.
-	fromCli, fromSrv, srvErr, cliErr = swapBoth(t, srv, cli, peerInfo{Blob: []byte("srv")}, peerInfo{Blob: []byte("cli")}, [2]string{"x", "y"})
-	assert.Equal(t, peerInfo{Blob: []byte("cli")}, fromCli)
-	assert.Equal(t, peerInfo{Blob: []byte("srv")}, fromSrv)
+	// am's all-gather: no QP, its address as the data; then barriers
+	// that differ.
+	fromCli, fromSrv, srvErr, cliErr = swapBoth(t, srv, cli, connect.Info{Data: []byte("srv")}, connect.Info{Data: []byte("cli")}, [2]string{"x", "y"})
+	assert.Equal(t, connect.Info{Data: []byte("cli")}, fromCli)
+	assert.Equal(t, connect.Info{Data: []byte("srv")}, fromSrv)
 	assert.ErrorContains(t, srvErr, `barrier "x"`)
 	assert.ErrorContains(t, cliErr, `barrier "y"`)
 }
 
 // With --rdma-core the exchange is rdma-core's: the QP's number, GID and
-// PSN go across, with rdma-core's Q_Key; with --srq too, every QP's.
+// PSN go across, with rdma-core's Q_Key; with --srq too, every QP's (the
+// server's messages past its QPs are zeros).
 func TestTCPExchangeRDMACore(t *testing.T) {
 	for _, srq := range []bool{false, true} {
 		t.Run(fmt.Sprintf("srq %v", srq), func(t *testing.T) {
 			srv, cli := tcpPair(t, true, srq)
-			mineSrv := peerInfo{QPN: 0x11, GID: gidS, PSN: 5}
-			mineCli := peerInfo{QPN: 0x21, GID: gidC, PSN: 6}
+			ep := func(qpn uint32, gid vfrdma.GID, psn uint32) connect.Endpoint {
+				return connect.Endpoint{QPN: qpn, GID: gid, PSN: psn}
+			}
+			mineSrv := connect.Info{Endpoints: []connect.Endpoint{ep(0x11, gidS, 5)}}
+			mineCli := connect.Info{Endpoints: []connect.Endpoint{ep(0x21, gidC, 6)}}
 			if srq {
-				mineSrv = peerInfo{QPNs: []uint32{0x11, 0x12}, GID: gidS}
-				mineCli = peerInfo{QPNs: []uint32{0x21, 0x22}, PSNs: []uint32{6, 7}, GID: gidC}
+				mineSrv.Endpoints = append(mineSrv.Endpoints, ep(0x12, gidS, 0))
+				mineCli.Endpoints = append(mineCli.Endpoints, ep(0x22, gidC, 7))
 			}
 			fromCli, fromSrv, srvErr, cliErr := swapBoth(t, srv, cli, mineSrv, mineCli, [2]string{"ready", "ready"})
 			require.NoError(t, srvErr)
 			require.NoError(t, cliErr)
-			if srq {
-				assert.Equal(t, peerInfo{QPN: 0x11, GID: gidS, QKey: rdmaCoreQKey, QPNs: []uint32{0x11, 0x12}, PSNs: []uint32{0, 0}}, fromSrv)
-				assert.Equal(t, peerInfo{QPN: 0x21, GID: gidC, QKey: rdmaCoreQKey, PSN: 6, QPNs: []uint32{0x21, 0x22}, PSNs: []uint32{6, 7}}, fromCli)
-				return
+			withQKey := func(in connect.Info) connect.Info {
+				out := connect.Info{}
+				for _, e := range in.Endpoints {
+					e.QKey = rdmaCoreQKey
+					out.Endpoints = append(out.Endpoints, e)
+				}
+				return out
 			}
-			assert.Equal(t, peerInfo{QPN: 0x11, GID: gidS, QKey: rdmaCoreQKey, PSN: 5, QPNs: []uint32{0x11}, PSNs: []uint32{5}}, fromSrv)
-			assert.Equal(t, peerInfo{QPN: 0x21, GID: gidC, QKey: rdmaCoreQKey, PSN: 6, QPNs: []uint32{0x21}, PSNs: []uint32{6}}, fromCli)
+			assert.Equal(t, withQKey(mineSrv), fromSrv)
+			assert.Equal(t, withQKey(mineCli), fromCli)
 		})
 	}
 }

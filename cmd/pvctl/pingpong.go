@@ -6,12 +6,13 @@ import (
 	"errors"
 	"flag"
 	"fmt"
-	"math"
-	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/vfrdma/vfrdma"
+	"github.com/vfrdma/vfrdma/connect"
+	"github.com/vfrdma/vfrdma/internal/perf"
 )
 
 // trafficFlags are the flags pingpong and bench share.
@@ -47,23 +48,18 @@ func (t *trafficFlags) register(fs *flag.FlagSet, defSize int) {
 	fs.BoolVar(&t.rdmaCore, "rdma-core", false, "the other end is rdma-core's ibv_rc_pingpong / ibv_ud_pingpong, or with --srq ibv_srq_pingpong (give its -q the --srq count; --iters then counts round trips over all the QPs, as its -n does): its exchange on --listen/--connect (port 18515), its buffer contents and traffic")
 }
 
-// poller is how the tool waits for completions: polling without sleeping
-// (spinPoll), or with --events sleeping on the CQ's interrupt when polls
-// find nothing (waitPoll).
-func (t *trafficFlags) poller() func(context.Context, *vfrdma.CQ, []vfrdma.WC) (int, error) {
+// wait is how the tool waits for completions: polling without sleeping
+// (perf.Spin), or with --events as the CQ's options say (perf.Sleep:
+// CQ.WaitN, Options.Spin and then the CQ's interrupt).
+func (t *trafficFlags) wait() perf.Wait {
 	if t.events {
-		return waitPoll
+		return perf.Sleep
 	}
-	return spinPoll
+	return perf.Spin
 }
 
-// waitMode names the poller in the tools' output.
-func (t *trafficFlags) waitMode() string {
-	if t.events {
-		return "events"
-	}
-	return "spin"
-}
+// waitMode names the wait in the tools' output: "spin" or "events".
+func (t *trafficFlags) waitMode() string { return t.wait().String() }
 
 func (t *trafficFlags) typ() (vfrdma.QPType, error) {
 	if t.rc && t.ud {
@@ -179,8 +175,8 @@ func (t *trafficFlags) setup(ctx context.Context, d *vfrdma.Device, depth, size 
 // end is one end of a connection as pair connects it: an endpoint, or
 // the QPs of one side of pingpong --srq.
 type end interface {
-	info(d *vfrdma.Device) peerInfo
-	connect(ctx context.Context, peer peerInfo) error
+	info(d *vfrdma.Device) connect.Info
+	connect(ctx context.Context, peer connect.Info) error
 }
 
 // pair makes the local end(s) with mk and connects them: two ends to each
@@ -327,41 +323,56 @@ func pingpongFlags(fs *flag.FlagSet) *pingpongOpts {
 	return o
 }
 
-// cmdPingpong bounces a message back and forth and checks every byte, in
-// the spirit of ibv_rc_pingpong.
-func cmdPingpong(e *env, args []string) error {
+// parsePingpong parses pingpong's flags and refuses, before any device is
+// reached, what they cannot run with.
+func parsePingpong(e *env, args []string) (*pingpongOpts, error) {
 	fs := newFlagSet(e, "pingpong")
 	o := pingpongFlags(fs)
 	t := &o.t
 	if err := t.parse(e, fs, args); err != nil {
-		return err
+		return nil, err
 	}
-	iters, srqs, stall := o.iters, o.srqs, o.stall
 	srqGiven, spinGiven := given(fs, "srq"), given(fs, "spin")
 	if t.events {
 		if spinGiven && t.spin {
-			return usageErrorf("--spin and --events exclude each other")
+			return nil, usageErrorf("--spin and --events exclude each other")
 		}
 		t.spin = false
 	}
 	if !t.spin && !t.events { // --spin=false is --events
 		t.events = true
 		if err := t.noPollDoorbell(fs, "--spin=false"); err != nil {
-			return err
+			return nil, err
 		}
 	}
-	if err := checkSRQFlags(t, srqs, srqGiven); err != nil {
-		return err
+	if err := checkSRQFlags(t, o.srqs, srqGiven); err != nil {
+		return nil, err
 	}
 	if srqGiven && t.sided != "" {
-		return usageErrorf("--%s and --srq exclude each other", t.sided)
+		return nil, usageErrorf("--%s and --srq exclude each other", t.sided)
 	}
-	if err := checkCount("iters", iters, "round trips"); err != nil {
+	if err := checkCount("iters", o.iters, "round trips"); err != nil {
+		return nil, err
+	}
+	if o.stall <= 0 {
+		return nil, usageErrorf("--stall %v: want a positive duration", o.stall)
+	}
+	return o, nil
+}
+
+// cmdPingpong bounces a message back and forth and checks every byte, in
+// the spirit of ibv_rc_pingpong. Its steps, in order: set up (the device,
+// the ends, the exchange with the peer and the connection: trafficFlags.setup),
+// prime (receives posted, the first message written), meet the peer at
+// the barrier, measure (the round trips, each timed, then the last checks
+// and send completions), report. It runs no untimed round trips before
+// it measures: an rdma-core peer counts every one (its -n).
+func cmdPingpong(e *env, args []string) error {
+	o, err := parsePingpong(e, args)
+	if err != nil {
 		return err
 	}
-	if stall <= 0 {
-		return usageErrorf("--stall %v: want a positive duration", stall)
-	}
+	t := &o.t
 	d, err := t.openDevice(e)
 	if err != nil {
 		return err
@@ -369,8 +380,8 @@ func cmdPingpong(e *env, args []string) error {
 	defer d.Close()
 	ctx, cancel := withTimeout(5 * time.Minute)
 	defer cancel()
-	if srqs > 0 {
-		return srqPingpong(ctx, e, t, d, srqs, iters, stall)
+	if o.srqs > 0 {
+		return srqPingpong(ctx, e, t, d, o.srqs, o.iters, o.stall)
 	}
 	a, b, x, err := t.setup(ctx, d, 4, t.size)
 	if err != nil {
@@ -380,218 +391,282 @@ func cmdPingpong(e *env, args []string) error {
 		defer x.close()
 	}
 	if t.sided == sideRead {
-		return readPingpong(ctx, e, t, a, x, iters, stall)
+		return readPingpong(ctx, e, t, a, x, o.iters, o.stall)
 	}
-	hdr := 0
-	if a.qp.Type() == vfrdma.UD {
-		hdr = vfrdma.UDHeaderRoom
-	}
-	// Each end counts its completed sends and receives; a receive is
-	// checked against its own sequence number (one CQ carries both kinds,
-	// so the next message may come before the last echo's send
-	// completion). A consumed receive is owed: its bytes are checked and
-	// it is posted again right after this end's next send, off the path
-	// from a message's arrival to its reply, as perftest's latency tests
-	// repost theirs off that path. Each end keeps two receives posted, in
-	// two slots, so one is always waiting and the next message cannot land
-	// in a slot not yet checked. (A --write lands in slot 0 whatever
-	// receive it consumes: it is checked on arrival.)
-	type progress struct {
-		sends, recvs int
-		owed         []vfrdma.WC // receives consumed, to check and post again
-		owedSeq      []int       // the message each carried
-		ready        int         // 1 + the message already written into its send slot (0: none)
-	}
-	deferCheck := t.sided != sideWrite
-	wcs := make([]vfrdma.WC, 4)
-	var wr [1]vfrdma.SendWR
-	var sge [1]vfrdma.SGE
-	fill, check := pattern, checkMessage
-	if t.rdmaCore {
-		fill, check = fillRdmaCore, checkRdmaCore
-	}
-	// A message is a SEND, or with --write an RDMA WRITE WITH IMMEDIATE
-	// (the sequence number) into the peer's slot 0, which consumes the
-	// receive the peer posted.
-	recvOp := vfrdma.WCRecv
-	if t.sided == sideWrite {
-		recvOp = vfrdma.WCRecvRDMAWithImm
-	}
-	var settle func(*endpoint, *progress, bool) error
-	// Messages go out of two send slots in turn. Message seq+1 is written
-	// into its slot right after message seq is posted (off the round
-	// trip, as the reply to come cannot be sent before then) when the
-	// slot's last send, seq-1, has completed; otherwise when it is sent.
-	sendBuf := func(ep *endpoint, seq int) []byte { return ep.send.Bytes()[(seq%2)*ep.slot:][:t.size] }
-	send := func(ep *endpoint, p *progress, seq int) error {
-		if p.ready != seq+1 {
-			fill(sendBuf(ep, seq), seq)
-		}
-		ep.sendWR(&wr[0], sge[:], uint64(seq), seq%2, t.size)
-		if t.sided == sideWrite {
-			wr[0].Opcode, wr[0].Imm, wr[0].RemoteAddr, wr[0].RKey = vfrdma.OpRDMAWriteWithImm, uint32(seq), ep.peer.Addr, ep.peer.RKey
-		}
-		if _, err := ep.qp.PostSend(wr[:], 0); err != nil {
-			return err
-		}
-		if err := settle(ep, p, true); err != nil {
-			return err
-		}
-		if p.sends >= seq && seq+1 < iters {
-			fill(sendBuf(ep, seq+1), seq+1)
-			p.ready = seq + 2
-		}
-		return nil
-	}
-	var pa, pb progress
-	// settle checks the owed receives' bytes and, with repost, posts them
-	// again (one chain, one doorbell).
-	settle = func(ep *endpoint, p *progress, repost bool) error {
-		for i, wc := range p.owed {
-			if !deferCheck {
-				break
-			}
-			if err := check(ep.recv.Bytes()[int(wc.WRID)*ep.slot+hdr:][:t.size], p.owedSeq[i]); err != nil {
-				return err
-			}
-		}
-		var err error
-		if repost {
-			err = ep.repost(p.owed)
-		}
-		p.owed, p.owedSeq = p.owed[:0], p.owedSeq[:0]
+	p := newPingpong(t, o.iters, o.stall, a, b)
+	if err := p.prime(); err != nil {
 		return err
-	}
-	step := func(ep *endpoint, p *progress) error {
-		var n int
-		var err error
-		if t.events {
-			sctx, scancel := context.WithTimeout(ctx, stall)
-			n, err = waitPoll(sctx, ep.cq, wcs)
-			scancel()
-		} else {
-			n, err = spinPollFor(ctx, ep.cq, wcs, stall)
-		}
-		if err != nil && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
-			return stalled(ep, stall, p.sends, p.recvs, pa.recvs)
-		}
-		if err != nil {
-			return err
-		}
-		for _, wc := range wcs[:n] {
-			if wc.Status != vfrdma.WCSuccess {
-				return fmt.Errorf("message %d: completion %+v", p.recvs, wc)
-			}
-			if !isRecv(wc.Opcode) {
-				p.sends++
-				continue
-			}
-			switch {
-			case wc.Opcode != recvOp:
-				return fmt.Errorf("message %d: receive completion opcode %v, want %v", p.recvs, wc.Opcode, recvOp)
-			case t.sided == sideWrite && (!wc.HasImm() || wc.Imm != uint32(p.recvs)):
-				return fmt.Errorf("message %d: the RDMA WRITE WITH IMMEDIATE's completion carries immediate data %#x (flags %#x), want %#x", p.recvs, wc.Imm, wc.Flags, uint32(p.recvs))
-			}
-			if int(wc.ByteLen) != t.size+hdr {
-				return fmt.Errorf("message %d: received %d bytes, want %d", p.recvs, int(wc.ByteLen)-hdr, t.size)
-			}
-			if !deferCheck {
-				if err := check(ep.recv.Bytes()[hdr:][:t.size], p.recvs); err != nil {
-					return err
-				}
-			}
-			p.owed, p.owedSeq = append(p.owed, wc), append(p.owedSeq, p.recvs)
-			p.recvs++
-		}
-		return nil
-	}
-	until := func(ep *endpoint, p *progress, cond func() bool) error {
-		for !cond() {
-			if err := step(ep, p); err != nil {
-				return err
-			}
-		}
-		return nil
-	}
-	for _, ep := range []*endpoint{a, b} {
-		for slot := 0; ep != nil && slot < 2; slot++ {
-			if err := ep.postRecv(slot); err != nil {
-				return err
-			}
-		}
-	}
-	for _, p := range []*progress{&pa, &pb} {
-		p.owed, p.owedSeq = make([]vfrdma.WC, 0, 2), make([]int, 0, 2)
 	}
 	if x != nil {
 		if err := x.barrier(ctx, "pingpong-ready"); err != nil {
 			return err
 		}
 	}
-	// Each round trip is timed on its own (into a slice made before the
-	// loop, so the timing allocates nothing in it): the server's from one
-	// message's arrival to the next's, the client's from one send to the
-	// next.
-	rtts := make([]time.Duration, iters)
+	rtts, el, err := p.measure(ctx, x)
+	if err != nil {
+		return err
+	}
+	return p.report(e, rtts, el)
+}
+
+// pingpong is a ping-pong under way: its ends (b's endpoint nil between
+// hosts) and what its steps share.
+//
+// Each end counts its completed sends and receives; a receive is checked
+// against its own sequence number (one CQ carries both kinds, so the next
+// message may come before the last echo's send completion). A consumed
+// receive is owed: its bytes are checked and it is posted again right
+// after this end's next send, off the path from a message's arrival to
+// its reply, as perftest's latency tests repost theirs off that path.
+// Each end keeps two receives posted, in two slots, so one is always
+// waiting and the next message cannot land in a slot not yet checked. (A
+// --write lands in slot 0 whatever receive it consumes: it is checked on
+// arrival.)
+type pingpong struct {
+	t     *trafficFlags
+	iters int
+	stall time.Duration
+	a, b  pingEnd
+	hdr   int // bytes before the message in a receive slot (UD's header room)
+	// deferCheck: a receive's bytes are checked when it is settled, not
+	// on arrival (all but --write).
+	deferCheck bool
+	recvOp     vfrdma.WCOpcode // what a message's receive completion reports
+	fill       func([]byte, int)
+	check      func([]byte, int) error
+	wait       perf.Wait
+	wcs        []vfrdma.WC
+	wr         [1]vfrdma.SendWR
+	sge        [1]vfrdma.SGE
+	// sctx is measure's context, which ends once no completion came for
+	// the stall time (progress counts them).
+	sctx     context.Context
+	progress atomic.Int64
+}
+
+// pingEnd is one end of a ping-pong and its progress.
+type pingEnd struct {
+	*endpoint
+	sends, recvs int
+	owed         []vfrdma.WC // receives consumed, to check and post again
+	owedSeq      []int       // the message each carried
+	ready        int         // 1 + the message already written into its send slot (0: none)
+}
+
+func newPingpong(t *trafficFlags, iters int, stall time.Duration, a, b *endpoint) *pingpong {
+	p := &pingpong{t: t, iters: iters, stall: stall, a: pingEnd{endpoint: a}, b: pingEnd{endpoint: b},
+		deferCheck: t.sided != sideWrite, recvOp: vfrdma.WCRecv, wait: t.wait(), wcs: make([]vfrdma.WC, 4),
+		fill: pattern, check: checkMessage}
+	if a.qp.Type() == vfrdma.UD {
+		p.hdr = vfrdma.UDHeaderRoom
+	}
+	if t.rdmaCore {
+		p.fill, p.check = fillRdmaCore, checkRdmaCore
+	}
+	// A message is a SEND, or with --write an RDMA WRITE WITH IMMEDIATE
+	// (the sequence number) into the peer's slot 0, which consumes the
+	// receive the peer posted.
+	if t.sided == sideWrite {
+		p.recvOp = vfrdma.WCRecvRDMAWithImm
+	}
+	return p
+}
+
+// ends returns the ends this process runs: a, and b in loopback.
+func (p *pingpong) ends() []*pingEnd {
+	if p.b.endpoint == nil {
+		return []*pingEnd{&p.a}
+	}
+	return []*pingEnd{&p.a, &p.b}
+}
+
+// prime posts each end's two receives (before the barrier: the peer may
+// send once it passed it) and makes room for the owed receives.
+func (p *pingpong) prime() error {
+	for _, pe := range p.ends() {
+		for slot := 0; slot < 2; slot++ {
+			if err := pe.postRecv(slot); err != nil {
+				return err
+			}
+		}
+		pe.owed, pe.owedSeq = make([]vfrdma.WC, 0, 2), make([]int, 0, 2)
+	}
+	return nil
+}
+
+// measure runs the round trips, each timed on its own (into a slice made
+// before the loop, so the timing allocates nothing in it): the server's
+// from one message's arrival to the next's, the client's from one send to
+// the next; in loopback a pings and b pongs. Then the last messages'
+// checks, and the echoes' send completions. It returns the round trips
+// and the time of it all.
+func (p *pingpong) measure(ctx context.Context, x exchanger) ([]time.Duration, time.Duration, error) {
+	var stop func()
+	p.sctx, stop = perf.WatchQuiet(ctx, &p.progress, p.stall)
+	defer stop()
+	a, b := &p.a, &p.b
+	rtts := make([]time.Duration, p.iters)
 	start := time.Now()
 	last := start
-	for i := 0; i < iters; i++ {
+	for i := 0; i < p.iters; i++ {
+		var err error
 		switch {
-		case b != nil: // loopback: a pings, b pongs
-			if err := send(a, &pa, i); err != nil {
-				return err
-			}
-			if err := until(b, &pb, func() bool { return pb.recvs > i }); err != nil {
-				return err
-			}
-			if err := send(b, &pb, i); err != nil {
-				return err
-			}
-			if err := until(a, &pa, func() bool { return pa.recvs > i && pa.sends > i }); err != nil {
-				return err
-			}
+		case b.endpoint != nil:
+			err = p.ping(a, i, b)
 		case x.server():
-			if err := until(a, &pa, func() bool { return pa.recvs > i }); err != nil {
-				return err
-			}
-			if err := send(a, &pa, i); err != nil {
-				return err
+			if err = p.until(a, i+1, 0); err == nil {
+				err = p.send(a, i)
 			}
 		default:
-			if err := send(a, &pa, i); err != nil {
-				return err
-			}
-			if err := until(a, &pa, func() bool { return pa.recvs > i && pa.sends > i }); err != nil {
-				return err
-			}
+			err = p.ping(a, i, nil)
+		}
+		if err != nil {
+			return nil, 0, err
 		}
 		now := time.Now()
 		rtts[i], last = now.Sub(last), now
 	}
-	// The last messages' checks, and the echoes' send completions.
-	if err := settle(a, &pa, false); err != nil {
+	for _, pe := range p.ends() {
+		if err := p.settle(pe, false); err != nil {
+			return nil, 0, err
+		}
+	}
+	for _, pe := range p.ends() {
+		if err := p.until(pe, 0, p.iters); err != nil {
+			return nil, 0, err
+		}
+	}
+	return rtts, time.Since(start), nil
+}
+
+// ping is round trip i from a: its message out, b's echo (b is the peer,
+// in this process in loopback) back, and a's send completed.
+func (p *pingpong) ping(a *pingEnd, i int, b *pingEnd) error {
+	if err := p.send(a, i); err != nil {
 		return err
 	}
 	if b != nil {
-		if err := settle(b, &pb, false); err != nil {
+		if err := p.until(b, i+1, 0); err != nil {
+			return err
+		}
+		if err := p.send(b, i); err != nil {
 			return err
 		}
 	}
-	if err := until(a, &pa, func() bool { return pa.sends >= iters }); err != nil {
+	return p.until(a, i+1, i+1)
+}
+
+// send sends message seq from pe: a SEND, or an RDMA WRITE WITH IMMEDIATE
+// (--write). Messages go out of two send slots in turn. Message seq+1 is
+// written into its slot right after message seq is posted (off the round
+// trip, as the reply to come cannot be sent before then) when the slot's
+// last send, seq-1, has completed; otherwise when it is sent. The owed
+// receives are settled after the post.
+func (p *pingpong) send(pe *pingEnd, seq int) error {
+	if pe.ready != seq+1 {
+		p.fill(p.sendBuf(pe, seq), seq)
+	}
+	pe.sendWR(&p.wr[0], p.sge[:], uint64(seq), seq%2, p.t.size)
+	if p.t.sided == sideWrite {
+		p.wr[0].Opcode, p.wr[0].Imm, p.wr[0].RemoteAddr, p.wr[0].RKey = vfrdma.OpRDMAWriteWithImm, uint32(seq), pe.target.Addr, pe.target.RKey
+	}
+	if _, err := pe.qp.PostSend(p.wr[:], 0); err != nil {
 		return err
 	}
-	if b != nil {
-		if err := until(b, &pb, func() bool { return pb.sends >= iters }); err != nil {
+	if err := p.settle(pe, true); err != nil {
+		return err
+	}
+	if pe.sends >= seq && seq+1 < p.iters {
+		p.fill(p.sendBuf(pe, seq+1), seq+1)
+		pe.ready = seq + 2
+	}
+	return nil
+}
+
+// sendBuf is message seq's send slot.
+func (p *pingpong) sendBuf(pe *pingEnd, seq int) []byte {
+	return pe.send.Bytes()[(seq%2)*pe.slot:][:p.t.size]
+}
+
+// settle checks the owed receives' bytes and, with repost, posts them
+// again (one chain, one doorbell).
+func (p *pingpong) settle(pe *pingEnd, repost bool) error {
+	for i, wc := range pe.owed {
+		if !p.deferCheck {
+			break
+		}
+		if err := p.check(pe.recv.Bytes()[int(wc.WRID)*pe.slot+p.hdr:][:p.t.size], pe.owedSeq[i]); err != nil {
 			return err
 		}
 	}
-	el := time.Since(start)
+	var err error
+	if repost {
+		err = pe.repost(pe.owed)
+	}
+	pe.owed, pe.owedSeq = pe.owed[:0], pe.owedSeq[:0]
+	return err
+}
+
+// until takes pe's completions until it has received recvs messages and
+// completed sends sends.
+func (p *pingpong) until(pe *pingEnd, recvs, sends int) error {
+	for pe.recvs < recvs || pe.sends < sends {
+		if err := p.step(pe); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// step takes pe's next completions: a send's is counted, a receive's
+// checked (its opcode, immediate data and length; its bytes now with
+// --write, at settle otherwise) and owed.
+func (p *pingpong) step(pe *pingEnd) error {
+	n, err := p.wait.Next(p.sctx, pe.cq, p.wcs)
+	if err != nil && perf.Quiet(p.sctx) {
+		return stalled(pe.endpoint, p.stall, pe.sends, pe.recvs, p.a.recvs)
+	}
+	if err != nil {
+		return err
+	}
+	p.progress.Add(int64(n))
+	for _, wc := range p.wcs[:n] {
+		if wc.Status != vfrdma.WCSuccess {
+			return fmt.Errorf("message %d: completion %+v", pe.recvs, wc)
+		}
+		if !isRecv(wc.Opcode) {
+			pe.sends++
+			continue
+		}
+		switch {
+		case wc.Opcode != p.recvOp:
+			return fmt.Errorf("message %d: receive completion opcode %v, want %v", pe.recvs, wc.Opcode, p.recvOp)
+		case p.t.sided == sideWrite && (!wc.HasImm() || wc.Imm != uint32(pe.recvs)):
+			return fmt.Errorf("message %d: the RDMA WRITE WITH IMMEDIATE's completion carries immediate data %#x (flags %#x), want %#x", pe.recvs, wc.Imm, wc.Flags, uint32(pe.recvs))
+		}
+		if int(wc.ByteLen) != p.t.size+p.hdr {
+			return fmt.Errorf("message %d: received %d bytes, want %d", pe.recvs, int(wc.ByteLen)-p.hdr, p.t.size)
+		}
+		if !p.deferCheck {
+			if err := p.check(pe.recv.Bytes()[p.hdr:][:p.t.size], pe.recvs); err != nil {
+				return err
+			}
+		}
+		pe.owed, pe.owedSeq = append(pe.owed, wc), append(pe.owedSeq, pe.recvs)
+		pe.recvs++
+	}
+	return nil
+}
+
+// report prints the result: rtts are the round trips, el the time of the
+// whole measure.
+func (p *pingpong) report(e *env, rtts []time.Duration, el time.Duration) error {
+	t, iters := p.t, p.iters
 	typ, _ := t.typ()
 	r := pingpongResult{Transport: typ.String(), Size: t.size, Iters: iters, Seconds: el.Seconds(),
 		RoundTripUS: float64(el.Microseconds()) / float64(iters),
 		MbitPerSec:  float64(2*t.size*iters*8) / el.Seconds() / 1e6, Checked: true, Wait: t.waitMode()}
-	med, p99 := quantiles(rtts)
-	r.MedianUS, r.P99US = us(med), us(p99)
+	r.MedianUS, r.P99US = perf.US(perf.Quantile(rtts, 0.5)), perf.US(perf.Quantile(rtts, 0.99))
 	how := ""
 	if t.sided == sideWrite {
 		r.Operation = vfrdma.OpRDMAWriteWithImm.String()
@@ -603,20 +678,6 @@ func cmdPingpong(e *env, args []string) error {
 	fmt.Fprintf(e.out, "%s pingpong%s: %d round trips of %d bytes in %.2f s: %.1f µs per round trip (median %.1f µs, 99th percentile %.1f µs), %.2f Mbit/s, every byte checked; waiting: %s\n",
 		r.Transport, how, iters, t.size, r.Seconds, r.RoundTripUS, r.MedianUS, r.P99US, r.MbitPerSec, r.Wait)
 	return nil
-}
-
-// quantiles returns the median and the 99th percentile of d (sorted in
-// place; nearest rank).
-func quantiles(d []time.Duration) (median, p99 time.Duration) {
-	if len(d) == 0 {
-		return 0, 0
-	}
-	slices.Sort(d)
-	rank := func(q float64) time.Duration {
-		i := int(math.Ceil(q*float64(len(d)))) - 1
-		return d[max(0, min(i, len(d)-1))]
-	}
-	return rank(0.5), rank(0.99)
 }
 
 // isRecv reports a receive's completion opcode.

@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/vfrdma/vfrdma"
+	"github.com/vfrdma/vfrdma/internal/perf"
 	"github.com/vfrdma/vfrdma/pvsim"
 )
 
@@ -223,7 +224,7 @@ func (f *fakeSRQPingpong) run(ctx context.Context, ln net.Listener, peer string)
 	}
 	wcs := make([]vfrdma.WC, f.q+f.rxDepth)
 	for rcnt < f.iters || scnt < f.iters {
-		n, err := spinPoll(ctx, cq, wcs)
+		n, err := perf.Spin.Next(ctx, cq, wcs)
 		if err != nil {
 			return rcnt, scnt, err
 		}

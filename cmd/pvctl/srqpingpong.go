@@ -3,12 +3,13 @@ package main
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
+	"sync/atomic"
 	"time"
 
 	"github.com/vfrdma/vfrdma"
 	"github.com/vfrdma/vfrdma/connect"
+	"github.com/vfrdma/vfrdma/internal/perf"
 )
 
 // srqSide is one side of an SRQ ping-pong: n RC QPs whose receives come
@@ -31,9 +32,12 @@ type srqSide struct {
 	swr    [1]vfrdma.SendWR
 	sge    [1]vfrdma.SGE
 	onRecv func(conn, seq int) error
-	events bool          // --events: sleep on the CQ's interrupt when idle (waitPoll), not spin
+	wait   perf.Wait     // spin, or with --events sleep as the CQ's options say
 	stall  time.Duration // --stall: how long step waits for a completion
-	psns   []uint32      // each QP's first send PSN
+	// progress counts the completions of the run's sides, for the watch
+	// that ends step's context after stall without one (perf.WatchQuiet).
+	progress *atomic.Int64
+	psns     []uint32 // each QP's first send PSN
 	// rdmaCore: the peer is ibv_srq_pingpong, whose one buffer holds
 	// zeros and then only what it receives: this end sends zeros and
 	// checks that every byte received is 0, each receive slot poisoned
@@ -48,7 +52,7 @@ type srqSide struct {
 const srqPoison = 0xa5
 
 func newSRQSide(ctx context.Context, d *vfrdma.Device, pd *vfrdma.PD, n int, t *trafficFlags, stall time.Duration) (*srqSide, error) {
-	s := &srqSide{size: t.size, depth: max(16, 4*n), conn: map[uint32]int{}, recvs: make([]int, n), events: t.events, stall: stall, rdmaCore: t.rdmaCore}
+	s := &srqSide{size: t.size, depth: max(16, 4*n), conn: map[uint32]int{}, recvs: make([]int, n), wait: t.wait(), stall: stall, rdmaCore: t.rdmaCore, progress: new(atomic.Int64)}
 	var err error
 	if s.cq, err = d.CreateCQ(ctx, 2*s.depth+8*n); err != nil {
 		return nil, err
@@ -84,29 +88,25 @@ func newSRQSide(ctx context.Context, d *vfrdma.Device, pd *vfrdma.PD, n int, t *
 	return s, s.repost()
 }
 
-func (s *srqSide) info(d *vfrdma.Device) peerInfo {
-	p := peerInfo{GID: d.GID(), PSNs: s.psns}
-	for _, qp := range s.qps {
-		p.QPNs = append(p.QPNs, qp.QPN())
+func (s *srqSide) info(d *vfrdma.Device) connect.Info {
+	var in connect.Info
+	for i, qp := range s.qps {
+		in.Endpoints = append(in.Endpoints, connect.Endpoint{QPN: qp.QPN(), GID: d.GID(), PSN: s.psns[i]})
 	}
-	return p
+	return in
 }
 
 // connect connects QP i to the peer's QP i, which starts its sends at
-// PSN i of the peer's list (at its PSN if it sent no list).
-func (s *srqSide) connect(ctx context.Context, peer peerInfo) error {
-	if len(peer.QPNs) != len(s.qps) {
+// its endpoint's PSN.
+func (s *srqSide) connect(ctx context.Context, peer connect.Info) error {
+	if len(peer.Endpoints) != len(s.qps) {
 		if s.rdmaCore {
-			return fmt.Errorf("ibv_srq_pingpong has %d QPs, this end %d: give its -q the number of --srq", len(peer.QPNs), len(s.qps))
+			return fmt.Errorf("ibv_srq_pingpong has %d QPs, this end %d: give its -q the number of --srq", len(peer.Endpoints), len(s.qps))
 		}
-		return fmt.Errorf("the other end has %d SRQ QPs, this one %d: give both the same --srq", len(peer.QPNs), len(s.qps))
+		return fmt.Errorf("the other end has %d SRQ QPs, this one %d: give both the same --srq", len(peer.Endpoints), len(s.qps))
 	}
 	for i, qp := range s.qps {
-		psn := peer.PSN
-		if i < len(peer.PSNs) {
-			psn = peer.PSNs[i]
-		}
-		if err := qp.Connect(ctx, vfrdma.Remote{QPN: peer.QPNs[i], GID: peer.GID, PSN: psn}, s.psns[i]); err != nil {
+		if err := qp.Connect(ctx, peer.Endpoints[i].Remote(), s.psns[i]); err != nil {
 			return err
 		}
 	}
@@ -153,25 +153,20 @@ func (s *srqSide) sendMsg(c, seq int) error {
 // seq numbers message k of connection c among n.
 func seqOf(k, c, n int) int { return k*n + c }
 
-// step polls the CQ once (with --events sleeping on it when idle) and checks each
+// step takes the CQ's next completions (with --events sleeping on it when
+// idle; ctx, srqPingpong's stall watch, ends once none came for the stall
+// time) and checks each
 // receive: against its connection's next sequence number, or with
 // --rdma-core for zeros.
 func (s *srqSide) step(ctx context.Context) error {
-	var n int
-	var err error
-	if s.events {
-		sctx, cancel := context.WithTimeout(ctx, s.stall)
-		n, err = waitPoll(sctx, s.cq, s.wcs)
-		cancel()
-	} else {
-		n, err = spinPollFor(ctx, s.cq, s.wcs, s.stall)
-	}
-	if err != nil && ctx.Err() == nil && errors.Is(err, context.DeadlineExceeded) {
+	n, err := s.wait.Next(ctx, s.cq, s.wcs)
+	if err != nil && perf.Quiet(ctx) {
 		return fmt.Errorf("stalled: no completion for %v (this end completed %d sends and %d receives, posted %d sends)", s.stall, s.sends, s.total, s.posted)
 	}
 	if err != nil {
 		return err
 	}
+	s.progress.Add(int64(n))
 	for _, wc := range s.wcs[:n] {
 		if wc.Status != vfrdma.WCSuccess {
 			return fmt.Errorf("completion %+v", wc)
@@ -275,11 +270,21 @@ func srqPingpong(ctx context.Context, e *env, t *trafficFlags, d *vfrdma.Device,
 			return err
 		}
 	}
+	// One watch for the run: a completion at either side (both sides in
+	// loopback) is progress.
+	var progress atomic.Int64
+	for _, s := range []*srqSide{client, server} {
+		if s != nil {
+			s.progress = &progress
+		}
+	}
+	sctx, stop := perf.WatchQuiet(ctx, &progress, stall)
+	defer stop()
 	start := time.Now()
 	if t.rdmaCore {
-		err = srqExchanges(ctx, client, server, iters)
+		err = srqExchanges(sctx, client, server, iters)
 	} else {
-		err = srqRounds(ctx, client, server, n, iters)
+		err = srqRounds(sctx, client, server, n, iters)
 	}
 	if err != nil {
 		return err

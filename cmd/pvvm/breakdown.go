@@ -4,12 +4,12 @@ import (
 	"fmt"
 	"io"
 	"maps"
-	"math"
 	"slices"
 	"sort"
 	"strings"
 	"time"
 
+	"github.com/vfrdma/vfrdma/internal/perf"
 	"github.com/vfrdma/vfrdma/qemu"
 )
 
@@ -199,15 +199,6 @@ func busiest(evs []qemu.DeviceEvent) (sendQP, recvQPN uint32) {
 	return top(sends), top(recvs)
 }
 
-// median of d (sorted in place), nearest rank; 0 if empty.
-func median(d []time.Duration) time.Duration {
-	if len(d) == 0 {
-		return 0
-	}
-	slices.Sort(d)
-	return d[(len(d)-1)/2]
-}
-
 // print writes the breakdown: the medians of each span, and how the
 // receives' CQEs were harvested.
 func (r *roundTrips) print(w io.Writer) {
@@ -221,15 +212,15 @@ func (r *roundTrips) print(w io.Writer) {
 	sum := time.Duration(0)
 	meds := [5]time.Duration{}
 	for i := range r.spans {
-		meds[i] = median(r.spans[i])
+		meds[i] = perf.Median(r.spans[i])
 		if i < 4 {
 			sum += meds[i]
 		}
 	}
 	fmt.Fprintf(w, "  transit vm%d→vm%d (SEND doorbell → receive CQE)   %s\n", c, s, us(meds[0]))
-	fmt.Fprintf(w, "  turnaround at vm%d (CQE → SEND doorbell)          %s  (CQE → its next doorbell but POLL: %s)\n", s, us(meds[1]), us(median(r.notice[0])))
+	fmt.Fprintf(w, "  turnaround at vm%d (CQE → SEND doorbell)          %s  (CQE → its next doorbell but POLL: %s)\n", s, us(meds[1]), us(perf.Median(r.notice[0])))
 	fmt.Fprintf(w, "  transit vm%d→vm%d                                 %s\n", s, c, us(meds[2]))
-	fmt.Fprintf(w, "  turnaround at vm%d                                %s  (CQE → its next doorbell but POLL: %s)\n", c, us(meds[3]), us(median(r.notice[1])))
+	fmt.Fprintf(w, "  turnaround at vm%d                                %s  (CQE → its next doorbell but POLL: %s)\n", c, us(meds[3]), us(perf.Median(r.notice[1])))
 	fmt.Fprintf(w, "  round trip                                      %s  (the four medians add up to %s)\n", us(meds[4]), us(sum))
 	fmt.Fprintf(w, "  medians µs: to-server %.1f server %.1f to-client %.1f client %.1f round-trip %.1f\n",
 		float64(meds[0])/1e3, float64(meds[1])/1e3, float64(meds[2])/1e3, float64(meds[3])/1e3, float64(meds[4])/1e3)
@@ -253,7 +244,7 @@ func (r *roundTrips) print(w io.Writer) {
 		}
 		for h, who := range []string{"its vCPU", "the completion thread"} {
 			if n := len(r.transitBy[rv][h]); n > 0 {
-				fmt.Fprintf(w, "    CQE written by %s (%d): transit to vm%d %s, turnaround %s\n", who, n, v, us(median(r.transitBy[rv][h])), us(median(r.turnBy[rv][h])))
+				fmt.Fprintf(w, "    CQE written by %s (%d): transit to vm%d %s, turnaround %s\n", who, n, v, us(perf.Median(r.transitBy[rv][h])), us(perf.Median(r.turnBy[rv][h])))
 			}
 		}
 	}
@@ -275,7 +266,7 @@ func printBreakdown(w io.Writer, res *qemu.Result) error {
 		tl[i] = vm.Timeline
 		if g := sendGaps(vm.Timeline); len(g) > 0 {
 			fmt.Fprintf(w, "vm%d: %d SEND doorbells, %.1f µs apart (median; 90th percentile %.1f µs)\n",
-				i, len(g)+1, float64(median(g))/1e3, float64(quantile(g, 0.9))/1e3)
+				i, len(g)+1, float64(perf.Median(g))/1e3, float64(perf.Quantile(g, 0.9))/1e3)
 		}
 	}
 	r, err := breakDown(tl)
@@ -301,14 +292,4 @@ func sendGaps(evs []qemu.DeviceEvent) []time.Duration {
 		last = ev.At
 	}
 	return gaps
-}
-
-// quantile q of d (sorted in place), nearest rank; 0 if empty.
-func quantile(d []time.Duration, q float64) time.Duration {
-	if len(d) == 0 {
-		return 0
-	}
-	slices.Sort(d)
-	i := int(math.Ceil(q*float64(len(d)))) - 1
-	return d[max(0, min(i, len(d)-1))]
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/vfrdma/vfrdma/internal/perf"
 	"github.com/vfrdma/vfrdma/qemu"
 )
 
@@ -51,9 +52,9 @@ func TestTheBreakdownSplitsARoundTripIntoTransitsAndTurnarounds(t *testing.T) {
 	assert.Equal(t, 9, r.n)
 	us := func(n int) time.Duration { return time.Duration(n) * time.Microsecond }
 	for i, want := range []time.Duration{us(100), us(30), us(120), us(50), us(300)} {
-		assert.Equal(t, want, median(r.spans[i]), "span %d", i)
+		assert.Equal(t, want, perf.Median(r.spans[i]), "span %d", i)
 	}
-	assert.Equal(t, us(20), median(r.notice[0]), "vm0: CQE → its RECV doorbell")
+	assert.Equal(t, us(20), perf.Median(r.notice[0]), "vm0: CQE → its RECV doorbell")
 	assert.Equal(t, [2]int{5, 0}, r.byVCPU)
 	assert.Equal(t, [2]int{9, 9}, r.cqes)
 	assert.Equal(t, 5, r.polls[0])
@@ -115,7 +116,6 @@ func TestTheTimelineReportsTheSendSpacingAndNotesARunThatIsNotAPingPong(t *testi
 	require.NoError(t, printBreakdown(&out, res))
 	assert.Contains(t, out.String(), "vm1: 11 SEND doorbells, 20.0 µs apart (median; 90th percentile 20.0 µs)")
 	assert.Contains(t, out.String(), "no round trip broken down: vm0 rang no SEND doorbell")
-	assert.Equal(t, time.Duration(70), quantile([]time.Duration{10, 70, 30, 50}, 0.9))
 }
 
 // A ping-pong on one QP pair is broken down though the run sent more on
@@ -143,7 +143,7 @@ func TestTheBreakdownFollowsTheDataQPsAndCountsDoorbellsByKind(t *testing.T) {
 	r, err := breakDown(tl)
 	require.NoError(t, err)
 	assert.Equal(t, 9, r.n)
-	assert.Equal(t, 300*time.Microsecond, median(r.spans[4]))
+	assert.Equal(t, 300*time.Microsecond, perf.Median(r.spans[4]))
 	assert.Equal(t, 9, r.exits[0]["QP RECV"])
 	var out bytes.Buffer
 	r.print(&out)
