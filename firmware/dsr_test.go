@@ -5,6 +5,9 @@ import (
 	"encoding/hex"
 	"errors"
 	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 func testDSR() DSR {
@@ -218,5 +221,28 @@ func TestCapsValidate(t *testing.T) {
 	c.MaxSRQ, c.MaxSRQWR, c.MaxSRQSGE = 0, 0, 0
 	if err := c.Validate(18); err != nil {
 		t.Errorf("no SRQ support is fine: %v", err)
+	}
+}
+
+// A command or response slot must lie within one page: one that ends
+// exactly at the page's end is taken, one that runs a byte past is refused.
+func TestDSRSlotsMayEndExactlyAtThePageEndAndNotAByteLater(t *testing.T) {
+	for _, tc := range []struct {
+		field string
+		size  uint64
+		set   func(*DSR, uint64)
+	}{
+		{"cmd_slot_dma", CmdSlotSize, func(d *DSR, a uint64) { d.CmdSlotDMA = a }},
+		{"resp_slot_dma", RespSlotSize, func(d *DSR, a uint64) { d.RespSlotDMA = a }},
+	} {
+		d := testDSR()
+		tc.set(&d, 0x7000+PageSize-tc.size)
+		require.NoError(t, d.Encode(make([]byte, DSRSize), 17), "%s ending at the page's end", tc.field)
+		tc.set(&d, 0x7000+PageSize-tc.size+1)
+		err := d.Encode(make([]byte, DSRSize), 17)
+		var fe *FieldError
+		require.ErrorIs(t, err, ErrInvalid, "%s a byte past the page's end", tc.field)
+		require.ErrorAs(t, err, &fe)
+		assert.Equal(t, tc.field, fe.Field)
 	}
 }
