@@ -15,25 +15,25 @@ import (
 // An MR may be as long as the device's max_mr_size and not a byte longer,
 // whether the driver allocates its memory or the caller brings it.
 func TestAnMRMayBeAsLongAsMaxMRSizeAndNotAByteLonger(t *testing.T) {
-	const max = 64 << 10
-	d, _ := openModel(t, pvsim.Config{Version: 18, Caps: func(c *firmware.Caps) { c.MaxMRSize = max }}, nil)
+	const limit = 64 << 10
+	d, _ := openModel(t, pvsim.Config{Version: 18, Caps: func(c *firmware.Caps) { c.MaxMRSize = limit }}, nil)
 	ctx := ctxT(t)
 	pd, err := d.AllocPD(ctx)
 	require.NoError(t, err)
 
-	mr, err := pd.AllocMR(ctx, max, vfrdma.AccessLocalWrite)
+	mr, err := pd.AllocMR(ctx, limit, vfrdma.AccessLocalWrite)
 	require.NoError(t, err, "AllocMR of max_mr_size bytes")
 	require.NoError(t, mr.Close())
-	_, err = pd.AllocMR(ctx, max+1, vfrdma.AccessLocalWrite)
+	_, err = pd.AllocMR(ctx, limit+1, vfrdma.AccessLocalWrite)
 	assert.ErrorIs(t, err, vfrdma.ErrInvalid, "AllocMR a byte past max_mr_size")
 
 	page := unix.Getpagesize()
-	mem, err := unix.Mmap(-1, 0, max+page, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+	mem, err := unix.Mmap(-1, 0, limit+page, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
 	require.NoError(t, err)
 	t.Cleanup(func() { unix.Munmap(mem) })
-	mr, err = pd.RegisterMR(ctx, mem[:max], vfrdma.AccessLocalWrite)
+	mr, err = pd.RegisterMR(ctx, mem[:limit], vfrdma.AccessLocalWrite)
 	require.NoError(t, err, "RegisterMR of max_mr_size bytes")
 	require.NoError(t, mr.Close())
-	_, err = pd.RegisterMR(ctx, mem[:max+1], vfrdma.AccessLocalWrite)
+	_, err = pd.RegisterMR(ctx, mem[:limit+1], vfrdma.AccessLocalWrite)
 	assert.ErrorIs(t, err, vfrdma.ErrInvalid, "RegisterMR a byte past max_mr_size")
 }
