@@ -37,3 +37,27 @@ func TestAnMRMayBeAsLongAsMaxMRSizeAndNotAByteLonger(t *testing.T) {
 	_, err = pd.RegisterMR(ctx, mem[:limit+1], vfrdma.AccessLocalWrite)
 	assert.ErrorIs(t, err, vfrdma.ErrInvalid, "RegisterMR a byte past max_mr_size")
 }
+
+// AllocMR registers the size asked for, not the pages (or huge page) its
+// memory was rounded up to: the device is told that length, and Len and
+// Bytes say it.
+func TestAllocMRRegistersTheSizeAskedForNotTheRoundedMemory(t *testing.T) {
+	d, m := openModel(t, pvsim.Config{Version: 18}, nil)
+	ctx := ctxT(t)
+	pd, err := d.AllocPD(ctx)
+	require.NoError(t, err)
+	for _, size := range []int{1, 100, 4095, 4097, 3 << 20} {
+		mr, err := pd.AllocMR(ctx, size, vfrdma.AccessLocalWrite|vfrdma.AccessRemoteWrite)
+		require.NoError(t, err, "AllocMR(%d)", size)
+		assert.Equal(t, size, mr.Len(), "Len of AllocMR(%d)", size)
+		assert.Len(t, mr.Bytes(), size, "Bytes of AllocMR(%d)", size)
+		var length []uint64
+		for _, info := range m.MRs() {
+			if info.Handle == mr.Handle() {
+				length = append(length, info.Length)
+			}
+		}
+		assert.Equal(t, []uint64{uint64(size)}, length, "the length the device was given for AllocMR(%d)", size)
+		require.NoError(t, mr.Close())
+	}
+}
