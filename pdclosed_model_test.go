@@ -43,3 +43,16 @@ func TestEveryCreationInAClosedPDReturnsErrClosed(t *testing.T) {
 	}
 	assert.Equal(t, before, m.Objects(), "nothing created on the device")
 }
+
+// Close is idempotent: a PD's second Close returns nil and destroys
+// nothing more on the device.
+func TestASecondPDCloseReturnsNil(t *testing.T) {
+	d, m := openModel(t, pvsim.Config{Version: 18}, nil)
+	ctx := ctxT(t)
+	pd, err := d.AllocPD(ctx)
+	require.NoError(t, err)
+	require.NoError(t, pd.Close())
+	after := m.Objects()
+	assert.NoError(t, pd.Close(), "a second Close")
+	assert.Equal(t, after, m.Objects())
+}
