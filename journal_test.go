@@ -226,3 +226,24 @@ func TestGIDString(t *testing.T) {
 	g := GID{0xfe, 0x80, 8: 0x50, 0x54, 0x00, 0xff, 0xfe, 0x12, 0x34, 0x56}
 	assert.Equal(t, "fe80::5054:ff:fe12:3456", g.String())
 }
+
+// When the last live object goes the journal's file goes with it, and the
+// next object starts a new file without a failed append: emptying is not
+// an error, and the new file lists just the new object.
+func TestAJournalEmptiedAndFilledAgainStartsANewFileWithoutAnError(t *testing.T) {
+	path := journalPath(t.TempDir(), "0000:00:10.1")
+	j := journal{path: path}
+	for round := range 3 {
+		j.add(kindPD, 1)
+		j.add(kindCQ, 2)
+		j.remove(kindCQ, 2)
+		j.remove(kindPD, 1)
+		assert.NoFileExists(t, path, "round %d: an empty journal has no file", round)
+		j.add(kindQP, uint32(10+round))
+		require.NoError(t, j.err, "round %d", round)
+		left, err := readJournal(path)
+		require.NoError(t, err)
+		assert.Equal(t, []journalEntry{{kindQP, uint32(10 + round)}}, left, "round %d", round)
+		j.remove(kindQP, uint32(10+round))
+	}
+}

@@ -8,6 +8,8 @@ import (
 	"github.com/vfrdma/vfrdma/doorbell"
 	"github.com/vfrdma/vfrdma/mmio"
 	"github.com/vfrdma/vfrdma/rings"
+
+	"github.com/stretchr/testify/assert"
 )
 
 // The real types satisfy the interfaces.
@@ -299,6 +301,7 @@ func TestNewQueue(t *testing.T) {
 		{"QP with a CQ bit", reg, doorbell.OffsetQP, doorbell.QPSend | doorbell.CQArmSol, pub, false},
 		{"SRQ without bits", reg, doorbell.OffsetSRQ, 7, pub, false},
 		{"SRQ with QPRecv", reg, doorbell.OffsetSRQ, doorbell.QPRecv | 7, pub, false},
+		{"SRQ with SRQRecv and QPRecv", reg, doorbell.OffsetSRQ, doorbell.SRQRecv | doorbell.QPRecv | 7, pub, false},
 		{"CQ", reg, doorbell.OffsetCQ, doorbell.CQPoll | 1, pub, false},
 		{"offset 0xc", reg, 0xc, doorbell.QPSend, pub, false},
 		{"offset misaligned", reg, 2, doorbell.QPSend, pub, false},
@@ -307,11 +310,13 @@ func TestNewQueue(t *testing.T) {
 		{"nil publisher", reg, doorbell.OffsetQP, doorbell.QPSend, nil, false},
 	} {
 		q, err := doorbell.NewQueue(c.reg, c.off, c.val, c.pub)
-		if c.ok && (err != nil || q.Offset() != c.off || q.Value() != c.val) {
-			t.Errorf("%s: %v", c.name, err)
+		if !c.ok {
+			assert.ErrorIs(t, err, doorbell.ErrInvalid, c.name)
+			continue
 		}
-		if !c.ok && !errors.Is(err, doorbell.ErrInvalid) {
-			t.Errorf("%s: err = %v, want ErrInvalid", c.name, err)
+		if assert.NoError(t, err, c.name) {
+			assert.Equal(t, c.off, q.Offset(), c.name)
+			assert.Equal(t, c.val, q.Value(), c.name)
 		}
 	}
 }

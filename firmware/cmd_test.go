@@ -6,6 +6,8 @@ import (
 	"errors"
 	"syscall"
 	"testing"
+
+	"github.com/stretchr/testify/assert"
 )
 
 // Golden layouts: every expected byte is placed by hand at the offset the
@@ -443,10 +445,9 @@ func TestRequestValidate(t *testing.T) {
 		CreateUCRequest{PFN: 0xFFFFFFFF}, CreateUCRequest{PFN: 1 << 40, PFN64: true},
 		CreateMRRequest{Flags: MRFlagDMA}, ModifyQPRequest{AttrMask: QPAttrAll, Attr: QPAttr{QPState: QPStateErr}},
 		func() CreateQPRequest { q := okQP; q.IsSRQ, q.TotalChunks, q.MaxRecvWR = true, 3, 0; return q }(),
+		func() CreateSRQRequest { r := okSRQ; r.NChunks = MaxRingChunks; return r }(), // the most chunks
 	} {
-		if err := r.Validate(); err != nil {
-			t.Errorf("%+v: %v", r, err)
-		}
+		assert.NoError(t, r.Validate(), "%+v", r)
 	}
 	bad := []struct {
 		r     validator
@@ -471,6 +472,8 @@ func TestRequestValidate(t *testing.T) {
 		{func() CreateSRQRequest { r := okSRQ; r.Attr.MaxWR = 3; return r }(), "max_wr", ErrInvalid},
 		{func() CreateSRQRequest { r := okSRQ; r.Attr.MaxWR = 64; return r }(), "max_wr", ErrInvalid},
 		{func() CreateSRQRequest { r := okSRQ; r.NChunks = 200; return r }(), "nchunks", ErrInvalid},
+		{func() CreateSRQRequest { r := okSRQ; r.NChunks = MaxRingChunks + 1; return r }(), "nchunks", ErrInvalid},
+		{func() CreateSRQRequest { r := okSRQ; r.NChunks = 1; return r }(), "nchunks", ErrInvalid},
 		{func() CreateMRRequest { r := okMR; r.NChunks = 4; return r }(), "nchunks", ErrInvalid},
 		{func() CreateMRRequest { r := okMR; r.Start = 0x10010; return r }(), "start", ErrInvalid},
 		{func() CreateMRRequest { r := okMR; r.Length = 0; return r }(), "length", ErrInvalid},
@@ -485,8 +488,8 @@ func TestRequestValidate(t *testing.T) {
 	for _, tc := range bad {
 		err := tc.r.Validate()
 		var fe *FieldError
-		if !errors.Is(err, tc.is) || !errors.As(err, &fe) || fe.Field != tc.field {
-			t.Errorf("%+v: %v, want %v on field %s", tc.r, err, tc.is, tc.field)
+		if assert.ErrorIs(t, err, tc.is, "%+v", tc.r) && assert.ErrorAs(t, err, &fe, "%+v", tc.r) {
+			assert.Equal(t, tc.field, fe.Field, "%+v", tc.r)
 		}
 	}
 }

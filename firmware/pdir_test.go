@@ -39,8 +39,10 @@ func TestWritePageDirMultiTable(t *testing.T) {
 	dir := m.alloc()
 	_, tables := pages(m, 3)
 	data, _ := pages(m, 1025)
-	for i := range dir.Mem {
-		dir.Mem[i] = 0xCC // stale: must be cleared
+	for _, p := range append([]Page{dir}, tables...) {
+		for i := range p.Mem {
+			p.Mem[i] = 0xCC // stale: must be cleared
+		}
 	}
 	require.NoError(t, WritePageDir(dir, tables, data))
 	for i := range 512 {
@@ -54,7 +56,9 @@ func TestWritePageDirMultiTable(t *testing.T) {
 	for i, a := range data {
 		require.Equal(t, a, le.Uint64(tables[(i>>9)&0x1ff].Mem[8*(i&0x1ff):]), "page %d", i)
 	}
-	assert.Zero(t, le.Uint64(tables[2].Mem[8:]), "unused entry of the last table")
+	for e := 1; e < EntriesPerPage; e++ {
+		require.Zero(t, le.Uint64(tables[2].Mem[8*e:]), "unused entry %d of the last table", e)
+	}
 }
 
 func TestWritePageDirInvalid(t *testing.T) {
