@@ -255,7 +255,7 @@ func TestDeviceCallsAfterCloseReturnErrClosed(t *testing.T) {
 	assert.ErrorIs(t, err, ErrClosed, "QP.PostSend")
 	_, err = qp.PostRecv([]RecvWR{{WRID: 2}}, 0)
 	assert.ErrorIs(t, err, ErrClosed, "QP.PostRecv")
-	assert.ErrorIs(t, qp.Flush(), ErrClosed, "QP.Flush")
+	assert.ErrorIs(t, qp.Ring(), ErrClosed, "QP.Ring")
 	assert.ErrorIs(t, qp.Init(context.Background()), ErrClosed, "QP.Init")
 	assert.ErrorIs(t, qp.SetError(context.Background()), ErrClosed, "QP.SetError")
 	_, err = qp.QueryState(context.Background())

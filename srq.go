@@ -281,8 +281,11 @@ func (s *SRQ) PostRecv(wrs []RecvWR, flags PostFlags) (int, error) {
 	return s.q.Post(wrs, flags&FlagDefer != 0)
 }
 
-// Flush rings the doorbell for receives posted with FlagDefer.
-func (s *SRQ) Flush() error { return s.q.Flush() }
+// Ring rings the doorbell for the receives posted with FlagDefer and not
+// yet handed to the device. On a closed SRQ it returns ErrClosed; a
+// doorbell store that fails is its error, and the receives stay deferred
+// for the next ring.
+func (s *SRQ) Ring() error { return s.q.Ring() }
 
 // Close destroys the SRQ. The QPs using it must be closed first (ErrBusy
 // otherwise). The receives still posted complete with WR_FLUSH_ERR on the

@@ -315,6 +315,7 @@ func TestSRQFlushOnCloseExactlyOnce(t *testing.T) {
 	assert.Zero(t, n)
 	_, err = f.s.PostRecv([]RecvWR{{WRID: 9}}, 0)
 	assert.ErrorIs(t, err, ErrClosed)
+	assert.ErrorIs(t, f.s.Ring(), ErrClosed, "SRQ.Ring after Close")
 	assert.Equal(t, uint64(3), f.s.Query().Flushed)
 }
 

@@ -204,7 +204,7 @@ func stressRound(t *testing.T, round int, drainFirst bool) (posted, completed in
 				case 3:
 					n, err = qp.PostRecv([]RecvWR{{WRID: id}}, 0)
 					if err == nil {
-						err = qp.Flush()
+						err = qp.Ring()
 					}
 				}
 				if n == 1 {

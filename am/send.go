@@ -221,7 +221,7 @@ func (c *Context) postTagged(cn *conn, qp *vfrdma.QP, slot int32, n int, tag uin
 func (c *Context) flush(cn *conn) {
 	if cn.dirtyOut {
 		cn.dirtyOut = false
-		if err := cn.out.Flush(); err != nil {
+		if err := cn.out.Ring(); err != nil {
 			c.fail(cn, err)
 		} else {
 			c.stats.Doorbells++
@@ -229,7 +229,7 @@ func (c *Context) flush(cn *conn) {
 	}
 	if cn.dirtyIn {
 		cn.dirtyIn = false
-		if err := cn.in.Flush(); err != nil {
+		if err := cn.in.Ring(); err != nil {
 			c.fail(cn, err)
 		} else {
 			c.stats.Doorbells++
