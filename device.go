@@ -130,19 +130,23 @@ type Options struct {
 	Spin time.Duration
 	// Logger receives the driver's debug messages (default: none).
 	Logger *slog.Logger
-	// Ethernet tunes the slot's vmxnet3 function, which Open brings up
-	// beside the RDMA function (Device.Ethernet): QEMU reports the RDMA
-	// port's state only while the vmxnet3 function is active, DOWN
-	// otherwise, and it shares the IOMMU group anyway.
-	Ethernet *vmxnet3.Options
-	// OnAsyncEvent, if set, receives each async event the device raises,
-	// after the driver acted on it (see AsyncEvent), on the goroutine that
-	// takes them: it must not block, nor call Device.Close (which waits for
-	// that goroutine). Device.AsyncEvents is the channel alternative.
-	OnAsyncEvent func(AsyncEvent)
-	// NoEthernet leaves the vmxnet3 function alone (its VFIO device is not
-	// opened): the RDMA port then reads DOWN on QEMU.
-	NoEthernet bool
+	// Ethernet says what Open does with the slot's vmxnet3 function. By
+	// default (the zero value) it brings it up beside the RDMA function
+	// (Device.Ethernet): QEMU reports the RDMA port's state only while the
+	// vmxnet3 function is active, DOWN otherwise, and it shares the IOMMU
+	// group anyway.
+	Ethernet EthernetOptions
+}
+
+// EthernetOptions say what Open does with the slot's vmxnet3 function
+// (Options.Ethernet). The zero value brings it up with vmxnet3's defaults.
+type EthernetOptions struct {
+	// Off leaves the function alone (its VFIO device is not opened, and
+	// Device.Ethernet is nil): the RDMA port then reads DOWN on QEMU.
+	Off bool
+	// NIC tunes the function Open brings up (zero fields: vmxnet3's
+	// defaults).
+	NIC vmxnet3.Options
 }
 
 // check refuses options no device can take.
@@ -265,10 +269,6 @@ type Device struct {
 	gate      lifecycle.Gate
 	closeDone chan struct{}
 	closeEnd  chan struct{}
-	// onFree, if set, is called with each ring's memory where it is
-	// released: the host tests poison it there, so that a call that
-	// touches freed memory is a data race the race detector reports.
-	onFree func(mem []byte)
 
 	mu       sync.Mutex
 	closed   bool
@@ -297,9 +297,6 @@ type Device struct {
 	// drainSends: before it destroys a QP, wait for the device to have
 	// completed the QP's sends (QEMU 7.2, see QP.awaitSends).
 	drainSends bool
-	drainFor   time.Duration // awaitSends' bound (0: drainLimit; the host tests raise it)
-	// drainPause is awaitSends' grace (nil: sleep; the host tests watch it).
-	drainPause func(ctx context.Context, d time.Duration)
 	cqArm      [2]uint32 // CQ arm bits: [0] next completion, [1] solicited only
 }
 
@@ -340,8 +337,8 @@ func Open(bdf string, opts *Options) (_ *Device, err error) {
 
 // OpenFunction brings up the pvrdma device behind fn, a function other
 // than VFIO's: the device model (package pvsim) in tests, examples and
-// tools. Options.SysfsRoot, BindGroup, Ethernet and NoEthernet do not
-// apply (there is no slot, so no vmxnet3 function); the journal is kept
+// tools. Options.SysfsRoot, BindGroup and Ethernet do not apply (there is
+// no slot, so no vmxnet3 function); the journal is kept
 // only where Options.StateDir names a directory. Close closes fn.
 func OpenFunction(fn hw.Function, opts *Options) (_ *Device, err error) {
 	if fn == nil {
@@ -357,7 +354,7 @@ func OpenFunction(fn hw.Function, opts *Options) (_ *Device, err error) {
 	if o.StateDir == "" {
 		o.StateDir = "-"
 	}
-	o.NoEthernet = true
+	o.Ethernet.Off = true
 	d := newDevice(fn.Name(), o.withDefaults())
 	d.fn = fn
 	defer func() {
@@ -402,7 +399,7 @@ func (d *Device) bringUp() error {
 	if err := d.activate(ctx); err != nil {
 		return err
 	}
-	if !d.opt.NoEthernet && d.vdev != nil {
+	if !d.opt.Ethernet.Off && d.vdev != nil {
 		if err := d.openEthernet(); err != nil {
 			return err
 		}
@@ -431,16 +428,16 @@ func (d *Device) openEthernet() error {
 	fn0.Func = 0
 	dev, err := d.vdev.Group().OpenDevice(fn0.String())
 	if err != nil {
-		return fmt.Errorf("the slot's vmxnet3 function (Options.NoEthernet leaves it alone): %w", err)
+		return fmt.Errorf("the slot's vmxnet3 function (Options.Ethernet.Off leaves it alone): %w", err)
 	}
 	d.ethDev = dev
-	if d.eth, err = vmxnet3.Open(dev, d.opt.Ethernet); err != nil {
+	if d.eth, err = vmxnet3.Open(dev, &d.opt.Ethernet.NIC); err != nil {
 		return err
 	}
 	return nil
 }
 
-// Ethernet returns the slot's vmxnet3 NIC, or nil with Options.NoEthernet.
+// Ethernet returns the slot's vmxnet3 NIC, or nil with Options.Ethernet.Off.
 func (d *Device) Ethernet() *vmxnet3.NIC { return d.eth }
 
 // takeFunction checks the function and, if asked, binds its group.

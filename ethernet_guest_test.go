@@ -44,7 +44,7 @@ func TestEthernetPortActiveWhileTheNICIsUp(t *testing.T) {
 	assert.Equal(t, uint32(firmware.PortActive), uint32(port.State), "port state with the vmxnet3 function up")
 	require.NoError(t, d.Close())
 
-	d, err = Open(bdf, &Options{NoEthernet: true})
+	d, err = Open(bdf, &Options{Ethernet: EthernetOptions{Off: true}})
 	require.NoError(t, err)
 	defer d.Close()
 	assert.Nil(t, d.Ethernet())

@@ -184,11 +184,12 @@ func (d *Device) stopAsync() {
 }
 
 // AsyncEvents returns the channel of the device's async events, after the
-// driver acted on each (see AsyncEvent). It holds the latest 64 events not
-// yet received; the ones it has no room for are dropped and counted
-// (AsyncStats). Options.OnAsyncEvent is the callback alternative. On a
-// device that raises none (QEMU 7.2: Quirks.NoAsyncEvents) nothing ever
-// arrives. Close closes it, once the events before it are in.
+// driver acted on each (see AsyncEvent): the one way they reach the user
+// (libibverbs' ibv_get_async_event reads the same stream). It holds 64
+// events not yet received; an event that finds it full is dropped and
+// counted (AsyncStats): the driver never waits for a reader. On a device
+// that raises none (QEMU 7.2: Quirks.NoAsyncEvents) nothing ever arrives.
+// Close closes it, once the events before it are in.
 func (d *Device) AsyncEvents() <-chan AsyncEvent { return d.async.ch }
 
 // AsyncStats returns the async-event counters, and the ring fault that
@@ -265,8 +266,8 @@ func (d *Device) dispatch(e firmware.AsyncEvent, pos uint64) {
 	if !known {
 		d.async.unknown.Add(1)
 	}
-	if f := d.opt.OnAsyncEvent; f != nil {
-		f(ev)
+	if h := d.hooks(); h != nil && h.dispatched != nil {
+		h.dispatched(ev)
 	}
 	select {
 	case d.async.ch <- ev:
@@ -340,11 +341,11 @@ func (cq *CQ) fail(err error) {
 // and the device gives a destroyed object's handle to the next object of
 // its kind that it creates. An event the device wrote for a QP, CQ or SRQ
 // may still wait in the ring while that object is destroyed and a new one
-// gets its handle (the goroutine is behind, or inside an OnAsyncEvent
-// callback): found by its handle, it would fail the new object. Draining
-// the ring when a DESTROY completes cannot be had: the goroutine may be
-// inside a callback that waits for the Close that destroys. So events and
-// objects are placed in one sequence instead: each event has its
+// gets its handle (the goroutine is behind: not yet woken by the vector,
+// or not yet scheduled): found by its handle, it would fail the new
+// object. Draining the ring when a DESTROY completes is not enough: the
+// goroutine may have taken the event from the ring and not yet acted on
+// it. So events and objects are placed in one sequence instead: each event has its
 // position, the count of events the device wrote before it; each object
 // the position the sequence had reached when its CREATE was sent; an
 // event before that position is not the object's.

@@ -138,11 +138,11 @@ func newLCDevice(t testing.TB) *lcDevice {
 	d.ch = l.cmds
 	d.gidSet.set(0, true)
 	d.notify.d = d
-	d.onFree = func(mem []byte) {
+	setTestHooks(t, d, &testHooks{onFree: func(mem []byte) {
 		for i := range mem {
 			mem[i] = 0xAB
 		}
-	}
+	}})
 	l.d = d
 	l.pd = &PD{d: d, handle: 1}
 	d.pds[l.pd] = struct{}{}
@@ -564,7 +564,7 @@ func TestCQStatsBesidePoller(t *testing.T) {
 func TestQEMUDestroysAQPOnlyAfterItsSendsCompleted(t *testing.T) {
 	l := newLCDevice(t)
 	l.d.drainSends = true
-	l.d.drainFor = time.Minute // the fake's 50 ms must not race the bound on a loaded host
+	l.d.hooks().drainFor = time.Minute // the fake's 50 ms must not race the bound on a loaded host
 	cq, prod := l.addCQ(t, 5, 64)
 	qp, sq := l.addQP(t, 0x40, cq, 16)
 	_, err := qp.PostSend(l.send(1), 0)
@@ -605,7 +605,7 @@ func TestQEMUDestroyPausesAfterTheLastSendWhenTheSendCQWasArmed(t *testing.T) {
 			l := newLCDevice(t)
 			l.d.drainSends = true
 			var events []string
-			l.d.drainPause = func(_ context.Context, d time.Duration) {
+			l.d.hooks().drainPause = func(_ context.Context, d time.Duration) {
 				assert.Equal(t, drainGrace, d)
 				events = append(events, "pause")
 			}

@@ -858,9 +858,10 @@ func (qp *QP) awaitSends(ctx context.Context) {
 	if !qp.d.drainSends || qp.sendCQ == nil {
 		return
 	}
-	limit := qp.d.drainFor
-	if limit == 0 {
-		limit = drainLimit
+	limit := drainLimit
+	h := qp.d.hooks()
+	if h != nil && h.drainFor != 0 {
+		limit = h.drainFor
 	}
 	deadline := time.Now().Add(limit)
 	for {
@@ -876,8 +877,8 @@ func (qp *QP) awaitSends(ctx context.Context) {
 	if qp.sendCQ.arms.Load() == 0 || qp.sq.Posted() == 0 {
 		return // the thread never waits for the lock to notify this CQ
 	}
-	if qp.d.drainPause != nil {
-		qp.d.drainPause(ctx, drainGrace)
+	if h != nil && h.drainPause != nil {
+		h.drainPause(ctx, drainGrace)
 		return
 	}
 	t := time.NewTimer(drainGrace)

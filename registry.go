@@ -188,12 +188,12 @@ func (d *Device) retireQPN(qp *QP) {
 }
 
 // freeRing releases a ring object's memory (buf is nil in the host tests,
-// whose onFree poisons mem instead). The object's gate is shut: no call
-// touches mem any more.
+// whose onFree hook poisons mem instead). The object's gate is shut: no
+// call touches mem any more.
 func (d *Device) freeRing(buf *vfio.DMABuffer, mem ...[]byte) error {
-	if d.onFree != nil {
+	if h := d.hooks(); h != nil && h.onFree != nil {
 		for _, m := range mem {
-			d.onFree(m)
+			h.onFree(m)
 		}
 	}
 	if buf == nil {
