@@ -77,9 +77,6 @@ const DefaultSpin = event.DefaultSpin
 // Caps are the device's capabilities as it reports them in the DSR.
 type Caps = firmware.Caps
 
-// PortAttr are a port's attributes (QUERY_PORT).
-type PortAttr = firmware.PortAttr
-
 // Quirks are the deviations from the device interface the driver found.
 type Quirks = firmware.Quirks
 
@@ -709,16 +706,6 @@ func (d *Device) UDMaxPayload() int { return d.udMax }
 // device confirmed. A journal entry the device no longer knew (it answered
 // the DESTROY with an error) is not counted.
 func (d *Device) Recovered() int { return d.recovered }
-
-// QueryPort returns the attributes of port 1, the device's only port.
-func (d *Device) QueryPort(ctx context.Context) (PortAttr, error) {
-	if err := d.enter(); err != nil {
-		return PortAttr{}, d.opErr("query port", err)
-	}
-	defer d.exit()
-	p, err := d.ch.QueryPort(ctx, 1)
-	return p, d.opErr("query port", err)
-}
 
 // BindGID puts gid at index of the device's GID table (CREATE_BIND). The
 // binding is undone by UnbindGID or Close.

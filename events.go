@@ -203,11 +203,6 @@ func (d *Device) AsyncStats() (AsyncStats, error) {
 		Stale: d.async.stale.Load()}, err
 }
 
-// PortState returns port 1's state as the driver last learned it: from
-// QUERY_PORT at Open, then from the device's PORT_ACTIVE and PORT_ERR
-// events (firmware.PortActive, firmware.PortDown, ...).
-func (d *Device) PortState() uint32 { return d.portState.Load() }
-
 // dispatch acts on one event, the device's pos'th, and delivers it. An
 // event written before the object that now has its handle was created is
 // a destroyed object's (orderCommands): it names no object.

@@ -475,25 +475,27 @@ func (qp *QP) DoorbellStats() (send, recv doorbell.Stats) {
 	return qp.sq.Doorbell().Stats(), recv
 }
 
-// Unknown is the value of a count the device cannot tell
-// (DAT_VALUE_UNKNOWN).
-const Unknown = srq.Unknown
+// UnknownCount is the value of a receive count the device cannot tell
+// (uDAPL's DAT_VALUE_UNKNOWN): RecvQuery's and SRQQPView's Allocated and
+// Span for a QP of an SRQ.
+const UnknownCount = srq.Unknown
 
 // RecvQuery is a QP's receive accounting (uDAPL dat_ep_recv_query).
 type RecvQuery struct {
 	// Allocated counts receive buffers the QP holds whose completions are
 	// not yet generated: without an SRQ, those posted and not completed;
-	// with an SRQ, Unknown (the device names a QP only in the completion).
+	// with an SRQ, UnknownCount (the device names a QP only in the
+	// completion).
 	Allocated int
 	// Span is how many more completions the QP can generate if every
 	// message it is receiving completes. It is never less than Allocated;
-	// Unknown with an SRQ.
+	// UnknownCount with an SRQ.
 	Span int
 }
 
 // CanQueryRecv reports whether RecvQuery answers with counts rather than
-// Unknown: true for a QP with its own receive queue, false for a QP of an
-// SRQ (SRQ.Query has what each of those consumed).
+// UnknownCount: true for a QP with its own receive queue, false for a QP
+// of an SRQ (SRQ.Query has what each of those consumed).
 func (qp *QP) CanQueryRecv() bool { return qp.srq == nil }
 
 // RecvQuery returns the QP's receive accounting from one read of its
@@ -501,7 +503,7 @@ func (qp *QP) CanQueryRecv() bool { return qp.srq == nil }
 // complete in order, so the span is the allocation.
 func (qp *QP) RecvQuery() RecvQuery {
 	if qp.srq != nil {
-		return RecvQuery{Allocated: Unknown, Span: Unknown}
+		return RecvQuery{Allocated: UnknownCount, Span: UnknownCount}
 	}
 	n := qp.rq.OutstandingP()
 	return RecvQuery{Allocated: n, Span: n}

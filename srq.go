@@ -209,8 +209,8 @@ func (s *SRQ) Outstanding() int { return s.q.Available() }
 func (s *SRQ) DoorbellStats() doorbell.Stats { return s.q.Doorbell() }
 
 // Query returns a snapshot of the SRQ, taken under one lock. Each QP's
-// Allocated and Span are Unknown (QP.CanQueryRecv): the device names the QP
-// that took a receive only in its completion.
+// Allocated and Span are UnknownCount (QP.CanQueryRecv): the device names
+// the QP that took a receive only in its completion.
 func (s *SRQ) Query() SRQSnapshot { return s.q.Query() }
 
 // SetLowWatermark arms the low watermark at n receives (0 disarms it). The
