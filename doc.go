@@ -45,6 +45,17 @@
 //   - Device.Close waits for the control calls under way (an object created
 //     meanwhile is destroyed with the rest), so it leaks nothing.
 //
+// # Outstanding work requests
+//
+// A work request is outstanding from its post until a Poll hands it back
+// to the caller: the Poll that returns its completion (success, error or
+// WR_FLUSH_ERR), or, for an unsignaled send on a device that honours
+// signaling, the first Poll of its send CQ that finds the device has
+// consumed it. A request the device has consumed and whose completion is
+// not polled yet is still outstanding: its queue slot is not free again
+// until the Poll. QP.Outstanding and SRQ.Outstanding count these, and a
+// queue's room for posts is its depth less them.
+//
 // A QP handle the device gives again after a QP is destroyed never
 // receives the destroyed QP's completions: those still in its CQs are
 // moved to a key of the driver's own when the QP is destroyed.

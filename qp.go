@@ -451,19 +451,21 @@ func (qp *QP) SendDepth() int { return qp.sq.Slots() }
 // RecvDepth returns the receive queue's size (0 for a QP with an SRQ).
 func (qp *QP) RecvDepth() int { return qp.rq.Slots() }
 
-// Outstanding returns how many sends and receives the QP holds: posted and
-// not yet retired. A request is retired by the Poll of its CQ that returns
-// its completion. On a device that honours signaling (not QEMU) an
-// unsignaled send makes no completion unless it fails: it is retired by
-// the first Poll of the send CQ that finds the device has consumed it (the
-// send queue's consumer index is past it) or that returns the completion of
-// a later send on the queue, whichever comes first. So a send counts from
-// its post until it is consumed or its completion polled; every one the
-// peer received is gone once the send CQ has been polled after. Consumed is
-// not completed on a device that advances its index when it fetches a
-// request: an unsignaled send it consumed may still be in flight, and if
-// it then fails, its error completion is returned all the same. With an
-// SRQ, recv is 0: see RecvQuery.
+// Outstanding returns how many sends and receives are outstanding on the
+// QP (doc.go: posted and not yet handed back by a Poll). A request is
+// handed back by the Poll of its CQ that returns its completion, whether
+// or not the device consumed it long before. On a device that honours
+// signaling (not QEMU) an unsignaled send makes no completion unless it
+// fails: it is handed back by the first Poll of the send CQ that finds the
+// device has consumed it (the send queue's consumer index is past it) or
+// that returns the completion of a later send on the queue, whichever
+// comes first; every one the peer received is gone once the send CQ has
+// been polled after. Consumed is not completed on a device that advances
+// its index when it fetches a request: an unsignaled send it consumed may
+// still be in flight, and if it then fails, its error completion is
+// returned all the same. A queue's room for posts is its depth less its
+// outstanding requests. With an SRQ, recv is 0: see SRQ.Outstanding and
+// RecvQuery.
 func (qp *QP) Outstanding() (send, recv int) { return qp.sq.Outstanding(), qp.rq.Outstanding() }
 
 // DoorbellStats returns the send and receive queues' post and doorbell

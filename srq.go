@@ -15,8 +15,8 @@ import (
 
 // SRQConfig describes a shared receive queue. Zero fields mean defaults.
 type SRQConfig struct {
-	// Depth is how many receives it accepts, posted and not consumed
-	// (default 64). Resize changes it.
+	// Depth is how many receives it accepts outstanding (SRQ.Outstanding;
+	// default 64). Resize changes it.
 	Depth int
 	// MaxDepth is the most Resize may grow it to: the ring the driver
 	// reserves at creation, rounded up to a power of two (default: Depth).
@@ -201,8 +201,12 @@ func (s *SRQ) Depth() int { return s.q.Depth() }
 // MaxDepth returns the most Resize allows: the ring reserved at creation.
 func (s *SRQ) MaxDepth() int { return s.q.Slots() }
 
-// Outstanding returns the receives posted and not yet consumed (the
-// receives available to the SRQ's QPs).
+// Outstanding returns how many receives are outstanding on the SRQ
+// (doc.go: posted and not yet handed back by a Poll): a receive a QP
+// consumed counts until the Poll that returns its completion, and after
+// Close until the Poll that returns its WR_FLUSH_ERR. PostRecv refuses a
+// receive with ErrQueueFull once Outstanding reaches Depth; it is the
+// count SRQSnapshot.Available and the low watermark look at.
 func (s *SRQ) Outstanding() int { return s.q.Available() }
 
 // DoorbellStats returns the SRQ's post and doorbell counts.
