@@ -221,10 +221,11 @@ func TestCQCallsAfterCloseReturnErrClosed(t *testing.T) {
 	assert.ErrorIs(t, err, ErrClosed, "Poll")
 	assert.ErrorIs(t, cq.Arm(false), ErrClosed, "Arm")
 	assert.ErrorIs(t, cq.Wait(context.Background()), ErrClosed, "Wait")
-	_, err = cq.Ready(true, nil)
-	assert.ErrorIs(t, err, ErrClosed, "Ready")
-	_, err = cq.Progress()
-	assert.ErrorIs(t, err, ErrClosed, "Progress")
+	_, err = cq.Source().Ready(true, nil)
+	assert.ErrorIs(t, err, ErrClosed, "CQSource.Ready")
+	_, err = cq.Source().Progress()
+	assert.ErrorIs(t, err, ErrClosed, "CQSource.Progress")
+	assert.ErrorIs(t, cq.SetMode(CQCounted), ErrClosed, "SetMode")
 	assert.ErrorIs(t, cq.TryWait(), ErrClosed, "TryWait")
 	_, err = cq.FD()
 	assert.ErrorIs(t, err, ErrClosed, "FD")
@@ -288,10 +289,10 @@ func TestDeviceCallsAfterCloseReturnErrClosed(t *testing.T) {
 func setsOf(t testing.TB, cq *CQ) (*eventPollSet, *eventWaitSet) {
 	t.Helper()
 	ps := newEventPollSet()
-	require.NoError(t, ps.Add(cq, 1))
+	require.NoError(t, ps.Add(cq.Source(), 1))
 	ws, err := newEventWaitSet()
 	require.NoError(t, err)
-	require.NoError(t, ws.Add(cq))
+	require.NoError(t, ws.Add(cq.Source()))
 	t.Cleanup(func() { _ = ws.Close() })
 	return ps, ws
 }

@@ -459,7 +459,7 @@ func New(ctx context.Context, d *vfrdma.Device, cfg Config) (_ *Context, err err
 	// carries Wake (work to send), and the progress goroutine naps
 	// between polls instead of sleeping on the interrupt.
 	if !c.napping {
-		if err = c.ws.Add(c.cq); err != nil {
+		if err = c.ws.Add(c.cq.Source()); err != nil {
 			return nil, err
 		}
 	}
@@ -694,7 +694,7 @@ func (c *Context) release() error {
 	}
 	if c.ws != nil {
 		if !c.napping {
-			_ = c.ws.Remove(c.cq)
+			_ = c.ws.Remove(c.cq.Source())
 		}
 		gone(c.ws.Close())
 	}

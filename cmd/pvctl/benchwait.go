@@ -128,12 +128,12 @@ func benchReceiveLoop(ctx context.Context, a *endpoint, messages int, typ vfrdma
 		if ws, err = event.NewWaitSet(event.FD); err != nil {
 			return r, err
 		}
-		if err := ws.Add(a.cq); err != nil {
+		if err := ws.Add(a.cq.Source()); err != nil {
 			_ = ws.Close()
 			return r, err
 		}
 		defer func() {
-			_ = ws.Remove(a.cq)
+			_ = ws.Remove(a.cq.Source())
 			_ = ws.Close()
 		}()
 	}
