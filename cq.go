@@ -235,6 +235,13 @@ func (cq *CQ) destroy(ctx context.Context, force bool) error {
 	return cq.d.freeRing(cq.buf, cq.data)
 }
 
+// fail makes every later Poll return err and wakes the CQ's waiter and
+// watchers, which find it ready (Poll then reports the error).
+func (cq *CQ) fail(err error) {
+	cq.failErr.CompareAndSwap(nil, &err)
+	cq.d.notify.signal(cq)
+}
+
 // rekey gives the CQEs of the QP keyed key (its handle, masked) that the
 // ring holds, unpolled, the key alias (a number no device QP has, tagged
 // aliasTag) instead: they are a destroyed QP's, and the device may give

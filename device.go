@@ -5,19 +5,15 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"maps"
-	"net/netip"
 	"os"
 	"slices"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/vfrdma/vfrdma/doorbell"
-	"github.com/vfrdma/vfrdma/event"
 	"github.com/vfrdma/vfrdma/firmware"
 	"github.com/vfrdma/vfrdma/hw"
 	"github.com/vfrdma/vfrdma/internal/lifecycle"
@@ -60,170 +56,11 @@ const (
 // 8192 slots, a power of two.
 const cqnDataPages = 8
 
-// DefaultStateDir keeps the journals of live device objects.
-const DefaultStateDir = "/run/vfrdma"
-
-// DefaultCommandTimeout bounds each device command.
-const DefaultCommandTimeout = 10 * time.Second
-
-// DefaultPollPace is the POLL doorbell's pace on QEMU's device
-// (Options.PollPace).
-const DefaultPollPace = 50 * time.Microsecond
-
-// DefaultSpin is how long CQ.Wait polls before it sleeps on VMware's
-// device (Options.Spin).
-const DefaultSpin = event.DefaultSpin
-
 // Caps are the device's capabilities as it reports them in the DSR.
 type Caps = firmware.Caps
 
 // Quirks are the deviations from the device interface the driver found.
 type Quirks = firmware.Quirks
-
-// Options configure Open. The zero value (or nil) means the defaults.
-type Options struct {
-	// SysfsRoot is the sysfs tree ("" means /sys).
-	SysfsRoot string
-	// BindGroup binds the function's IOMMU group to vfio-pci if it is not
-	// bound yet, and gives it back to its drivers on Close. Without it the
-	// group must already be bound (pvctl bind).
-	BindGroup bool
-	// StateDir holds the journal of live objects ("" means DefaultStateDir;
-	// "-" disables the journal and with it the clean-up after a crash).
-	StateDir string
-	// CommandTimeout bounds each device command ("0" means the default).
-	CommandTimeout time.Duration
-	// ForceActivate activates the device even where the driver finds it
-	// already active. On QEMU that restarts the backend's completion thread,
-	// which blocks the vCPU for 2 s or more.
-	ForceActivate bool
-	// PollDoorbell makes an empty CQ poll ring the device's POLL doorbell
-	// and look again, as the reference provider does: on QEMU the doorbell
-	// harvests the backend's completions at once. Off by default: in a VM
-	// every doorbell is an exit, and QEMU's completion thread delivers
-	// completions without it once the device is active. On QEMU 7.2 it
-	// excludes interrupts: a POLL doorbell deadlocks the VM against the
-	// completion thread raising an armed CQ's interrupt, so with it CQs are
-	// never armed (CQ.Arm returns ErrNotSupported, CQ.Wait polls, wait sets
-	// cannot sleep on the device's CQs).
-	PollDoorbell bool
-	// PollPace, with PollDoorbell, rings the POLL doorbell on an empty
-	// poll at most once per PollPace per CQ: a spinning poller then pays
-	// one exit per PollPace instead of one per look. Zero means the
-	// default: DefaultPollPace on QEMU's device (measured in
-	// docs/benchmarks.md: fewer exits, the same latency, a higher rate),
-	// every empty poll on VMware's, as the reference provider rings it. A
-	// negative PollPace rings on every empty poll.
-	PollPace time.Duration
-	// Spin is how long CQ.Wait polls the ring before it arms the CQ and
-	// sleeps on the interrupt: a completion that comes within it costs no
-	// interrupt, no arm doorbell and no wake-up (Linux's busy polling does
-	// the same for sockets). A Wait that ends up sleeping has burned at
-	// most Spin of CPU. Zero means the default: DefaultSpin on VMware's
-	// device, no spin on QEMU's, whose device work runs on the host cores
-	// a spinning guest takes (measured in docs/benchmarks.md: spinning
-	// lengthens the round trip there). A negative Spin never spins. Wait
-	// sets take their members' spin (CQ.Spin) unless set.
-	Spin time.Duration
-	// Logger receives the driver's debug messages (default: none).
-	Logger *slog.Logger
-	// Ethernet says what Open does with the slot's vmxnet3 function. By
-	// default (the zero value) it brings it up beside the RDMA function
-	// (Device.Ethernet): QEMU reports the RDMA port's state only while the
-	// vmxnet3 function is active, DOWN otherwise, and it shares the IOMMU
-	// group anyway.
-	Ethernet EthernetOptions
-}
-
-// EthernetOptions say what Open does with the slot's vmxnet3 function
-// (Options.Ethernet). The zero value brings it up with vmxnet3's defaults.
-type EthernetOptions struct {
-	// Off leaves the function alone (its VFIO device is not opened, and
-	// Device.Ethernet is nil): the RDMA port then reads DOWN on QEMU.
-	Off bool
-	// NIC tunes the function Open brings up (zero fields: vmxnet3's
-	// defaults).
-	NIC vmxnet3.Options
-}
-
-// check refuses options no device can take.
-func (o *Options) check() error {
-	if o == nil {
-		return nil
-	}
-	if o.CommandTimeout < 0 {
-		return invalidf("Options.CommandTimeout %v is negative", o.CommandTimeout)
-	}
-	return nil
-}
-
-func (o *Options) withDefaults() Options {
-	var c Options
-	if o != nil {
-		c = *o
-	}
-	switch c.StateDir {
-	case "":
-		c.StateDir = DefaultStateDir
-	case "-":
-		c.StateDir = ""
-	}
-	if c.CommandTimeout == 0 {
-		c.CommandTimeout = DefaultCommandTimeout
-	}
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	}
-	return c
-}
-
-// GID is a 16-byte RoCE global identifier in network byte order.
-type GID [16]byte
-
-// String returns the GID in IPv6 notation ("fe80::5054:ff:fe12:3456"),
-// the form ParseGID reads back.
-func (g GID) String() string { return netip.AddrFrom16(g).String() }
-
-// ParseGID parses a GID written in IPv6 notation: String's form, or the
-// full colon form the kernel's sysfs gids files show
-// ("fe80:0000:0000:0000:5054:00ff:fe12:3456"). A RoCE v2 GID of an IPv4
-// address is written IPv4-mapped ("::ffff:10.0.0.2"); bare IPv4 text, a
-// zone ("%eth0") or anything else is refused with ErrInvalid.
-func ParseGID(s string) (GID, error) {
-	a, err := netip.ParseAddr(s)
-	switch {
-	case err != nil:
-		return GID{}, invalidf("GID %s is not IPv6 notation", quoteShort(s))
-	case a.Is4():
-		return GID{}, invalidf("GID %s is an IPv4 address: write it IPv4-mapped, ::ffff:%s", quoteShort(s), s)
-	case a.Zone() != "":
-		return GID{}, invalidf("GID %s has a zone: a GID has none", quoteShort(s))
-	}
-	return GID(a.As16()), nil
-}
-
-// MarshalText writes the GID as String does (encoding.TextMarshaler: JSON
-// and other text encodings carry a GID as its IPv6 notation).
-func (g GID) MarshalText() ([]byte, error) { return netip.AddrFrom16(g).AppendTo(nil), nil }
-
-// UnmarshalText reads a GID as ParseGID does (encoding.TextUnmarshaler).
-func (g *GID) UnmarshalText(b []byte) error {
-	v, err := ParseGID(string(b))
-	if err != nil {
-		return err
-	}
-	*g = v
-	return nil
-}
-
-// quoteShort quotes s for an error message, cut to 64 bytes: what it quotes
-// may have come from the network.
-func quoteShort(s string) string {
-	if len(s) > 64 {
-		return strconv.Quote(s[:64]) + "..."
-	}
-	return strconv.Quote(s)
-}
 
 // Device is an open pvrdma function. It is safe for concurrent use, Close
 // included, and follows the lifecycle rule (doc.go): after Close its
@@ -706,88 +543,6 @@ func (d *Device) UDMaxPayload() int { return d.udMax }
 // device confirmed. A journal entry the device no longer knew (it answered
 // the DESTROY with an error) is not counted.
 func (d *Device) Recovered() int { return d.recovered }
-
-// BindGID puts gid at index of the device's GID table (CREATE_BIND). The
-// binding is undone by UnbindGID or Close.
-func (d *Device) BindGID(ctx context.Context, index int, gid GID) error {
-	if err := d.enter(); err != nil {
-		return d.opErr("bind GID", err)
-	}
-	defer d.exit()
-	if index < 0 || index >= int(d.caps.GIDTblLen) {
-		return d.opErr("bind GID", invalidf("GID index %d: the table has %d entries", index, d.caps.GIDTblLen))
-	}
-	err := d.ch.CreateBind(ctx, firmware.CreateBindRequest{
-		MTU: 1024, VLAN: 0xFFF, Index: uint32(index), GID: gid, GIDType: d.gidType(),
-	})
-	if err != nil {
-		return d.opErr("bind GID", err)
-	}
-	d.mu.Lock()
-	_, had := d.binds[uint32(index)]
-	d.binds[uint32(index)] = gid
-	d.gidSet.set(uint32(index), true)
-	d.mu.Unlock()
-	if !had {
-		d.journal.add(kindBind, uint32(index))
-	}
-	return nil
-}
-
-// gidType is the GID type CREATE_BIND carries: the one the device speaks.
-// A device reports RoCE v1 or RoCE v2 in caps.gid_types, never both
-// (LoadDSR refuses both); QEMU reports v1.
-func (d *Device) gidType() uint8 {
-	if d.caps.GIDTypes == firmware.GIDTypeRoCEv2 {
-		return firmware.GIDTypeRoCEv2
-	}
-	return firmware.GIDTypeRoCEv1
-}
-
-// RoCEv2 reports a device configured for RoCE v2 (UDP encapsulation); else
-// it speaks RoCE v1.
-func (d *Device) RoCEv2() bool { return d.gidType() == firmware.GIDTypeRoCEv2 }
-
-// UnbindGID removes the GID at index (DESTROY_BIND).
-func (d *Device) UnbindGID(ctx context.Context, index int) error {
-	if err := d.enter(); err != nil {
-		return d.opErr("unbind GID", err)
-	}
-	defer d.exit()
-	if err := d.unbind(ctx, uint32(index)); err != nil {
-		return d.opErr("unbind GID", err)
-	}
-	return nil
-}
-
-func (d *Device) unbind(ctx context.Context, index uint32) error {
-	d.mu.Lock()
-	gid, ok := d.binds[index]
-	d.mu.Unlock()
-	if !ok {
-		return invalidf("GID index %d is not bound", index)
-	}
-	if err := d.ch.DestroyBind(ctx, firmware.DestroyBindRequest{Index: index, GID: gid}); err != nil {
-		return err
-	}
-	d.mu.Lock()
-	delete(d.binds, index)
-	d.gidSet.set(index, false)
-	d.mu.Unlock()
-	d.journal.remove(kindBind, index)
-	return nil
-}
-
-// GIDs returns the bound GIDs by index.
-func (d *Device) GIDs() map[int]GID {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	m := make(map[int]GID, len(d.binds))
-	for i, g := range d.binds {
-		m[int(i)] = g
-	}
-	return m
-}
 
 // closeObject runs an object's destroy with the command timeout, for its
 // Close. Once Device.Close has begun, the Device destroys the object

@@ -294,44 +294,6 @@ func (d *Device) qpForEvent(info uint32, pos uint64) *QP {
 	return d.qpByHandle(info)
 }
 
-// cqByHandle and srqByHandle find a live object by its device handle
-// (events are rare: a scan is enough; QPs have their table, qpByHandle).
-// A CQ whose DESTROY has completed and which is still being taken out of
-// the table may share its handle with a newer one: the newer one is the
-// answer.
-func (d *Device) cqByHandle(h uint32) *CQ {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	var shut *CQ
-	for cq := range d.cqs {
-		if cq.handle == h {
-			if !cq.gate.IsShut() {
-				return cq
-			}
-			shut = cq
-		}
-	}
-	return shut
-}
-
-func (d *Device) srqByHandle(h uint32) *SRQ {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	for s := range d.srqs {
-		if s.handle == h {
-			return s
-		}
-	}
-	return nil
-}
-
-// fail makes every later Poll return err and wakes the CQ's waiter and
-// watchers, which find it ready (Poll then reports the error).
-func (cq *CQ) fail(err error) {
-	cq.failErr.CompareAndSwap(nil, &err)
-	cq.d.notify.signal(cq)
-}
-
 // The order of events and objects. An event names its object by handle,
 // and the device gives a destroyed object's handle to the next object of
 // its kind that it creates. An event the device wrote for a QP, CQ or SRQ
