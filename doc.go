@@ -106,6 +106,19 @@
 // is closed. The semantics live in package srq, the ring and checks it
 // shares with QPs in package wq.
 //
+// # API changes
+//
+// Names that changed, each old one's new form (the README's "API changes"
+// has the details): QP.Flush and SRQ.Flush are QP.Ring and SRQ.Ring
+// (doorbell.Stats.Flushes is Rings), and flush means only WR_FLUSH_ERR;
+// Outstanding has the one meaning above on QPs and SRQs;
+// Options.OnAsyncEvent is gone (Device.AsyncEvents); Options.NoEthernet
+// is Options.Ethernet.Off, and Options.Ethernet's vmxnet3.Options are
+// Options.Ethernet.NIC; Device.PortState returns a PortState; Unknown is
+// UnknownCount; CQ.Ready, Watch, Unwatch, Syncer and Progress are
+// CQSource's (CQ.Source), and a CQ a counter drives is put in CQCounted
+// mode by CQ.SetMode, no longer by its first Progress.
+//
 // # Errors
 //
 // Errors are *OpError values that name the operation and the device and wrap
