@@ -84,4 +84,6 @@ func TestCQSourceIsOneValuePerCQ(t *testing.T) {
 	assert.NotSame(t, a.Source(), b.Source())
 	assert.Same(t, a, a.Source().CQ())
 	assert.Equal(t, a.Spin(), a.Source().Spin(), "a wait set spins as the CQ's Wait does")
+	var none *CQ
+	assert.Nil(t, none.Source(), "a nil CQ's source")
 }

@@ -22,8 +22,14 @@ var (
 )
 
 // Source returns the CQ as an event source. It returns the same value
-// every time, so that a set finds the member it was given (Remove).
-func (cq *CQ) Source() *CQSource { return &cq.src }
+// every time, so that a set finds the member it was given (Remove); a nil
+// CQ's is nil.
+func (cq *CQ) Source() *CQSource {
+	if cq == nil {
+		return nil
+	}
+	return &cq.src
+}
 
 // CQ returns the CQ the source is.
 func (s *CQSource) CQ() *CQ { return s.cq }
