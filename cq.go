@@ -71,7 +71,6 @@ type CQ struct {
 	spun       atomic.Uint64 // Waits the spin answered (Stats)
 	lastPoll   time.Time     // the last POLL doorbell of Poll (Options.PollPace); Poll's own
 	watchers   event.Watchers
-	src        CQSource
 	mode       atomic.Uint32 // CQMode
 	pmu        sync.Mutex
 	scratch    [32]WC
@@ -95,6 +94,8 @@ type CQ struct {
 	closed bool
 	users  int            // QPs using the CQ
 	own    *event.WaitSet // its own wait object (FD, TryWait), made on first use
+
+	src CQSource // the CQ as an event source (Source)
 }
 
 // CQStats count what a CQ's poller saw.
