@@ -94,8 +94,6 @@ type CQ struct {
 	closed bool
 	users  int            // QPs using the CQ
 	own    *event.WaitSet // its own wait object (FD, TryWait), made on first use
-
-	src CQSource // the CQ as an event source (Source)
 }
 
 // CQStats count what a CQ's poller saw.
@@ -161,10 +159,8 @@ func (d *Device) CreateCQ(ctx context.Context, entries int) (*CQ, error) {
 
 // newCQ makes the CQ over its ring (buf is nil in the host tests).
 func newCQ(d *Device, handle uint32, entries int, buf *vfio.DMABuffer, st *rings.State, cons *rings.Consumer, data []byte) *CQ {
-	cq := &CQ{d: d, handle: handle, entries: entries, buf: buf, st: st, cons: cons, data: data,
+	return &CQ{d: d, handle: handle, entries: entries, buf: buf, st: st, cons: cons, data: data,
 		wake: make(chan struct{}, 1), done: make(chan struct{}), qpMask: d.qpHandleMask()}
-	cq.src.cq = cq
-	return cq
 }
 
 // shut refuses the CQ's calls from now on, wakes its waiter and waits for

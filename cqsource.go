@@ -12,7 +12,10 @@ import (
 // mode). CQ.Source returns it; its methods are the event package's
 // interfaces (event.Source, event.Synced, event.Driven, event.Spinner),
 // which the sets and counters call: a CQ's user calls none of them.
-type CQSource struct{ cq *CQ }
+//
+// A *CQSource is the *CQ itself under another type: a set holding it
+// reaches the CQ's fields with no further load.
+type CQSource CQ
 
 var (
 	_ event.Source  = (*CQSource)(nil)
@@ -24,22 +27,17 @@ var (
 // Source returns the CQ as an event source. It returns the same value
 // every time, so that a set finds the member it was given (Remove); a nil
 // CQ's is nil.
-func (cq *CQ) Source() *CQSource {
-	if cq == nil {
-		return nil
-	}
-	return &cq.src
-}
+func (cq *CQ) Source() *CQSource { return (*CQSource)(cq) }
 
 // CQ returns the CQ the source is.
-func (s *CQSource) CQ() *CQ { return s.cq }
+func (s *CQSource) CQ() *CQ { return (*CQ)(s) }
 
 // Ready reports whether the CQ holds completions (event.Source). With arm
 // set, it first arms the CQ unless the driver knows it is armed, so that
 // its next completion wakes its watchers. It is safe for concurrent use
 // with Poll, and allocates nothing.
 func (s *CQSource) Ready(arm bool, _ *uint64) (bool, error) {
-	cq := s.cq
+	cq := (*CQ)(s)
 	if !cq.enter() {
 		return false, cq.errClosed("CQ ready")
 	}
@@ -56,7 +54,7 @@ func (s *CQSource) Ready(arm bool, _ *uint64) (bool, error) {
 // notification, and whenever the driver has flush completions for it
 // (event.Source). It starts the goroutine that takes the CQ interrupt.
 func (s *CQSource) Watch(w event.Waker) error {
-	cq := s.cq
+	cq := (*CQ)(s)
 	cq.mu.Lock()
 	defer cq.mu.Unlock()
 	if cq.closed {
@@ -69,16 +67,16 @@ func (s *CQSource) Watch(w event.Waker) error {
 }
 
 // Unwatch stops the wake-ups of w (event.Source).
-func (s *CQSource) Unwatch(w event.Waker) { s.cq.watchers.Remove(w) }
+func (s *CQSource) Unwatch(w event.Waker) { s.CQ().watchers.Remove(w) }
 
 // Syncer returns what delivers the CQ's wake-ups: the device's
 // notification ring (event.Synced), so that poll sets can leave the CQ
 // idle until it is named.
-func (s *CQSource) Syncer() event.Syncer { return &s.cq.d.notify }
+func (s *CQSource) Syncer() event.Syncer { return &s.CQ().d.notify }
 
 // Spin returns how long a wait set holding the CQ looks at it before it
 // sleeps (event.Spinner): CQ.Spin.
-func (s *CQSource) Spin() time.Duration { return s.cq.Spin() }
+func (s *CQSource) Spin() time.Duration { return s.CQ().Spin() }
 
 // Progress polls the CQ and drops its completions, having counted them on
 // the counters of their QPs (event.Driven: event.Counter's reads and
@@ -86,7 +84,7 @@ func (s *CQSource) Spin() time.Duration { return s.cq.Spin() }
 // CQ its owner polls it is refused with an error wrapping ErrBusy.
 // Progress is safe for concurrent use with itself and allocates nothing.
 func (s *CQSource) Progress() (int, error) {
-	cq := s.cq
+	cq := (*CQ)(s)
 	cq.pmu.Lock()
 	defer cq.pmu.Unlock()
 	if !cq.enter() {
