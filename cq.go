@@ -2,7 +2,6 @@ package vfrdma
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"math"
 	"math/bits"
@@ -27,15 +26,17 @@ const CQESize = 64
 const maxCQEntries = 1 << 12 // 64 data pages; 127 fit, 4096 is the power of two below 8128
 
 // CQ is a completion queue: a ring of CQEs the device writes in DMA memory.
-// Poll and Wait are single-owner (one goroutine polls a CQ); Arm, Ready
-// and Progress may run beside them. Close is safe for concurrent use with
-// every method: it follows the lifecycle rule (doc.go), so a Poll, Arm,
-// Wait or Ready racing it completes or returns ErrClosed, a Wait asleep is
-// woken with ErrClosed, and the ring is freed only once no call is inside.
+// Poll, Wait and SetMode are single-owner (one goroutine polls a CQ); Arm
+// and the event source's calls (Source) may run beside them. Close is safe
+// for concurrent use with every method: it follows the lifecycle rule
+// (doc.go), so a Poll, Arm, Wait or source call racing it completes or
+// returns ErrClosed, a Wait asleep is woken with ErrClosed, and the ring
+// is freed only once no call is inside.
 //
-// A CQ is an event.Source: poll sets and wait sets take it, and a counter
-// can Drive it (then only Progress polls it). FD and TryWait give it a wait
-// object of its own.
+// Its mode (CQMode) says who takes its completions: its owner's Poll
+// (CQPolled, a new CQ's), or the counters that drive it (CQCounted).
+// Source gives it to poll sets, wait sets and counters; FD and TryWait
+// give it a wait object of its own.
 type CQ struct {
 	d       *Device
 	handle  uint32
@@ -62,14 +63,15 @@ type CQ struct {
 
 	// Events: the arm state as the driver knows it (set when it rings an
 	// arm doorbell, cleared when the device names the CQ), who watches
-	// it, and Progress for counter-driven CQs.
+	// it, who takes its completions (mode), and CQSource.Progress's
+	// scratch for counted CQs (pmu also orders SetMode after Progress).
 	armed      atomic.Bool
 	arms       atomic.Uint64
 	interrupts atomic.Uint64 // Wait's wake-ups (Stats), counted outside the gate
 	spun       atomic.Uint64 // Waits the spin answered (Stats)
 	lastPoll   time.Time     // the last POLL doorbell of Poll (Options.PollPace); Poll's own
 	watchers   event.Watchers
-	driven     atomic.Bool
+	mode       atomic.Uint32 // CQMode
 	pmu        sync.Mutex
 	scratch    [32]WC
 	sinceSync  int // CQEs since Poll last looked at the notification ring
@@ -217,7 +219,7 @@ func (cq *CQ) destroy(ctx context.Context, force bool) error {
 	// inside, then let the memory go.
 	cq.shut()
 	if own := cq.own; own != nil {
-		_ = own.Remove(cq)
+		_ = own.Remove(cq.Source())
 		_ = own.Close() // releases a goroutine waiting on it
 	}
 	cq.closed = true
@@ -228,6 +230,13 @@ func (cq *CQ) destroy(ctx context.Context, force bool) error {
 	cq.d.notify.forget(cq)
 	cq.watchers.Wake() // a set still holding it (Device.Close) learns it is gone
 	return cq.d.freeRing(cq.buf, cq.data)
+}
+
+// fail makes every later Poll return err and wakes the CQ's waiter and
+// watchers, which find it ready (Poll then reports the error).
+func (cq *CQ) fail(err error) {
+	cq.failErr.CompareAndSwap(nil, &err)
+	cq.d.notify.signal(cq)
 }
 
 // rekey gives the CQEs of the QP keyed key (its handle, masked) that the
@@ -335,11 +344,11 @@ const (
 // the send CQ of (QP.Outstanding): one read of each such send queue's
 // consumer index, while the device has sends of it to consume. An empty
 // poll rings no doorbell (Options.PollDoorbell restores the reference
-// provider's POLL doorbell there). Poll does not allocate. A CQ that a
-// counter drives (Progress) refuses Poll with ErrBusy.
+// provider's POLL doorbell there). Poll does not allocate. A CQ in
+// CQCounted mode refuses Poll with an error wrapping ErrBusy.
 func (cq *CQ) Poll(wcs []WC) (int, error) {
-	if cq.driven.Load() {
-		return 0, cq.d.opErr("poll CQ", fmt.Errorf("%w: CQ %d is driven by a counter; its completions go there", ErrBusy, cq.handle))
+	if m := cq.Mode(); m != CQPolled {
+		return 0, cq.d.opErr("poll CQ", cq.wrongMode(m, "the counters driving it take its completions; CQ.SetMode(CQPolled) to poll it"))
 	}
 	if !cq.gate.Enter() && !cq.enterSlow() {
 		return 0, cq.errClosed("poll CQ")
@@ -668,296 +677,6 @@ func (cq *CQ) Stats() CQStats {
 	st.Interrupts = cq.interrupts.Load()
 	st.Spun = cq.spun.Load()
 	return st
-}
-
-// Arm asks the device for an interrupt at the CQ's next completion (on
-// QEMU 7.2 only ARM|ARM_SOL arms; Quirks.CQArm picks the bits). It first
-// drains the device's CQ-notification ring, which QEMU stops interrupting
-// through once it is full. Arm is safe for concurrent use with Poll.
-func (cq *CQ) Arm(solicitedOnly bool) error {
-	if !cq.enter() {
-		return cq.errClosed("arm CQ")
-	}
-	defer cq.gate.Exit()
-	return cq.arm(solicitedOnly)
-}
-
-// arm is Arm inside the gate.
-func (cq *CQ) arm(solicitedOnly bool) error {
-	if cq.pollOnly() {
-		return cq.d.opErr("arm CQ", fmt.Errorf("%w: Options.PollDoorbell on QEMU 7.2: its POLL doorbell deadlocks the VM against the completion thread notifying an armed CQ (each holds the lock the other wants), so CQs are not armed; Wait polls instead", ErrNotSupported))
-	}
-	if err := cq.d.notify.Sync(); err != nil {
-		return cq.d.opErr("arm CQ", err)
-	}
-	cq.arms.Add(1)
-	cq.armed.Store(true)
-	bits := cq.d.cqArm[0]
-	if solicitedOnly {
-		bits = cq.d.cqArm[1]
-	}
-	return cq.d.opErr("arm CQ", doorbell.Ring(cq.d.uar, doorbell.OffsetCQ, bits|cq.handle))
-}
-
-// Wait blocks until the CQ has a completion to poll or ctx is done. It
-// first spins for Options.Spin, looking at the ring's counters and
-// yielding the processor between looks; then it arms the CQ, checks again
-// (a completion that raced the arming is not missed), and sleeps until the
-// device's CQ interrupt names this CQ. It returns nil when Poll has
-// something; ctx's error, wrapped, otherwise. The spin allocates nothing.
-func (cq *CQ) Wait(ctx context.Context) error {
-	if cq.pollOnly() {
-		return cq.pollWait(ctx)
-	}
-	if spin := cq.d.waitSpin; spin > 0 {
-		if ok, err := cq.spin(ctx, spin); ok || err != nil {
-			return err
-		}
-	}
-	if err := cq.d.notify.start(); err != nil {
-		return cq.d.opErr("wait CQ", err)
-	}
-	for {
-		if ok, err := cq.readyOrArm(); ok || err != nil {
-			return err
-		}
-		select {
-		case <-cq.wake:
-			cq.interrupts.Add(1)
-		case <-cq.done:
-			return cq.errClosed("wait CQ")
-		case <-ctx.Done():
-			return cq.d.opErr("wait CQ", fmt.Errorf("waiting for a completion on CQ %d (MSI-X vector %d): %w", cq.handle, firmware.VectorCQ, ctx.Err()))
-		}
-	}
-}
-
-// spin looks at the ring until it holds something, for at most d: it
-// reports whether it does.
-func (cq *CQ) spin(ctx context.Context, d time.Duration) (bool, error) {
-	ok, err := event.Spin(ctx, d, func() (bool, error) {
-		if !cq.enter() {
-			return false, ErrClosed
-		}
-		ok, _ := cq.ready()
-		cq.gate.Exit()
-		return ok, nil
-	})
-	switch {
-	case errors.Is(err, ErrClosed):
-		return false, cq.errClosed("wait CQ")
-	case err != nil:
-		return false, cq.d.opErr("wait CQ", fmt.Errorf("spinning on CQ %d: %w", cq.handle, err))
-	case ok:
-		cq.spun.Add(1)
-	}
-	return ok, nil
-}
-
-// Spin returns how long Wait polls before it sleeps (Options.Spin, or its
-// default for the device): a wait set with the CQ as a member spins that
-// long too, unless told otherwise (event.WaitSet.SetSpin).
-func (cq *CQ) Spin() time.Duration { return cq.d.waitSpin }
-
-// Armable reports whether the CQ can be armed for its interrupt: false
-// with Options.PollDoorbell on QEMU's device, where CQs are never armed
-// (Arm returns ErrNotSupported, Wait polls, and a wait set holding the CQ
-// cannot sleep). A poller of such a CQ naps and polls instead.
-func (cq *CQ) Armable() bool { return !cq.pollOnly() }
-
-// readyOrArm is one round of Wait inside the gate: it re-checks the ring,
-// arms the CQ and checks again.
-func (cq *CQ) readyOrArm() (bool, error) {
-	if !cq.enter() {
-		return false, cq.errClosed("wait CQ")
-	}
-	defer cq.gate.Exit()
-	if ok, err := cq.ready(); ok || err != nil {
-		return ok, err
-	}
-	if err := cq.arm(false); err != nil {
-		return false, err
-	}
-	return cq.ready()
-}
-
-// pollOnly reports a CQ that must not be armed: Options.PollDoorbell on
-// QEMU. QEMU 7.2's POLL doorbell takes the RDMA backend's lock (one for the
-// device) while the vCPU holds the big lock; its completion thread holds
-// the backend's lock when it raises an armed CQ's interrupt, which wants
-// the big lock: a POLL doorbell beside any armed CQ can deadlock the VM.
-// rdma-core's provider polls with that doorbell and its programs never
-// arm unless asked to (-e).
-func (cq *CQ) pollOnly() bool { return cq.d.emulated && cq.d.opt.PollDoorbell }
-
-// pollWait is Wait without the interrupt: the POLL doorbell, then a pause
-// that doubles from 20 µs to 1 ms, until the CQ holds something or ctx is
-// done.
-func (cq *CQ) pollWait(ctx context.Context) error {
-	pause := 20 * time.Microsecond
-	for {
-		if ok, err := cq.readyOrPoll(); ok || err != nil {
-			return err
-		}
-		t := time.NewTimer(pause)
-		select {
-		case <-t.C:
-		case <-cq.done:
-			t.Stop()
-			return cq.errClosed("wait CQ")
-		case <-ctx.Done():
-			t.Stop()
-			return cq.d.opErr("wait CQ", fmt.Errorf("polling CQ %d (Options.PollDoorbell: no interrupt): %w", cq.handle, ctx.Err()))
-		}
-		pause = min(2*pause, time.Millisecond)
-	}
-}
-
-// readyOrPoll is one round of pollWait inside the gate.
-func (cq *CQ) readyOrPoll() (bool, error) {
-	if !cq.enter() {
-		return false, cq.errClosed("wait CQ")
-	}
-	defer cq.gate.Exit()
-	if ok, err := cq.ready(); ok || err != nil {
-		return ok, err
-	}
-	if err := doorbell.Ring(cq.d.uar, doorbell.OffsetCQ, doorbell.CQPoll|cq.handle); err != nil {
-		return false, cq.d.opErr("wait CQ", err)
-	}
-	cq.arms.Add(1) // counted with the doorbells (Stats); Wait may run beside Poll
-	return cq.ready()
-}
-
-// ready reports whether Poll would return something now.
-// It reads the ring's two counters as published (prod_tail by the
-// device, cons_head by Poll) and nothing of the poller's own state: Ready
-// calls it beside Poll. An index out of range reads as ready: Poll reports
-// the fault.
-func (cq *CQ) ready() (bool, error) {
-	return cq.st.ProdTail() != cq.st.ConsHead() || cq.flushPending.Load() || cq.failErr.Load() != nil, nil
-}
-
-// Ready reports whether the CQ holds completions (event.Source). With arm
-// set, it first arms the CQ unless the driver knows it is armed, so that
-// its next completion wakes its watchers. It is safe for concurrent use
-// with Poll, and allocates nothing.
-func (cq *CQ) Ready(arm bool, _ *uint64) (bool, error) {
-	if !cq.enter() {
-		return false, cq.errClosed("CQ ready")
-	}
-	defer cq.gate.Exit()
-	if arm && !cq.armed.Load() {
-		if err := cq.arm(false); err != nil {
-			return false, err
-		}
-	}
-	return cq.ready()
-}
-
-// Watch makes the CQ wake w whenever the device names it in a
-// notification, and whenever the driver has flush completions for it
-// (event.Source). It starts the goroutine that takes the CQ interrupt.
-func (cq *CQ) Watch(w event.Waker) error {
-	cq.mu.Lock()
-	defer cq.mu.Unlock()
-	if cq.closed {
-		return cq.d.opErr("watch CQ", ErrClosed)
-	}
-	if err := cq.d.notify.start(); err != nil {
-		return cq.d.opErr("watch CQ", err)
-	}
-	return cq.watchers.Add(w)
-}
-
-// Unwatch stops the wake-ups of w.
-func (cq *CQ) Unwatch(w event.Waker) { cq.watchers.Remove(w) }
-
-// Syncer returns what delivers the CQ's wake-ups: the device's
-// notification ring (event.Synced), so that poll sets can leave the CQ
-// idle until it is named.
-func (cq *CQ) Syncer() event.Syncer { return &cq.d.notify }
-
-// Progress polls the CQ and drops its completions, having counted them on
-// the counters of their QPs: for a CQ whose completions only counters want
-// (event.Counter.Drive calls it). Once a CQ has been progressed, Poll
-// refuses it. Progress is safe for concurrent use with itself and
-// allocates nothing.
-func (cq *CQ) Progress() (int, error) {
-	cq.pmu.Lock()
-	defer cq.pmu.Unlock()
-	if !cq.enter() {
-		return 0, cq.errClosed("progress CQ")
-	}
-	defer cq.gate.Exit()
-	cq.driven.Store(true)
-	total := 0
-	for {
-		n, err := cq.poll(cq.scratch[:])
-		total += n
-		if err != nil || n < len(cq.scratch) {
-			return total, err
-		}
-	}
-}
-
-// FD returns a descriptor for the CQ's own eventfd, for the per-CQ style
-// of waiting: it is readable when the CQ may hold completions, until
-// TryWait succeeds. Each call returns a new dup that is the caller's to
-// close (take it out of epoll first: epoll watches until every descriptor
-// of the file is closed); closing it never affects the CQ. Do not read or
-// write it. After the CQ is closed, TryWait and Poll return ErrClosed.
-func (cq *CQ) FD() (int, error) {
-	ws, err := cq.ownSet()
-	if err != nil {
-		return -1, err
-	}
-	return ws.FD()
-}
-
-// TryWait arms the CQ and its own wait object (FD) and reports whether it
-// is safe to sleep on the fd: nil when the CQ is empty, event.ErrAgain when
-// completions are queued (poll them, then try again).
-func (cq *CQ) TryWait() error {
-	ws, err := cq.ownSet()
-	if err != nil {
-		return err
-	}
-	return ws.TryWait()
-}
-
-func (cq *CQ) ownSet() (*event.WaitSet, error) {
-	cq.mu.Lock()
-	own, closed := cq.own, cq.closed
-	cq.mu.Unlock()
-	if closed {
-		return nil, cq.d.opErr("CQ wait object", ErrClosed)
-	}
-	if own != nil {
-		return own, nil
-	}
-	ws, err := event.NewWaitSet(event.FD)
-	if err != nil {
-		return nil, cq.d.opErr("CQ wait object", err)
-	}
-	if err := ws.Add(cq); err != nil {
-		_ = ws.Close()
-		return nil, err
-	}
-	cq.mu.Lock()
-	if cq.own == nil && !cq.closed {
-		cq.own, ws = ws, nil
-	}
-	own, closed = cq.own, cq.closed
-	cq.mu.Unlock()
-	if ws != nil { // another goroutine won, or Close came first
-		_ = ws.Remove(cq)
-		_ = ws.Close()
-	}
-	if closed {
-		return nil, cq.d.opErr("CQ wait object", ErrClosed)
-	}
-	return own, nil
 }
 
 // pendingSends counts the send completions of the QP with handle h that

@@ -325,10 +325,10 @@ func suiteDeferredPosts(t *testing.T, d *Device) {
 	// Too many SGEs: refused before the ring.
 	five := []SGE{ok[0], ok[0], ok[0], ok[0], ok[0]}
 	assert.ErrorIs(t, send(98, 0, five), ErrInvalid, "five SGEs")
-	// A deferred post and Flush.
+	// A deferred post and Ring.
 	require.NoError(t, send(14, FlagDefer, ok))
-	require.NoError(t, p.a.Flush())
-	assert.Equal(t, uint64(3), doorbells(), "doorbells after Flush")
+	require.NoError(t, p.a.Ring())
+	assert.Equal(t, uint64(3), doorbells(), "doorbells after Ring")
 	// Exactly 15 sends complete, 0..14, in order; 98 and 99 never do.
 	wcs := make([]WC, 32)
 	got := 0

@@ -121,7 +121,7 @@ func TestDataPathAllocs(t *testing.T) {
 		require.NoError(t, err)
 		_, err = f.qp.PostRecv(rwrs, FlagDefer)
 		require.NoError(t, err)
-		require.NoError(t, f.qp.Flush())
+		require.NoError(t, f.qp.Ring())
 		f.device(t, 0)
 		total := 0
 		for total < 33 {

@@ -5,19 +5,15 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
 	"maps"
-	"net/netip"
 	"os"
 	"slices"
-	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/vfrdma/vfrdma/doorbell"
-	"github.com/vfrdma/vfrdma/event"
 	"github.com/vfrdma/vfrdma/firmware"
 	"github.com/vfrdma/vfrdma/hw"
 	"github.com/vfrdma/vfrdma/internal/lifecycle"
@@ -60,169 +56,11 @@ const (
 // 8192 slots, a power of two.
 const cqnDataPages = 8
 
-// DefaultStateDir keeps the journals of live device objects.
-const DefaultStateDir = "/run/vfrdma"
-
-// DefaultCommandTimeout bounds each device command.
-const DefaultCommandTimeout = 10 * time.Second
-
-// DefaultPollPace is the POLL doorbell's pace on QEMU's device
-// (Options.PollPace).
-const DefaultPollPace = 50 * time.Microsecond
-
-// DefaultSpin is how long CQ.Wait polls before it sleeps on VMware's
-// device (Options.Spin).
-const DefaultSpin = event.DefaultSpin
-
 // Caps are the device's capabilities as it reports them in the DSR.
 type Caps = firmware.Caps
 
-// PortAttr are a port's attributes (QUERY_PORT).
-type PortAttr = firmware.PortAttr
-
 // Quirks are the deviations from the device interface the driver found.
 type Quirks = firmware.Quirks
-
-// Options configure Open. The zero value (or nil) means the defaults.
-type Options struct {
-	// SysfsRoot is the sysfs tree ("" means /sys).
-	SysfsRoot string
-	// BindGroup binds the function's IOMMU group to vfio-pci if it is not
-	// bound yet, and gives it back to its drivers on Close. Without it the
-	// group must already be bound (pvctl bind).
-	BindGroup bool
-	// StateDir holds the journal of live objects ("" means DefaultStateDir;
-	// "-" disables the journal and with it the clean-up after a crash).
-	StateDir string
-	// CommandTimeout bounds each device command ("0" means the default).
-	CommandTimeout time.Duration
-	// ForceActivate activates the device even where the driver finds it
-	// already active. On QEMU that restarts the backend's completion thread,
-	// which blocks the vCPU for 2 s or more.
-	ForceActivate bool
-	// PollDoorbell makes an empty CQ poll ring the device's POLL doorbell
-	// and look again, as the reference provider does: on QEMU the doorbell
-	// harvests the backend's completions at once. Off by default: in a VM
-	// every doorbell is an exit, and QEMU's completion thread delivers
-	// completions without it once the device is active. On QEMU 7.2 it
-	// excludes interrupts: a POLL doorbell deadlocks the VM against the
-	// completion thread raising an armed CQ's interrupt, so with it CQs are
-	// never armed (CQ.Arm returns ErrNotSupported, CQ.Wait polls, wait sets
-	// cannot sleep on the device's CQs).
-	PollDoorbell bool
-	// PollPace, with PollDoorbell, rings the POLL doorbell on an empty
-	// poll at most once per PollPace per CQ: a spinning poller then pays
-	// one exit per PollPace instead of one per look. Zero means the
-	// default: DefaultPollPace on QEMU's device (measured in
-	// docs/benchmarks.md: fewer exits, the same latency, a higher rate),
-	// every empty poll on VMware's, as the reference provider rings it. A
-	// negative PollPace rings on every empty poll.
-	PollPace time.Duration
-	// Spin is how long CQ.Wait polls the ring before it arms the CQ and
-	// sleeps on the interrupt: a completion that comes within it costs no
-	// interrupt, no arm doorbell and no wake-up (Linux's busy polling does
-	// the same for sockets). A Wait that ends up sleeping has burned at
-	// most Spin of CPU. Zero means the default: DefaultSpin on VMware's
-	// device, no spin on QEMU's, whose device work runs on the host cores
-	// a spinning guest takes (measured in docs/benchmarks.md: spinning
-	// lengthens the round trip there). A negative Spin never spins. Wait
-	// sets take their members' spin (CQ.Spin) unless set.
-	Spin time.Duration
-	// Logger receives the driver's debug messages (default: none).
-	Logger *slog.Logger
-	// Ethernet tunes the slot's vmxnet3 function, which Open brings up
-	// beside the RDMA function (Device.Ethernet): QEMU reports the RDMA
-	// port's state only while the vmxnet3 function is active, DOWN
-	// otherwise, and it shares the IOMMU group anyway.
-	Ethernet *vmxnet3.Options
-	// OnAsyncEvent, if set, receives each async event the device raises,
-	// after the driver acted on it (see AsyncEvent), on the goroutine that
-	// takes them: it must not block, nor call Device.Close (which waits for
-	// that goroutine). Device.AsyncEvents is the channel alternative.
-	OnAsyncEvent func(AsyncEvent)
-	// NoEthernet leaves the vmxnet3 function alone (its VFIO device is not
-	// opened): the RDMA port then reads DOWN on QEMU.
-	NoEthernet bool
-}
-
-// check refuses options no device can take.
-func (o *Options) check() error {
-	if o == nil {
-		return nil
-	}
-	if o.CommandTimeout < 0 {
-		return invalidf("Options.CommandTimeout %v is negative", o.CommandTimeout)
-	}
-	return nil
-}
-
-func (o *Options) withDefaults() Options {
-	var c Options
-	if o != nil {
-		c = *o
-	}
-	switch c.StateDir {
-	case "":
-		c.StateDir = DefaultStateDir
-	case "-":
-		c.StateDir = ""
-	}
-	if c.CommandTimeout == 0 {
-		c.CommandTimeout = DefaultCommandTimeout
-	}
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.NewTextHandler(io.Discard, nil))
-	}
-	return c
-}
-
-// GID is a 16-byte RoCE global identifier in network byte order.
-type GID [16]byte
-
-// String returns the GID in IPv6 notation ("fe80::5054:ff:fe12:3456"),
-// the form ParseGID reads back.
-func (g GID) String() string { return netip.AddrFrom16(g).String() }
-
-// ParseGID parses a GID written in IPv6 notation: String's form, or the
-// full colon form the kernel's sysfs gids files show
-// ("fe80:0000:0000:0000:5054:00ff:fe12:3456"). A RoCE v2 GID of an IPv4
-// address is written IPv4-mapped ("::ffff:10.0.0.2"); bare IPv4 text, a
-// zone ("%eth0") or anything else is refused with ErrInvalid.
-func ParseGID(s string) (GID, error) {
-	a, err := netip.ParseAddr(s)
-	switch {
-	case err != nil:
-		return GID{}, invalidf("GID %s is not IPv6 notation", quoteShort(s))
-	case a.Is4():
-		return GID{}, invalidf("GID %s is an IPv4 address: write it IPv4-mapped, ::ffff:%s", quoteShort(s), s)
-	case a.Zone() != "":
-		return GID{}, invalidf("GID %s has a zone: a GID has none", quoteShort(s))
-	}
-	return GID(a.As16()), nil
-}
-
-// MarshalText writes the GID as String does (encoding.TextMarshaler: JSON
-// and other text encodings carry a GID as its IPv6 notation).
-func (g GID) MarshalText() ([]byte, error) { return netip.AddrFrom16(g).AppendTo(nil), nil }
-
-// UnmarshalText reads a GID as ParseGID does (encoding.TextUnmarshaler).
-func (g *GID) UnmarshalText(b []byte) error {
-	v, err := ParseGID(string(b))
-	if err != nil {
-		return err
-	}
-	*g = v
-	return nil
-}
-
-// quoteShort quotes s for an error message, cut to 64 bytes: what it quotes
-// may have come from the network.
-func quoteShort(s string) string {
-	if len(s) > 64 {
-		return strconv.Quote(s[:64]) + "..."
-	}
-	return strconv.Quote(s)
-}
 
 // Device is an open pvrdma function. It is safe for concurrent use, Close
 // included, and follows the lifecycle rule (doc.go): after Close its
@@ -265,10 +103,6 @@ type Device struct {
 	gate      lifecycle.Gate
 	closeDone chan struct{}
 	closeEnd  chan struct{}
-	// onFree, if set, is called with each ring's memory where it is
-	// released: the host tests poison it there, so that a call that
-	// touches freed memory is a data race the race detector reports.
-	onFree func(mem []byte)
 
 	mu       sync.Mutex
 	closed   bool
@@ -297,9 +131,6 @@ type Device struct {
 	// drainSends: before it destroys a QP, wait for the device to have
 	// completed the QP's sends (QEMU 7.2, see QP.awaitSends).
 	drainSends bool
-	drainFor   time.Duration // awaitSends' bound (0: drainLimit; the host tests raise it)
-	// drainPause is awaitSends' grace (nil: sleep; the host tests watch it).
-	drainPause func(ctx context.Context, d time.Duration)
 	cqArm      [2]uint32 // CQ arm bits: [0] next completion, [1] solicited only
 }
 
@@ -340,8 +171,8 @@ func Open(bdf string, opts *Options) (_ *Device, err error) {
 
 // OpenFunction brings up the pvrdma device behind fn, a function other
 // than VFIO's: the device model (package pvsim) in tests, examples and
-// tools. Options.SysfsRoot, BindGroup, Ethernet and NoEthernet do not
-// apply (there is no slot, so no vmxnet3 function); the journal is kept
+// tools. Options.SysfsRoot, BindGroup and Ethernet do not apply (there is
+// no slot, so no vmxnet3 function); the journal is kept
 // only where Options.StateDir names a directory. Close closes fn.
 func OpenFunction(fn hw.Function, opts *Options) (_ *Device, err error) {
 	if fn == nil {
@@ -357,7 +188,7 @@ func OpenFunction(fn hw.Function, opts *Options) (_ *Device, err error) {
 	if o.StateDir == "" {
 		o.StateDir = "-"
 	}
-	o.NoEthernet = true
+	o.Ethernet.Off = true
 	d := newDevice(fn.Name(), o.withDefaults())
 	d.fn = fn
 	defer func() {
@@ -402,7 +233,7 @@ func (d *Device) bringUp() error {
 	if err := d.activate(ctx); err != nil {
 		return err
 	}
-	if !d.opt.NoEthernet && d.vdev != nil {
+	if !d.opt.Ethernet.Off && d.vdev != nil {
 		if err := d.openEthernet(); err != nil {
 			return err
 		}
@@ -431,16 +262,16 @@ func (d *Device) openEthernet() error {
 	fn0.Func = 0
 	dev, err := d.vdev.Group().OpenDevice(fn0.String())
 	if err != nil {
-		return fmt.Errorf("the slot's vmxnet3 function (Options.NoEthernet leaves it alone): %w", err)
+		return fmt.Errorf("the slot's vmxnet3 function (Options.Ethernet.Off leaves it alone): %w", err)
 	}
 	d.ethDev = dev
-	if d.eth, err = vmxnet3.Open(dev, d.opt.Ethernet); err != nil {
+	if d.eth, err = vmxnet3.Open(dev, &d.opt.Ethernet.NIC); err != nil {
 		return err
 	}
 	return nil
 }
 
-// Ethernet returns the slot's vmxnet3 NIC, or nil with Options.NoEthernet.
+// Ethernet returns the slot's vmxnet3 NIC, or nil with Options.Ethernet.Off.
 func (d *Device) Ethernet() *vmxnet3.NIC { return d.eth }
 
 // takeFunction checks the function and, if asked, binds its group.
@@ -712,98 +543,6 @@ func (d *Device) UDMaxPayload() int { return d.udMax }
 // device confirmed. A journal entry the device no longer knew (it answered
 // the DESTROY with an error) is not counted.
 func (d *Device) Recovered() int { return d.recovered }
-
-// QueryPort returns the attributes of port 1, the device's only port.
-func (d *Device) QueryPort(ctx context.Context) (PortAttr, error) {
-	if err := d.enter(); err != nil {
-		return PortAttr{}, d.opErr("query port", err)
-	}
-	defer d.exit()
-	p, err := d.ch.QueryPort(ctx, 1)
-	return p, d.opErr("query port", err)
-}
-
-// BindGID puts gid at index of the device's GID table (CREATE_BIND). The
-// binding is undone by UnbindGID or Close.
-func (d *Device) BindGID(ctx context.Context, index int, gid GID) error {
-	if err := d.enter(); err != nil {
-		return d.opErr("bind GID", err)
-	}
-	defer d.exit()
-	if index < 0 || index >= int(d.caps.GIDTblLen) {
-		return d.opErr("bind GID", invalidf("GID index %d: the table has %d entries", index, d.caps.GIDTblLen))
-	}
-	err := d.ch.CreateBind(ctx, firmware.CreateBindRequest{
-		MTU: 1024, VLAN: 0xFFF, Index: uint32(index), GID: gid, GIDType: d.gidType(),
-	})
-	if err != nil {
-		return d.opErr("bind GID", err)
-	}
-	d.mu.Lock()
-	_, had := d.binds[uint32(index)]
-	d.binds[uint32(index)] = gid
-	d.gidSet.set(uint32(index), true)
-	d.mu.Unlock()
-	if !had {
-		d.journal.add(kindBind, uint32(index))
-	}
-	return nil
-}
-
-// gidType is the GID type CREATE_BIND carries: the one the device speaks.
-// A device reports RoCE v1 or RoCE v2 in caps.gid_types, never both
-// (LoadDSR refuses both); QEMU reports v1.
-func (d *Device) gidType() uint8 {
-	if d.caps.GIDTypes == firmware.GIDTypeRoCEv2 {
-		return firmware.GIDTypeRoCEv2
-	}
-	return firmware.GIDTypeRoCEv1
-}
-
-// RoCEv2 reports a device configured for RoCE v2 (UDP encapsulation); else
-// it speaks RoCE v1.
-func (d *Device) RoCEv2() bool { return d.gidType() == firmware.GIDTypeRoCEv2 }
-
-// UnbindGID removes the GID at index (DESTROY_BIND).
-func (d *Device) UnbindGID(ctx context.Context, index int) error {
-	if err := d.enter(); err != nil {
-		return d.opErr("unbind GID", err)
-	}
-	defer d.exit()
-	if err := d.unbind(ctx, uint32(index)); err != nil {
-		return d.opErr("unbind GID", err)
-	}
-	return nil
-}
-
-func (d *Device) unbind(ctx context.Context, index uint32) error {
-	d.mu.Lock()
-	gid, ok := d.binds[index]
-	d.mu.Unlock()
-	if !ok {
-		return invalidf("GID index %d is not bound", index)
-	}
-	if err := d.ch.DestroyBind(ctx, firmware.DestroyBindRequest{Index: index, GID: gid}); err != nil {
-		return err
-	}
-	d.mu.Lock()
-	delete(d.binds, index)
-	d.gidSet.set(index, false)
-	d.mu.Unlock()
-	d.journal.remove(kindBind, index)
-	return nil
-}
-
-// GIDs returns the bound GIDs by index.
-func (d *Device) GIDs() map[int]GID {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	m := make(map[int]GID, len(d.binds))
-	for i, g := range d.binds {
-		m[int(i)] = g
-	}
-	return m
-}
 
 // closeObject runs an object's destroy with the command timeout, for its
 // Close. Once Device.Close has begun, the Device destroys the object

@@ -45,6 +45,17 @@
 //   - Device.Close waits for the control calls under way (an object created
 //     meanwhile is destroyed with the rest), so it leaks nothing.
 //
+// # Outstanding work requests
+//
+// A work request is outstanding from its post until a Poll hands it back
+// to the caller: the Poll that returns its completion (success, error or
+// WR_FLUSH_ERR), or, for an unsignaled send on a device that honours
+// signaling, the first Poll of its send CQ that finds the device has
+// consumed it. A request the device has consumed and whose completion is
+// not polled yet is still outstanding: its queue slot is not free again
+// until the Poll. QP.Outstanding and SRQ.Outstanding count these, and a
+// queue's room for posts is its depth less them.
+//
 // A QP handle the device gives again after a QP is destroyed never
 // receives the destroyed QP's completions: those still in its CQs are
 // moved to a key of the driver's own when the QP is destroyed.
@@ -94,6 +105,19 @@
 // and completes every receive exactly once, flushing what is left when it
 // is closed. The semantics live in package srq, the ring and checks it
 // shares with QPs in package wq.
+//
+// # API changes
+//
+// Names that changed, each old one's new form (the README's "API changes"
+// has the details): QP.Flush and SRQ.Flush are QP.Ring and SRQ.Ring
+// (doorbell.Stats.Flushes is Rings), and flush means only WR_FLUSH_ERR;
+// Outstanding has the one meaning above on QPs and SRQs;
+// Options.OnAsyncEvent is gone (Device.AsyncEvents); Options.NoEthernet
+// is Options.Ethernet.Off, and Options.Ethernet's vmxnet3.Options are
+// Options.Ethernet.NIC; Device.PortState returns a PortState; Unknown is
+// UnknownCount; CQ.Ready, Watch, Unwatch, Syncer and Progress are
+// CQSource's (CQ.Source), and a CQ a counter drives is put in CQCounted
+// mode by CQ.SetMode, no longer by its first Progress.
 //
 // # Errors
 //

@@ -15,7 +15,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/vfrdma/vfrdma/firmware"
 	"github.com/vfrdma/vfrdma/qemu/guestctl"
 	"github.com/vfrdma/vfrdma/qemu/proto"
 	"github.com/vfrdma/vfrdma/vmxnet3"
@@ -41,16 +40,16 @@ func TestEthernetPortActiveWhileTheNICIsUp(t *testing.T) {
 	assert.Equal(t, fmt.Sprintf("52:54:00:12:34:%02x", 0x56+vm), eth.MAC().String(), "the bench's MAC for this VM")
 	port, err := d.QueryPort(ctx)
 	require.NoError(t, err)
-	assert.Equal(t, uint32(firmware.PortActive), uint32(port.State), "port state with the vmxnet3 function up")
+	assert.Equal(t, PortActive, PortState(port.State), "port state with the vmxnet3 function up")
 	require.NoError(t, d.Close())
 
-	d, err = Open(bdf, &Options{NoEthernet: true})
+	d, err = Open(bdf, &Options{Ethernet: EthernetOptions{Off: true}})
 	require.NoError(t, err)
 	defer d.Close()
 	assert.Nil(t, d.Ethernet())
 	port, err = d.QueryPort(ctx)
 	require.NoError(t, err)
-	assert.Equal(t, uint32(firmware.PortDown), uint32(port.State), "port state with the vmxnet3 function reset")
+	assert.Equal(t, PortDown, PortState(port.State), "port state with the vmxnet3 function reset")
 }
 
 // Frames out and in through a third party's IP stack: QEMU's user-mode
@@ -179,7 +178,7 @@ func TestEthernetLinkChangesAreEvents(t *testing.T) {
 	assert.ErrorIs(t, err, vmxnet3.ErrLinkDown)
 	port, err := d.QueryPort(ctx)
 	require.NoError(t, err)
-	assert.Equal(t, uint32(firmware.PortActive), uint32(port.State))
+	assert.Equal(t, PortActive, PortState(port.State))
 
 	require.NoError(t, c.SetLink(true))
 	l, seen, err = eth.WaitLinkChange(ctx, seen)

@@ -100,11 +100,11 @@ func (r *eventRig) waitSet(t *testing.T, kind event.Kind) *event.WaitSet {
 	ws, err := event.NewWaitSet(kind)
 	require.NoError(t, err)
 	for _, cq := range r.cqs {
-		require.NoError(t, ws.Add(cq))
+		require.NoError(t, ws.Add(cq.Source()))
 	}
 	t.Cleanup(func() {
 		for _, cq := range r.cqs {
-			_ = ws.Remove(cq)
+			_ = ws.Remove(cq.Source())
 		}
 		_ = ws.Close()
 	})
@@ -123,7 +123,7 @@ func TestWaitSetWakesForEveryBurstAcross16CQs(t *testing.T) {
 	ws := r.waitSet(t, event.FD)
 	ps := event.NewPollSet[int]()
 	for i, cq := range r.cqs {
-		require.NoError(t, ps.Add(cq, i))
+		require.NoError(t, ps.Add(cq.Source(), i))
 	}
 	for i := 0; i < conns; i++ {
 		r.postRecvs(t, i, depth, 0)
@@ -305,7 +305,8 @@ func TestCountersMatchTheWRIDCountExactly(t *testing.T) {
 		}
 	})
 	for i := 0; i < conns; i++ {
-		require.NoError(t, recvs.Drive(r.cqs[2*i+1]))
+		require.NoError(t, r.cqs[2*i+1].SetMode(CQCounted))
+		require.NoError(t, recvs.Drive(r.cqs[2*i+1].Source()))
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
@@ -340,7 +341,7 @@ func TestCountersMatchTheWRIDCountExactly(t *testing.T) {
 	assert.Equal(t, uint64(conns*per), sends.Value(), "send counter")
 	assert.Zero(t, sends.Errors())
 	assert.Zero(t, recvs.Errors())
-	// A counter-driven CQ refuses Poll: its completions went to counters.
+	// A CQ in CQCounted mode refuses Poll: its completions went to counters.
 	_, err = r.cqs[1].Poll(wcs)
 	assert.ErrorIs(t, err, ErrBusy)
 
@@ -377,8 +378,8 @@ func TestCloseRulesAndBlockedWaitersReleased(t *testing.T) {
 	for _, kind := range []event.Kind{event.FD, event.Chan} {
 		ws, err := event.NewWaitSet(kind)
 		require.NoError(t, err)
-		require.NoError(t, ws.Add(lone))
-		assert.ErrorIs(t, ws.Add(lone), ErrBusy, "%v: added twice", kind)
+		require.NoError(t, ws.Add(lone.Source()))
+		assert.ErrorIs(t, ws.Add(lone.Source()), ErrBusy, "%v: added twice", kind)
 		assert.ErrorIs(t, ws.Close(), ErrBusy, "%v: closed with a member", kind)
 		assert.ErrorIs(t, lone.Close(), ErrBusy, "%v: a CQ in a set closed", kind)
 
@@ -394,7 +395,7 @@ func TestCloseRulesAndBlockedWaitersReleased(t *testing.T) {
 			t.Fatalf("%v: Wait on an idle set returned: %v", kind, err)
 		default:
 		}
-		require.NoError(t, ws.Remove(lone))
+		require.NoError(t, ws.Remove(lone.Source()))
 		require.NoError(t, ws.Close())
 		select {
 		case err := <-werr:
@@ -447,7 +448,7 @@ func TestPollSetIdleMembersWakeOnTheirCompletion(t *testing.T) {
 	ps := event.NewPollSet[int]()
 	ps.SetIdleAfter(1)
 	for i, cq := range r.cqs {
-		require.NoError(t, ps.Add(cq, i))
+		require.NoError(t, ps.Add(cq.Source(), i))
 	}
 	ws := r.waitSet(t, event.FD)
 	out := make([]int, 16)
@@ -497,7 +498,7 @@ func TestDeviceCloseReleasesAWaiterOnItsCQs(t *testing.T) {
 	require.NoError(t, err)
 	ws, err := event.NewWaitSet(event.FD)
 	require.NoError(t, err)
-	require.NoError(t, ws.Add(cq))
+	require.NoError(t, ws.Add(cq.Source()))
 	werr := make(chan error, 1)
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -517,6 +518,6 @@ func TestDeviceCloseReleasesAWaiterOnItsCQs(t *testing.T) {
 	case <-time.After(20 * time.Second):
 		t.Fatal("Device.Close left the waiter asleep")
 	}
-	require.NoError(t, ws.Remove(cq))
+	require.NoError(t, ws.Remove(cq.Source()))
 	require.NoError(t, ws.Close())
 }

@@ -244,7 +244,8 @@ func TestTryWaitThenSleepNeverLosesAWakeUp(t *testing.T) {
 		}
 		f.addQP(t, i, depth, c)
 		if c != nil {
-			require.NoError(t, c.Drive(f.cqs[i]))
+			require.NoError(t, f.cqs[i].SetMode(CQCounted))
+			require.NoError(t, c.Drive(f.cqs[i].Source()))
 		}
 	}
 	ws, err := event.NewWaitSet(event.FD)
@@ -252,8 +253,8 @@ func TestTryWaitThenSleepNeverLosesAWakeUp(t *testing.T) {
 	ps := event.NewPollSet[int]()
 	ps.SetIdleAfter(4)
 	for i := 0; i < direct; i++ {
-		require.NoError(t, ws.Add(f.cqs[i]))
-		require.NoError(t, ps.Add(f.cqs[i], i))
+		require.NoError(t, ws.Add(f.cqs[i].Source()))
+		require.NoError(t, ps.Add(f.cqs[i].Source(), i))
 	}
 	for k, c := range counters {
 		require.NoError(t, ws.Add(c))
@@ -410,7 +411,7 @@ func TestTryWaitThenSleepNeverLosesAWakeUp(t *testing.T) {
 	assert.Greater(t, sleeps, 100, "the consumer barely slept: the test did not exercise sleeping")
 
 	for i := 0; i < direct; i++ {
-		require.NoError(t, ws.Remove(f.cqs[i]))
+		require.NoError(t, ws.Remove(f.cqs[i].Source()))
 	}
 	for _, c := range counters {
 		require.NoError(t, ws.Remove(c))
@@ -435,11 +436,12 @@ func TestEventHotCallsAllocateNothing(t *testing.T) {
 	ws, err := event.NewWaitSet(event.FD)
 	require.NoError(t, err)
 	for i := 0; i < 4; i++ {
-		require.NoError(t, ps.Add(f.cqs[i], i))
-		require.NoError(t, ws.Add(f.cqs[i]))
+		require.NoError(t, ps.Add(f.cqs[i].Source(), i))
+		require.NoError(t, ws.Add(f.cqs[i].Source()))
 	}
 	for i := 4; i < 8; i++ {
-		require.NoError(t, c.Drive(f.cqs[i]))
+		require.NoError(t, f.cqs[i].SetMode(CQCounted))
+		require.NoError(t, c.Drive(f.cqs[i].Source()))
 	}
 	require.NoError(t, ps.Add(c, 8))
 	require.NoError(t, ws.Add(c))
@@ -479,8 +481,8 @@ func TestEventHotCallsAllocateNothing(t *testing.T) {
 		assert.Zero(t, testing.AllocsPerRun(200, fn), name)
 	}
 	for i := 0; i < 4; i++ {
-		require.NoError(t, ps.Remove(f.cqs[i]))
-		require.NoError(t, ws.Remove(f.cqs[i]))
+		require.NoError(t, ps.Remove(f.cqs[i].Source()))
+		require.NoError(t, ws.Remove(f.cqs[i].Source()))
 	}
 	require.NoError(t, ws.Remove(c))
 	require.NoError(t, ws.Close())
@@ -500,7 +502,7 @@ func BenchmarkPollSetCQs(b *testing.B) {
 					ps.SetIdleAfter(1 << 30)
 				}
 				for i, cq := range f.cqs {
-					if err := ps.Add(cq, i); err != nil {
+					if err := ps.Add(cq.Source(), i); err != nil {
 						b.Fatal(err)
 					}
 				}
@@ -536,7 +538,7 @@ func BenchmarkCounterRead(b *testing.B) {
 	f := newEventDevice(b, 1, 4)
 	bare, driving := event.NewCounter(), event.NewCounter()
 	f.addQP(b, 0, 4, driving)
-	if err := driving.Drive(f.cqs[0]); err != nil {
+	if err := errors.Join(f.cqs[0].SetMode(CQCounted), driving.Drive(f.cqs[0].Source())); err != nil {
 		b.Fatal(err)
 	}
 	for name, c := range map[string]*event.Counter{"bare": bare, "driving1CQ": driving} {

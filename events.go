@@ -184,11 +184,12 @@ func (d *Device) stopAsync() {
 }
 
 // AsyncEvents returns the channel of the device's async events, after the
-// driver acted on each (see AsyncEvent). It holds the latest 64 events not
-// yet received; the ones it has no room for are dropped and counted
-// (AsyncStats). Options.OnAsyncEvent is the callback alternative. On a
-// device that raises none (QEMU 7.2: Quirks.NoAsyncEvents) nothing ever
-// arrives. Close closes it, once the events before it are in.
+// driver acted on each (see AsyncEvent): the one way they reach the user
+// (libibverbs' ibv_get_async_event reads the same stream). It holds 64
+// events not yet received; an event that finds it full is dropped and
+// counted (AsyncStats): the driver never waits for a reader. On a device
+// that raises none (QEMU 7.2: Quirks.NoAsyncEvents) nothing ever arrives.
+// Close closes it, once the events before it are in.
 func (d *Device) AsyncEvents() <-chan AsyncEvent { return d.async.ch }
 
 // AsyncStats returns the async-event counters, and the ring fault that
@@ -201,11 +202,6 @@ func (d *Device) AsyncStats() (AsyncStats, error) {
 	return AsyncStats{Events: d.async.events.Load(), Dropped: d.async.dropped.Load(), Unknown: d.async.unknown.Load(),
 		Stale: d.async.stale.Load()}, err
 }
-
-// PortState returns port 1's state as the driver last learned it: from
-// QUERY_PORT at Open, then from the device's PORT_ACTIVE and PORT_ERR
-// events (firmware.PortActive, firmware.PortDown, ...).
-func (d *Device) PortState() uint32 { return d.portState.Load() }
 
 // dispatch acts on one event, the device's pos'th, and delivers it. An
 // event written before the object that now has its handle was created is
@@ -265,8 +261,8 @@ func (d *Device) dispatch(e firmware.AsyncEvent, pos uint64) {
 	if !known {
 		d.async.unknown.Add(1)
 	}
-	if f := d.opt.OnAsyncEvent; f != nil {
-		f(ev)
+	if h := d.hooks(); h != nil && h.dispatched != nil {
+		h.dispatched(ev)
 	}
 	select {
 	case d.async.ch <- ev:
@@ -298,53 +294,15 @@ func (d *Device) qpForEvent(info uint32, pos uint64) *QP {
 	return d.qpByHandle(info)
 }
 
-// cqByHandle and srqByHandle find a live object by its device handle
-// (events are rare: a scan is enough; QPs have their table, qpByHandle).
-// A CQ whose DESTROY has completed and which is still being taken out of
-// the table may share its handle with a newer one: the newer one is the
-// answer.
-func (d *Device) cqByHandle(h uint32) *CQ {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	var shut *CQ
-	for cq := range d.cqs {
-		if cq.handle == h {
-			if !cq.gate.IsShut() {
-				return cq
-			}
-			shut = cq
-		}
-	}
-	return shut
-}
-
-func (d *Device) srqByHandle(h uint32) *SRQ {
-	d.mu.Lock()
-	defer d.mu.Unlock()
-	for s := range d.srqs {
-		if s.handle == h {
-			return s
-		}
-	}
-	return nil
-}
-
-// fail makes every later Poll return err and wakes the CQ's waiter and
-// watchers, which find it ready (Poll then reports the error).
-func (cq *CQ) fail(err error) {
-	cq.failErr.CompareAndSwap(nil, &err)
-	cq.d.notify.signal(cq)
-}
-
 // The order of events and objects. An event names its object by handle,
 // and the device gives a destroyed object's handle to the next object of
 // its kind that it creates. An event the device wrote for a QP, CQ or SRQ
 // may still wait in the ring while that object is destroyed and a new one
-// gets its handle (the goroutine is behind, or inside an OnAsyncEvent
-// callback): found by its handle, it would fail the new object. Draining
-// the ring when a DESTROY completes cannot be had: the goroutine may be
-// inside a callback that waits for the Close that destroys. So events and
-// objects are placed in one sequence instead: each event has its
+// gets its handle (the goroutine is behind: not yet woken by the vector,
+// or not yet scheduled): found by its handle, it would fail the new
+// object. Draining the ring when a DESTROY completes is not enough: the
+// goroutine may have taken the event from the ring and not yet acted on
+// it. So events and objects are placed in one sequence instead: each event has its
 // position, the count of events the device wrote before it; each object
 // the position the sequence had reached when its CREATE was sent; an
 // event before that position is not the object's.

@@ -18,24 +18,24 @@ import (
 // new object's: the driver delivers it naming no object, counts it stale,
 // and leaves the new one as it is; the new object's own first event,
 // written right after its creation, is its. The async goroutine is held
-// inside an OnAsyncEvent callback while the old object's event is written
-// and the object destroyed and replaced. QEMU raises no events: the model
+// (HookAsyncDispatch) while the old object's event is written and the
+// object destroyed and replaced. QEMU raises no events: the model
 // at versions 19 (QP handles are QP numbers) and 20.
 
 // staleVersions are the interface versions the stale-event rules run at.
 var staleVersions = []uint32{19, 20}
 
-// heldAsync is a driver on the model whose async goroutine an
-// OnAsyncEvent callback can hold.
+// heldAsync is a driver on the model whose async goroutine a test hook
+// can hold.
 type heldAsync struct {
 	d       *vfrdma.Device
 	m       *pvsim.Device
-	in      chan struct{} // closed once the callback holds the goroutine
+	in      chan struct{} // closed once the hook holds the goroutine
 	gate    chan struct{} // closed to let it go
 	release func()
 }
 
-// holdInfo is the info of the spurious COMM_EST that the callback holds
+// holdInfo is the info of the spurious COMM_EST that the hook holds
 // the goroutine on: a handle no QP has.
 const holdInfo = 0xfff0
 
@@ -43,17 +43,18 @@ func openHeldAsync(t *testing.T, version uint32) *heldAsync {
 	h := &heldAsync{in: make(chan struct{}), gate: make(chan struct{})}
 	var once sync.Once
 	h.release = func() { once.Do(func() { close(h.gate) }) }
-	h.d, h.m = openModel(t, vmware(version), &vfrdma.Options{OnAsyncEvent: func(ev vfrdma.AsyncEvent) {
+	h.d, h.m = openModel(t, vmware(version), nil)
+	vfrdma.HookAsyncDispatch(t, h.d, func(ev vfrdma.AsyncEvent) {
 		if ev.Type == vfrdma.EventCommEst && ev.Info == holdInfo {
 			close(h.in)
 			<-h.gate
 		}
-	}})
+	})
 	t.Cleanup(h.release) // before the device's Close, which waits for the goroutine
 	return h
 }
 
-// hold raises the spurious COMM_EST and waits until the callback holds
+// hold raises the spurious COMM_EST and waits until the hook holds
 // the goroutine: the events raised after it wait in the ring.
 func (h *heldAsync) hold(t *testing.T, ctx context.Context) {
 	t.Helper()
@@ -61,7 +62,7 @@ func (h *heldAsync) hold(t *testing.T, ctx context.Context) {
 	select {
 	case <-h.in:
 	case <-ctx.Done():
-		require.FailNow(t, "the callback never held the async goroutine")
+		require.FailNow(t, "the hook never held the async goroutine")
 	}
 }
 

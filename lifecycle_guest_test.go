@@ -74,7 +74,7 @@ func lifecycleScenarios() map[string]func(d *Device) error {
 				return err
 			}
 			ps := event.NewPollSet[int]()
-			if err := ps.Add(cq, 1); err != nil {
+			if err := ps.Add(cq.Source(), 1); err != nil {
 				return err
 			}
 			if _, err := ps.Poll(make([]int, 4)); err != nil {
@@ -330,8 +330,8 @@ func guestStressRound(t *testing.T, bdf string, round int) int {
 	ws, err := event.NewWaitSet(event.FD)
 	require.NoError(t, err)
 	for i, cq := range r.cqs {
-		require.NoError(t, ps.Add(cq, i))
-		require.NoError(t, ws.Add(cq))
+		require.NoError(t, ps.Add(cq.Source(), i))
+		require.NoError(t, ws.Add(cq.Source()))
 	}
 	type key struct {
 		qpn uint32
@@ -478,7 +478,7 @@ func guestStressRound(t *testing.T, bdf string, round int) int {
 		t.Fatalf("round %d: a goroutine outlived Device.Close by 30 s", round)
 	}
 	for _, cq := range r.cqs {
-		_ = ws.Remove(cq)
+		_ = ws.Remove(cq.Source())
 	}
 	require.NoError(t, ws.Close())
 	close(errs)

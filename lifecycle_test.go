@@ -138,11 +138,11 @@ func newLCDevice(t testing.TB) *lcDevice {
 	d.ch = l.cmds
 	d.gidSet.set(0, true)
 	d.notify.d = d
-	d.onFree = func(mem []byte) {
+	setTestHooks(t, d, &testHooks{onFree: func(mem []byte) {
 		for i := range mem {
 			mem[i] = 0xAB
 		}
-	}
+	}})
 	l.d = d
 	l.pd = &PD{d: d, handle: 1}
 	d.pds[l.pd] = struct{}{}
@@ -221,10 +221,11 @@ func TestCQCallsAfterCloseReturnErrClosed(t *testing.T) {
 	assert.ErrorIs(t, err, ErrClosed, "Poll")
 	assert.ErrorIs(t, cq.Arm(false), ErrClosed, "Arm")
 	assert.ErrorIs(t, cq.Wait(context.Background()), ErrClosed, "Wait")
-	_, err = cq.Ready(true, nil)
-	assert.ErrorIs(t, err, ErrClosed, "Ready")
-	_, err = cq.Progress()
-	assert.ErrorIs(t, err, ErrClosed, "Progress")
+	_, err = cq.Source().Ready(true, nil)
+	assert.ErrorIs(t, err, ErrClosed, "CQSource.Ready")
+	_, err = cq.Source().Progress()
+	assert.ErrorIs(t, err, ErrClosed, "CQSource.Progress")
+	assert.ErrorIs(t, cq.SetMode(CQCounted), ErrClosed, "SetMode")
 	assert.ErrorIs(t, cq.TryWait(), ErrClosed, "TryWait")
 	_, err = cq.FD()
 	assert.ErrorIs(t, err, ErrClosed, "FD")
@@ -255,7 +256,7 @@ func TestDeviceCallsAfterCloseReturnErrClosed(t *testing.T) {
 	assert.ErrorIs(t, err, ErrClosed, "QP.PostSend")
 	_, err = qp.PostRecv([]RecvWR{{WRID: 2}}, 0)
 	assert.ErrorIs(t, err, ErrClosed, "QP.PostRecv")
-	assert.ErrorIs(t, qp.Flush(), ErrClosed, "QP.Flush")
+	assert.ErrorIs(t, qp.Ring(), ErrClosed, "QP.Ring")
 	assert.ErrorIs(t, qp.Init(context.Background()), ErrClosed, "QP.Init")
 	assert.ErrorIs(t, qp.SetError(context.Background()), ErrClosed, "QP.SetError")
 	_, err = qp.QueryState(context.Background())
@@ -288,10 +289,10 @@ func TestDeviceCallsAfterCloseReturnErrClosed(t *testing.T) {
 func setsOf(t testing.TB, cq *CQ) (*eventPollSet, *eventWaitSet) {
 	t.Helper()
 	ps := newEventPollSet()
-	require.NoError(t, ps.Add(cq, 1))
+	require.NoError(t, ps.Add(cq.Source(), 1))
 	ws, err := newEventWaitSet()
 	require.NoError(t, err)
-	require.NoError(t, ws.Add(cq))
+	require.NoError(t, ws.Add(cq.Source()))
 	t.Cleanup(func() { _ = ws.Close() })
 	return ps, ws
 }
@@ -563,7 +564,7 @@ func TestCQStatsBesidePoller(t *testing.T) {
 func TestQEMUDestroysAQPOnlyAfterItsSendsCompleted(t *testing.T) {
 	l := newLCDevice(t)
 	l.d.drainSends = true
-	l.d.drainFor = time.Minute // the fake's 50 ms must not race the bound on a loaded host
+	l.d.hooks().drainFor = time.Minute // the fake's 50 ms must not race the bound on a loaded host
 	cq, prod := l.addCQ(t, 5, 64)
 	qp, sq := l.addQP(t, 0x40, cq, 16)
 	_, err := qp.PostSend(l.send(1), 0)
@@ -604,7 +605,7 @@ func TestQEMUDestroyPausesAfterTheLastSendWhenTheSendCQWasArmed(t *testing.T) {
 			l := newLCDevice(t)
 			l.d.drainSends = true
 			var events []string
-			l.d.drainPause = func(_ context.Context, d time.Duration) {
+			l.d.hooks().drainPause = func(_ context.Context, d time.Duration) {
 				assert.Equal(t, drainGrace, d)
 				events = append(events, "pause")
 			}

@@ -343,10 +343,10 @@ func TestModelAsyncEvents(t *testing.T) {
 	require.NoError(t, m.SetPort(false))
 	ev := next()
 	assert.Equal(t, vfrdma.EventPortErr, ev.Type)
-	assert.EqualValues(t, firmware.PortDown, d.PortState())
+	assert.Equal(t, vfrdma.PortDown, d.PortState())
 	require.NoError(t, m.SetPort(true))
 	assert.Equal(t, vfrdma.EventPortActive, next().Type)
-	assert.EqualValues(t, firmware.PortActive, d.PortState())
+	assert.Equal(t, vfrdma.PortActive, d.PortState())
 
 	info, ok := m.QPByNumber(p.a.QPN())
 	require.True(t, ok)

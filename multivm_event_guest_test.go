@@ -142,8 +142,8 @@ func TestMultiVMWaitSetReceiver(t *testing.T) {
 	require.NoError(t, err)
 	ps := event.NewPollSet[int]()
 	for i, cq := range cqs {
-		require.NoError(t, ws.Add(cq))
-		require.NoError(t, ps.Add(cq, i))
+		require.NoError(t, ws.Add(cq.Source()))
+		require.NoError(t, ps.Add(cq.Source(), i))
 	}
 	rwr := make([]RecvWR, depth)
 	rsge := make([]SGE, depth)
@@ -212,8 +212,8 @@ func TestMultiVMWaitSetReceiver(t *testing.T) {
 	el, cpu := time.Since(t0), cpuTime(t)-cpu0
 	p.barrier(t, "waitset-done")
 	for i, cq := range cqs {
-		require.NoError(t, ws.Remove(cq))
-		require.NoError(t, ps.Remove(cq))
+		require.NoError(t, ws.Remove(cq.Source()))
+		require.NoError(t, ps.Remove(cq.Source()))
 		assert.Equal(t, perConn, next[i], "connection %d", i)
 	}
 	require.NoError(t, ws.Close())

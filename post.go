@@ -87,7 +87,7 @@ const (
 type PostFlags uint32
 
 // FlagDefer queues the call's work requests without a doorbell (Windows
-// NDKPI's NDK_OP_FLAG_DEFER): a later post without it, or Flush, rings one
+// NDKPI's NDK_OP_FLAG_DEFER): a later post without it, or QP.Ring (SRQ.Ring), rings one
 // doorbell for the whole chain. If a later post fails inline, the deferred
 // requests before it are still handed to the device and complete.
 const FlagDefer PostFlags = 1 << 0
@@ -277,21 +277,23 @@ func (qp *QP) postRecv(wrs []RecvWR, flags PostFlags) (int, error) {
 	return len(wrs), w.End(flags&FlagDefer != 0)
 }
 
-// Flush rings the doorbells of whatever deferred requests the QP holds.
-// It is a post for the lifecycle: each queue's poster calls it (or one
-// goroutine posting to both), and on a closed QP it returns ErrClosed.
-func (qp *QP) Flush() error {
+// Ring rings the doorbells for the requests posted with FlagDefer and not
+// yet handed to the device, on both queues. It is a post for the
+// lifecycle: each queue's poster calls it (or one goroutine posting to
+// both), and on a closed QP it returns ErrClosed. A doorbell store that
+// fails is its error, and the requests stay deferred for the next ring.
+func (qp *QP) Ring() error {
 	var errs [2]error
 	if !qp.sendGate.Enter() {
 		errs[0] = qp.refused(&qp.sq, 0)
 	} else {
-		errs[0] = qp.sq.Flush()
+		errs[0] = qp.sq.Ring()
 		qp.sendGate.Exit()
 	}
 	if !qp.recvGate.Enter() {
 		errs[1] = qp.refused(&qp.rq, 0)
 	} else {
-		errs[1] = qp.rq.Flush()
+		errs[1] = qp.rq.Ring()
 		qp.recvGate.Exit()
 	}
 	return errors.Join(errs[0], errs[1])

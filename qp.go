@@ -451,19 +451,21 @@ func (qp *QP) SendDepth() int { return qp.sq.Slots() }
 // RecvDepth returns the receive queue's size (0 for a QP with an SRQ).
 func (qp *QP) RecvDepth() int { return qp.rq.Slots() }
 
-// Outstanding returns how many sends and receives the QP holds: posted and
-// not yet retired. A request is retired by the Poll of its CQ that returns
-// its completion. On a device that honours signaling (not QEMU) an
-// unsignaled send makes no completion unless it fails: it is retired by
-// the first Poll of the send CQ that finds the device has consumed it (the
-// send queue's consumer index is past it) or that returns the completion of
-// a later send on the queue, whichever comes first. So a send counts from
-// its post until it is consumed or its completion polled; every one the
-// peer received is gone once the send CQ has been polled after. Consumed is
-// not completed on a device that advances its index when it fetches a
-// request: an unsignaled send it consumed may still be in flight, and if
-// it then fails, its error completion is returned all the same. With an
-// SRQ, recv is 0: see RecvQuery.
+// Outstanding returns how many sends and receives are outstanding on the
+// QP (doc.go: posted and not yet handed back by a Poll). A request is
+// handed back by the Poll of its CQ that returns its completion, whether
+// or not the device consumed it long before. On a device that honours
+// signaling (not QEMU) an unsignaled send makes no completion unless it
+// fails: it is handed back by the first Poll of the send CQ that finds the
+// device has consumed it (the send queue's consumer index is past it) or
+// that returns the completion of a later send on the queue, whichever
+// comes first; every one the peer received is gone once the send CQ has
+// been polled after. Consumed is not completed on a device that advances
+// its index when it fetches a request: an unsignaled send it consumed may
+// still be in flight, and if it then fails, its error completion is
+// returned all the same. A queue's room for posts is its depth less its
+// outstanding requests. With an SRQ, recv is 0: see SRQ.Outstanding and
+// RecvQuery.
 func (qp *QP) Outstanding() (send, recv int) { return qp.sq.Outstanding(), qp.rq.Outstanding() }
 
 // DoorbellStats returns the send and receive queues' post and doorbell
@@ -475,25 +477,27 @@ func (qp *QP) DoorbellStats() (send, recv doorbell.Stats) {
 	return qp.sq.Doorbell().Stats(), recv
 }
 
-// Unknown is the value of a count the device cannot tell
-// (DAT_VALUE_UNKNOWN).
-const Unknown = srq.Unknown
+// UnknownCount is the value of a receive count the device cannot tell
+// (uDAPL's DAT_VALUE_UNKNOWN): RecvQuery's and SRQQPView's Allocated and
+// Span for a QP of an SRQ.
+const UnknownCount = srq.Unknown
 
 // RecvQuery is a QP's receive accounting (uDAPL dat_ep_recv_query).
 type RecvQuery struct {
 	// Allocated counts receive buffers the QP holds whose completions are
 	// not yet generated: without an SRQ, those posted and not completed;
-	// with an SRQ, Unknown (the device names a QP only in the completion).
+	// with an SRQ, UnknownCount (the device names a QP only in the
+	// completion).
 	Allocated int
 	// Span is how many more completions the QP can generate if every
 	// message it is receiving completes. It is never less than Allocated;
-	// Unknown with an SRQ.
+	// UnknownCount with an SRQ.
 	Span int
 }
 
 // CanQueryRecv reports whether RecvQuery answers with counts rather than
-// Unknown: true for a QP with its own receive queue, false for a QP of an
-// SRQ (SRQ.Query has what each of those consumed).
+// UnknownCount: true for a QP with its own receive queue, false for a QP
+// of an SRQ (SRQ.Query has what each of those consumed).
 func (qp *QP) CanQueryRecv() bool { return qp.srq == nil }
 
 // RecvQuery returns the QP's receive accounting from one read of its
@@ -501,7 +505,7 @@ func (qp *QP) CanQueryRecv() bool { return qp.srq == nil }
 // complete in order, so the span is the allocation.
 func (qp *QP) RecvQuery() RecvQuery {
 	if qp.srq != nil {
-		return RecvQuery{Allocated: Unknown, Span: Unknown}
+		return RecvQuery{Allocated: UnknownCount, Span: UnknownCount}
 	}
 	n := qp.rq.OutstandingP()
 	return RecvQuery{Allocated: n, Span: n}
@@ -858,9 +862,10 @@ func (qp *QP) awaitSends(ctx context.Context) {
 	if !qp.d.drainSends || qp.sendCQ == nil {
 		return
 	}
-	limit := qp.d.drainFor
-	if limit == 0 {
-		limit = drainLimit
+	limit := drainLimit
+	h := qp.d.hooks()
+	if h != nil && h.drainFor != 0 {
+		limit = h.drainFor
 	}
 	deadline := time.Now().Add(limit)
 	for {
@@ -876,8 +881,8 @@ func (qp *QP) awaitSends(ctx context.Context) {
 	if qp.sendCQ.arms.Load() == 0 || qp.sq.Posted() == 0 {
 		return // the thread never waits for the lock to notify this CQ
 	}
-	if qp.d.drainPause != nil {
-		qp.d.drainPause(ctx, drainGrace)
+	if h != nil && h.drainPause != nil {
+		h.drainPause(ctx, drainGrace)
 		return
 	}
 	t := time.NewTimer(drainGrace)

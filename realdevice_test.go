@@ -1147,7 +1147,7 @@ func TestUnsignaledSendsBesidePollerAndClose(t *testing.T) {
 				}
 				n, err := qp.PostSend(wrs, FlagDefer*PostFlags(id%2))
 				if err == nil {
-					err = qp.Flush()
+					err = qp.Ring()
 				}
 				mu.Lock()
 				for _, wr := range wrs[:n] {

@@ -22,7 +22,7 @@ func TestAWaitSetIsWokenByACompletionInEveryRoundNotOnlyTheFirst(t *testing.T) {
 	ws, err := event.NewWaitSet(event.FD)
 	require.NoError(t, err)
 	t.Cleanup(func() { ws.Close() })
-	require.NoError(t, ws.Add(p.cq))
+	require.NoError(t, ws.Add(p.cq.Source()))
 
 	wcs := make([]vfrdma.WC, 8)
 	for round := range 5 {

@@ -3,7 +3,6 @@ package vfrdma
 import (
 	"context"
 	"fmt"
-	"sync/atomic"
 
 	"github.com/vfrdma/vfrdma/firmware"
 	"github.com/vfrdma/vfrdma/vfio"
@@ -50,6 +49,37 @@ func (d *Device) qpHandleMask() uint32 {
 // (retireQPN) as soon as its CQEs are rekeyed; until then it may still be
 // the answer: check its state under qp.mu.
 func (d *Device) qpByHandle(h uint32) *QP { return d.qpns.Lookup(h & d.qpHandleMask()) }
+
+// cqByHandle and srqByHandle find a live object by its device handle
+// (events are rare: a scan is enough; QPs have their table, qpByHandle).
+// A CQ whose DESTROY has completed and which is still being taken out of
+// the table may share its handle with a newer one: the newer one is the
+// answer.
+func (d *Device) cqByHandle(h uint32) *CQ {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	var shut *CQ
+	for cq := range d.cqs {
+		if cq.handle == h {
+			if !cq.gate.IsShut() {
+				return cq
+			}
+			shut = cq
+		}
+	}
+	return shut
+}
+
+func (d *Device) srqByHandle(h uint32) *SRQ {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	for s := range d.srqs {
+		if s.handle == h {
+			return s
+		}
+	}
+	return nil
+}
 
 // A QP handle passes from a destroyed QP (old) to the next QP the device
 // gives it (new) in this order:
@@ -188,12 +218,12 @@ func (d *Device) retireQPN(qp *QP) {
 }
 
 // freeRing releases a ring object's memory (buf is nil in the host tests,
-// whose onFree poisons mem instead). The object's gate is shut: no call
-// touches mem any more.
+// whose onFree hook poisons mem instead). The object's gate is shut: no
+// call touches mem any more.
 func (d *Device) freeRing(buf *vfio.DMABuffer, mem ...[]byte) error {
-	if d.onFree != nil {
+	if h := d.hooks(); h != nil && h.onFree != nil {
 		for _, m := range mem {
-			d.onFree(m)
+			h.onFree(m)
 		}
 	}
 	if buf == nil {
@@ -201,29 +231,3 @@ func (d *Device) freeRing(buf *vfio.DMABuffer, mem ...[]byte) error {
 	}
 	return buf.Close()
 }
-
-// gidBits marks the bound GID indices for the post path.
-type gidBits [4]atomic.Uint64
-
-func (g *gidBits) set(i uint32, on bool) {
-	if i >= 256 {
-		return
-	}
-	w, b := &g[i/64], uint64(1)<<(i%64)
-	for {
-		old := w.Load()
-		nw := old &^ b
-		if on {
-			nw = old | b
-		}
-		if w.CompareAndSwap(old, nw) {
-			return
-		}
-	}
-}
-
-func (g *gidBits) has(i int) bool {
-	return i >= 0 && i < 256 && g[i/64].Load()&(1<<(i%64)) != 0
-}
-
-func (d *Device) gidBound(i int) bool { return d.gidSet.has(i) }

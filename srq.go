@@ -15,8 +15,8 @@ import (
 
 // SRQConfig describes a shared receive queue. Zero fields mean defaults.
 type SRQConfig struct {
-	// Depth is how many receives it accepts, posted and not consumed
-	// (default 64). Resize changes it.
+	// Depth is how many receives it accepts outstanding (SRQ.Outstanding;
+	// default 64). Resize changes it.
 	Depth int
 	// MaxDepth is the most Resize may grow it to: the ring the driver
 	// reserves at creation, rounded up to a power of two (default: Depth).
@@ -201,16 +201,20 @@ func (s *SRQ) Depth() int { return s.q.Depth() }
 // MaxDepth returns the most Resize allows: the ring reserved at creation.
 func (s *SRQ) MaxDepth() int { return s.q.Slots() }
 
-// Outstanding returns the receives posted and not yet consumed (the
-// receives available to the SRQ's QPs).
+// Outstanding returns how many receives are outstanding on the SRQ
+// (doc.go: posted and not yet handed back by a Poll): a receive a QP
+// consumed counts until the Poll that returns its completion, and after
+// Close until the Poll that returns its WR_FLUSH_ERR. PostRecv refuses a
+// receive with ErrQueueFull once Outstanding reaches Depth; it is the
+// count SRQSnapshot.Available and the low watermark look at.
 func (s *SRQ) Outstanding() int { return s.q.Available() }
 
 // DoorbellStats returns the SRQ's post and doorbell counts.
 func (s *SRQ) DoorbellStats() doorbell.Stats { return s.q.Doorbell() }
 
 // Query returns a snapshot of the SRQ, taken under one lock. Each QP's
-// Allocated and Span are Unknown (QP.CanQueryRecv): the device names the QP
-// that took a receive only in its completion.
+// Allocated and Span are UnknownCount (QP.CanQueryRecv): the device names
+// the QP that took a receive only in its completion.
 func (s *SRQ) Query() SRQSnapshot { return s.q.Query() }
 
 // SetLowWatermark arms the low watermark at n receives (0 disarms it). The
@@ -281,8 +285,11 @@ func (s *SRQ) PostRecv(wrs []RecvWR, flags PostFlags) (int, error) {
 	return s.q.Post(wrs, flags&FlagDefer != 0)
 }
 
-// Flush rings the doorbell for receives posted with FlagDefer.
-func (s *SRQ) Flush() error { return s.q.Flush() }
+// Ring rings the doorbell for the receives posted with FlagDefer and not
+// yet handed to the device. On a closed SRQ it returns ErrClosed; a
+// doorbell store that fails is its error, and the receives stay deferred
+// for the next ring.
+func (s *SRQ) Ring() error { return s.q.Ring() }
 
 // Close destroys the SRQ. The QPs using it must be closed first (ErrBusy
 // otherwise). The receives still posted complete with WR_FLUSH_ERR on the

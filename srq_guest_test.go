@@ -373,7 +373,7 @@ func TestSRQPostErrorsInline(t *testing.T) {
 
 // Rule 3 (receive query): a QP with its own receive queue reports its
 // buffers allocated at post and the same span, from one read; a QP of an
-// SRQ reports Unknown for both (the device names the QP only in a
+// SRQ reports UnknownCount for both (the device names the QP only in a
 // completion), says so up front, and the SRQ counts what each consumed.
 func TestSRQRecvQuery(t *testing.T) {
 	d := openGuest(t)
@@ -400,7 +400,7 @@ func TestSRQRecvQuery(t *testing.T) {
 	r := newSRQRig(t, d, 2, SRQConfig{Depth: 8}, 8*1024)
 	for _, qp := range r.receivers {
 		assert.False(t, qp.CanQueryRecv())
-		assert.Equal(t, RecvQuery{Allocated: Unknown, Span: Unknown}, qp.RecvQuery())
+		assert.Equal(t, RecvQuery{Allocated: UnknownCount, Span: UnknownCount}, qp.RecvQuery())
 	}
 	for i := 0; i < 8; i++ {
 		r.post(t, uint64(i), r.rmr.SGE(i*1024, 1024))
@@ -413,8 +413,8 @@ func TestSRQRecvQuery(t *testing.T) {
 	for _, v := range r.srq.Query().QPs {
 		views[v.QPN] = v
 	}
-	assert.Equal(t, SRQQPView{QPN: r.receivers[0].QPN(), Consumed: 1, Allocated: Unknown, Span: Unknown}, views[r.receivers[0].QPN()])
-	assert.Equal(t, SRQQPView{QPN: r.receivers[1].QPN(), Consumed: 3, Allocated: Unknown, Span: Unknown}, views[r.receivers[1].QPN()])
+	assert.Equal(t, SRQQPView{QPN: r.receivers[0].QPN(), Consumed: 1, Allocated: UnknownCount, Span: UnknownCount}, views[r.receivers[0].QPN()])
+	assert.Equal(t, SRQQPView{QPN: r.receivers[1].QPN(), Consumed: 3, Allocated: UnknownCount, Span: UnknownCount}, views[r.receivers[1].QPN()])
 }
 
 // Rule 4 (low watermark): when the receives available drop below the
@@ -514,8 +514,8 @@ func TestSRQQuery(t *testing.T) {
 			want = 1
 		}
 		assert.Equal(t, want, v.Consumed, "QP %d", v.QPN)
-		assert.Equal(t, Unknown, v.Allocated)
-		assert.Equal(t, Unknown, v.Span)
+		assert.Equal(t, UnknownCount, v.Allocated)
+		assert.Equal(t, UnknownCount, v.Span)
 	}
 	require.NoError(t, r.receivers[0].Close())
 	assert.Len(t, r.srq.Query().QPs, 1, "a closed QP leaves the view")

@@ -222,9 +222,9 @@ func TestPollCreditsEachSRQReceiveToItsQP(t *testing.T) {
 	assert.Equal(t, 1, s.Available)
 	assert.Equal(t, uint64(5), s.Consumed)
 	require.Len(t, s.QPs, 2)
-	assert.Equal(t, SRQQPView{QPN: 0x42, Consumed: 2, Allocated: Unknown, Span: Unknown}, s.QPs[0])
-	assert.Equal(t, SRQQPView{QPN: 0x43, Consumed: 3, Allocated: Unknown, Span: Unknown}, s.QPs[1])
-	assert.Equal(t, RecvQuery{Allocated: Unknown, Span: Unknown}, qp2.RecvQuery())
+	assert.Equal(t, SRQQPView{QPN: 0x42, Consumed: 2, Allocated: UnknownCount, Span: UnknownCount}, s.QPs[0])
+	assert.Equal(t, SRQQPView{QPN: 0x43, Consumed: 3, Allocated: UnknownCount, Span: UnknownCount}, s.QPs[1])
+	assert.Equal(t, RecvQuery{Allocated: UnknownCount, Span: UnknownCount}, qp2.RecvQuery())
 	assert.Equal(t, []uint64{10, 11, 12, 13, 14, 15}, ids)
 }
 
@@ -251,7 +251,7 @@ func TestPollAccountsSRQReceivesAndRaisesTheWatermark(t *testing.T) {
 	assert.Equal(t, []SRQEvent{{Available: 5, Watermark: 6}}, events, "one event, at the crossing completion")
 	assert.Equal(t, SRQEvent{Available: 5, Watermark: 6}, <-f.s.LowWatermarkEvents())
 	assert.Equal(t, 5, f.s.Outstanding())
-	assert.Equal(t, RecvQuery{Allocated: Unknown, Span: Unknown}, f.qp.RecvQuery())
+	assert.Equal(t, RecvQuery{Allocated: UnknownCount, Span: UnknownCount}, f.qp.RecvQuery())
 	snap := f.s.Query()
 	require.Len(t, snap.QPs, 1)
 	assert.Equal(t, uint64(3), snap.QPs[0].Consumed)
@@ -315,6 +315,7 @@ func TestSRQFlushOnCloseExactlyOnce(t *testing.T) {
 	assert.Zero(t, n)
 	_, err = f.s.PostRecv([]RecvWR{{WRID: 9}}, 0)
 	assert.ErrorIs(t, err, ErrClosed)
+	assert.ErrorIs(t, f.s.Ring(), ErrClosed, "SRQ.Ring after Close")
 	assert.Equal(t, uint64(3), f.s.Query().Flushed)
 }
 

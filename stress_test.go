@@ -162,8 +162,8 @@ func stressRound(t *testing.T, round int, drainFirst bool) (posted, completed in
 	ws, err := event.NewWaitSet(event.Chan)
 	require.NoError(t, err)
 	for i, cq := range cqs {
-		require.NoError(t, ps.Add(cq, i))
-		require.NoError(t, ws.Add(cq))
+		require.NoError(t, ps.Add(cq.Source(), i))
+		require.NoError(t, ws.Add(cq.Source()))
 	}
 
 	var wg sync.WaitGroup
@@ -204,7 +204,7 @@ func stressRound(t *testing.T, round int, drainFirst bool) (posted, completed in
 				case 3:
 					n, err = qp.PostRecv([]RecvWR{{WRID: id}}, 0)
 					if err == nil {
-						err = qp.Flush()
+						err = qp.Ring()
 					}
 				}
 				if n == 1 {
@@ -312,7 +312,7 @@ func stressRound(t *testing.T, round int, drainFirst bool) (posted, completed in
 	}
 	closeWS := func() {
 		for _, cq := range cqs {
-			_ = ws.Remove(cq)
+			_ = ws.Remove(cq.Source())
 		}
 		require.NoError(t, ws.Close())
 	}

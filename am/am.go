@@ -465,7 +465,7 @@ func newContext(ctx context.Context, d *vfrdma.Device, cfg Config, hold time.Dur
 	// carries Wake (work to send), and the progress goroutine naps
 	// between polls instead of sleeping on the interrupt (idleSpinNap).
 	if armable {
-		if err = c.ws.Add(c.cq); err != nil {
+		if err = c.ws.Add(c.cq.Source()); err != nil {
 			return nil, err
 		}
 		c.cqInSet = true
@@ -691,7 +691,7 @@ func (c *Context) release() error {
 	}
 	if c.ws != nil {
 		if c.cqInSet {
-			_ = c.ws.Remove(c.cq)
+			_ = c.ws.Remove(c.cq.Source())
 		}
 		gone(c.ws.Close())
 	}

@@ -217,7 +217,7 @@ func TestAProgressGoroutineThatCannotSleepFailsTheContext(t *testing.T) {
 	cs := newJob(t, d, 1, Config{})
 	c := cs[0]
 	require.NoError(t, c.SetHandler(1, func(*Arrival) Return { return Return{} }))
-	require.NoError(t, c.ws.Remove(c.cq))
+	require.NoError(t, c.ws.Remove(c.cq.Source()))
 	require.NoError(t, c.ws.Close())
 	c.ws.Wake() // its next round: TryWait on a closed set
 	select {

@@ -211,7 +211,7 @@ func (c *Context) flush(cn *conn) {
 // ring rings qp's doorbell for its deferred posts to cn; a refusal
 // purges cn. Under mu.
 func (c *Context) ring(cn *conn, qp *vfrdma.QP) {
-	if err := qp.Flush(); err != nil {
+	if err := qp.Ring(); err != nil {
 		c.fail(cn, err)
 	} else {
 		c.stats.Doorbells++

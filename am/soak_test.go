@@ -253,13 +253,15 @@ func newSoak(t *testing.T, seed uint64) *soak {
 // open opens the driver on the node's model and takes the baseline.
 // Called with mu held exclusively (or before anyone uses the node).
 func (n *node) open() error {
-	d, err := vfrdma.OpenFunction(n.m.Function(), &vfrdma.Options{
-		CommandTimeout: soakCmdLimit,
-		OnAsyncEvent:   n.s.counts.event,
-	})
+	d, err := vfrdma.OpenFunction(n.m.Function(), &vfrdma.Options{CommandTimeout: soakCmdLimit})
 	if err != nil {
 		return err
 	}
+	go func() { // until Close closes the channel
+		for ev := range d.AsyncEvents() {
+			n.s.counts.event(ev)
+		}
+	}()
 	n.d = d
 	n.baseObj, n.baseDMA = n.m.Objects(), n.m.DMA()
 	return nil
@@ -491,7 +493,7 @@ func loadFrom(m *sync.Map, key any) int64 {
 	return 0
 }
 
-// event counts the async events the drivers delivered (OnAsyncEvent).
+// event counts the async events the drivers delivered (Device.AsyncEvents).
 func (c *counts) event(ev vfrdma.AsyncEvent) {
 	addTo(&c.events, ev.Type, 1)
 	if ev.QP == nil && ev.CQ == nil && ev.SRQ == nil && ev.Port != 1 && ev.Type != vfrdma.EventDeviceFatal {

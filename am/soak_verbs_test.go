@@ -514,7 +514,7 @@ func (c *cell) poster(q *cqp, rng *rand.Rand) {
 		time.Sleep(time.Duration(rng.IntN(300)) * time.Microsecond)
 	}
 	if deferred {
-		_ = q.qp.Flush() // what was deferred goes; if the QP failed, its flush completes it
+		_ = q.qp.Ring() // what was deferred goes; if the QP failed, its flush completes it
 	}
 }
 

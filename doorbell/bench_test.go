@@ -53,11 +53,11 @@ func TestNoAllocs(t *testing.T) {
 			_ = q.Fail()
 			st.SetConsHead(st.ProdTail())
 		},
-		"Flush": func() {
+		"Ring": func() {
 			p.Advance(1)
 			q.Added(1)
-			_ = q.Flush()
-			_ = q.Flush()
+			_ = q.Ring()
+			_ = q.Ring()
 			st.SetConsHead(st.ProdTail())
 		},
 		"Stats+Pending": func() { _, _ = q.Stats(), q.Pending() },
@@ -66,7 +66,7 @@ func TestNoAllocs(t *testing.T) {
 			_ = fq.Post(true)
 			_ = fq.Fail()
 			fq.Added(1)
-			_ = fq.Flush()
+			_ = fq.Ring()
 			_ = fq.Post(false)
 		},
 	} {

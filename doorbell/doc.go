@@ -22,7 +22,7 @@
 //     failed) is still handed to the device: publish, then one doorbell. The
 //     failed WQE itself was never written, so it produces nothing, and no
 //     completion.
-//   - Flush(): publish and ring if anything is pending (for example before
+//   - Ring(): publish and ring if anything is pending (for example before
 //     waiting on a CQ, or when the caller decides a deferred chain has ended).
 //
 // QEMU 7.2 handles a QP or SRQ doorbell synchronously and drains every WQE up

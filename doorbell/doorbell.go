@@ -60,14 +60,14 @@ type Stats struct {
 	DeferredPosts uint64
 	// FailedPosts counts posts that failed inline (Fail calls).
 	FailedPosts uint64
-	// Flushes counts Flush calls that wrote a doorbell.
-	Flushes uint64
+	// Rings counts Ring calls that wrote a doorbell.
+	Rings uint64
 }
 
 // Queue is the doorbell of one work queue, with deferred posts: it counts
 // the WQEs written but not yet handed to the device and writes one doorbell
 // for all of them when a post without Defer ends, when a post fails, or on
-// Flush. See the package documentation for the rules.
+// Ring. See the package documentation for the rules.
 //
 // A Queue is single-owner: it is not safe for concurrent use.
 type Queue struct {
@@ -144,12 +144,12 @@ func (q *Queue) Fail() error {
 	return err
 }
 
-// Flush hands everything pending to the device (Publish, then one
-// doorbell), if anything is pending.
-func (q *Queue) Flush() error {
+// Ring hands everything pending to the device (Publish, then one
+// doorbell), if anything is pending: it ends a chain of deferred posts.
+func (q *Queue) Ring() error {
 	rang, err := q.ring()
 	if rang {
-		q.stats.Flushes++
+		q.stats.Rings++
 	}
 	return err
 }

@@ -5,11 +5,12 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
 	"github.com/vfrdma/vfrdma/doorbell"
 	"github.com/vfrdma/vfrdma/mmio"
 	"github.com/vfrdma/vfrdma/rings"
-
-	"github.com/stretchr/testify/assert"
 )
 
 // The real types satisfy the interfaces.
@@ -202,71 +203,59 @@ func TestFail(t *testing.T) {
 	})
 }
 
-func TestFlush(t *testing.T) {
+// Ring hands the deferred chain to the device with one publish and one
+// doorbell; with nothing pending it writes nothing, and counts nothing.
+func TestRingHandsTheDeferredChainOverWithOneDoorbellAndNothingWhenNothingIsPending(t *testing.T) {
 	b, q := newQueue(t)
-	if err := q.Flush(); err != nil || len(b.log) != 0 {
-		t.Fatalf("Flush of nothing: %v, %v", err, b.log)
-	}
+	require.NoError(t, q.Ring())
+	assert.Empty(t, b.log, "Ring with nothing pending")
 	q.Added(1)
-	_ = q.Post(true)
+	require.NoError(t, q.Post(true))
 	q.Added(1)
-	_ = q.Post(true)
-	if err := q.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	wantRings(t, b, 0, 1, "flush")
-	if err := q.Flush(); err != nil || len(b.log) != 2 {
-		t.Fatalf("second Flush: %v, %v", err, b.log)
-	}
-	want := doorbell.Stats{Posts: 2, WQEs: 2, Doorbells: 1, DeferredPosts: 2, Flushes: 1}
-	if s := q.Stats(); s != want {
-		t.Fatalf("stats %+v, want %+v", s, want)
-	}
+	require.NoError(t, q.Post(true))
+	require.NoError(t, q.Ring())
+	wantRings(t, b, 0, 1, "ring")
+	require.NoError(t, q.Ring())
+	assert.Len(t, b.log, 2, "a second Ring, with nothing pending")
+	assert.Equal(t, doorbell.Stats{Posts: 2, WQEs: 2, Doorbells: 1, DeferredPosts: 2, Rings: 1}, q.Stats())
 }
 
-func TestStoreError(t *testing.T) {
+// A doorbell store that fails leaves the WQEs pending, counted nowhere;
+// the next Ring retries and hands them over.
+func TestAFailedDoorbellStoreLeavesTheWQEsPendingForTheNextRing(t *testing.T) {
 	b, q := newQueue(t)
 	q.Added(3)
 	b.failNext = 1
-	err := q.Post(false)
-	if !errors.Is(err, errStore) {
-		t.Fatalf("Post = %v, want the store error", err)
-	}
-	if q.Pending() != 3 || q.Stats().Doorbells != 0 || q.Stats().WQEs != 0 {
-		t.Fatalf("after a failed doorbell: pending %d stats %+v", q.Pending(), q.Stats())
-	}
+	require.ErrorIs(t, q.Post(false), errStore, "Post")
+	assert.Equal(t, 3, q.Pending(), "pending after a failed doorbell")
+	assert.Zero(t, q.Stats().Doorbells)
+	assert.Zero(t, q.Stats().WQEs)
 	b.failNext = 1
-	if err := q.Flush(); !errors.Is(err, errStore) || q.Stats().Flushes != 0 {
-		t.Fatalf("Flush = %v, stats %+v", err, q.Stats())
-	}
+	require.ErrorIs(t, q.Ring(), errStore, "Ring")
+	assert.Zero(t, q.Stats().Rings, "a Ring whose store failed")
 	b.failNext = 1
-	if err := q.Fail(); !errors.Is(err, errStore) {
-		t.Fatalf("Fail = %v", err)
-	}
+	require.ErrorIs(t, q.Fail(), errStore, "Fail")
 	mark := len(b.log)
-	if err := q.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, q.Ring())
 	wantRings(t, b, mark, 1, "retry")
-	if s := q.Stats(); s.WQEs != 3 || s.Doorbells != 1 || s.Flushes != 1 || q.Pending() != 0 {
-		t.Fatalf("stats %+v", s)
-	}
+	s := q.Stats()
+	assert.EqualValues(t, 3, s.WQEs)
+	assert.EqualValues(t, 1, s.Doorbells)
+	assert.EqualValues(t, 1, s.Rings)
+	assert.Zero(t, q.Pending())
 }
 
-func TestReset(t *testing.T) {
+// Reset forgets what is pending, so a Ring after it writes nothing; the
+// stats stay.
+func TestResetForgetsThePendingWQEsAndKeepsTheStats(t *testing.T) {
 	b, q := newQueue(t)
 	q.Added(4)
-	_ = q.Post(true)
+	require.NoError(t, q.Post(true))
 	q.Reset()
-	if q.Pending() != 0 {
-		t.Fatal("pending after Reset")
-	}
-	if err := q.Flush(); err != nil || len(b.log) != 0 {
-		t.Fatalf("Flush after Reset: %v %v", err, b.log)
-	}
-	if q.Stats().Posts != 1 {
-		t.Fatal("Reset cleared stats")
-	}
+	assert.Zero(t, q.Pending(), "pending after Reset")
+	require.NoError(t, q.Ring())
+	assert.Empty(t, b.log, "Ring after Reset")
+	assert.EqualValues(t, 1, q.Stats().Posts, "Reset cleared the stats")
 }
 
 func TestAddedNegativePanics(t *testing.T) {

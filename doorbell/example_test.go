@@ -45,5 +45,5 @@ func Example() {
 	_ = doorbell.Ring(reg, doorbell.OffsetCQ, doorbell.CQPoll|0x3)
 	// Output:
 	// prod_tail 4, doorbell 0x40000011
-	// prod_tail 5, {Posts:5 WQEs:5 Doorbells:2 DeferredPosts:4 FailedPosts:1 Flushes:0}
+	// prod_tail 5, {Posts:5 WQEs:5 Doorbells:2 DeferredPosts:4 FailedPosts:1 Rings:0}
 }

@@ -59,13 +59,13 @@ func (m *model) Store32(off int, v uint32) error {
 // checkSequence runs ops (one byte per operation) against a Queue and the
 // model, checking after each step:
 //   - Added and deferred posts write nothing;
-//   - Post(false), Fail and Flush write nothing when nothing is pending, and
+//   - Post(false), Fail and Ring write nothing when nothing is pending, and
 //     otherwise exactly one publish followed by one doorbell, after which
 //     nothing is pending (unless the store failed: then everything stays
 //     pending and the next ring retries);
 //   - the Queue's Pending and Stats agree with the model;
 //
-// and at the end, after a final Flush, that every WQE was handed to the
+// and at the end, after a final Ring, that every WQE was handed to the
 // device exactly once.
 func checkSequence(t testing.TB, ops []byte) {
 	m := &model{t: t}
@@ -104,10 +104,10 @@ func checkSequence(t testing.TB, ops []byte) {
 			want.FailedPosts++
 			ring = pendingBefore > 0
 		case 5:
-			err = q.Flush()
+			err = q.Ring()
 			ring = pendingBefore > 0
 			if ring && !fail {
-				want.Flushes++
+				want.Rings++
 			}
 		}
 		if fail != errors.Is(err, errStore) || !fail && err != nil {
@@ -135,9 +135,9 @@ func checkSequence(t testing.TB, ops []byte) {
 	for _, op := range ops {
 		step(op)
 	}
-	step(5) // Flush
+	step(5) // Ring
 	if m.drained != m.written {
-		t.Fatalf("after Flush: drained %d of %d", m.drained, m.written)
+		t.Fatalf("after Ring: drained %d of %d", m.drained, m.written)
 	}
 	for i, n := range m.handed {
 		if n != 1 {

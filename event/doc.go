@@ -3,7 +3,7 @@
 // counters and trywait (fi_poll(3), fi_cntr(3)), for services that hold
 // hundreds of queues and cannot spin on each or park a goroutine per queue.
 //
-// A Source is anything that has events: a *vfrdma.CQ (it holds
+// A Source is anything that has events: a CQ (vfrdma.CQ.Source: it holds
 // completions), a *Counter (its value moved), or something built on them.
 // Sources tell the Wakers that watch them when they may have new events.
 //
@@ -20,11 +20,13 @@
 //     through an event that came before or during TryWait.
 //   - A Counter has a success and an error value. Bound to a QP's sends or
 //     receives (vfrdma.QPConfig.SendCounter, RecvCounter), it counts their
-//     completions; given the QP's CQ to Drive, it makes that progress itself,
-//     so a service that only reads counters never polls the CQ.
+//     completions; given the QP's CQ to Drive (a CQ in vfrdma.CQCounted
+//     mode), it makes that progress itself, so a service that only reads
+//     counters never polls the CQ.
 //
-// The sets live below the root package, which implements Source for its CQ,
-// so that higher layers (active messages) can be members too.
+// The sets live below the root package, which gives its CQ as a Source
+// (vfrdma.CQSource), so that higher layers (active messages) can be
+// members too.
 //
 // # Lifecycle
 //

@@ -76,7 +76,7 @@ func ExampleWaitSet() {
 	}
 	ps := event.NewPollSet[int]() // each CQ's context: its index in cqs
 	for i, cq := range cqs {
-		if err := errors.Join(ws.Add(cq), ps.Add(cq, i)); err != nil {
+		if err := errors.Join(ws.Add(cq.Source()), ps.Add(cq.Source(), i)); err != nil {
 			log.Fatal(err)
 		}
 	}
@@ -128,7 +128,7 @@ func ExampleWaitSet() {
 	}
 	// A set with members refuses Close: take the CQs out first.
 	for _, cq := range cqs {
-		if err := errors.Join(ws.Remove(cq), ps.Remove(cq)); err != nil {
+		if err := errors.Join(ws.Remove(cq.Source()), ps.Remove(cq.Source())); err != nil {
 			log.Fatal(err)
 		}
 	}
@@ -179,7 +179,10 @@ func ExampleCounter() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	if err := errors.Join(sends.Drive(sendCQ), recvs.Drive(recvCQ)); err != nil {
+	// Nobody polls the CQs: in CQCounted mode the counters take their
+	// completions.
+	if err := errors.Join(sendCQ.SetMode(vfrdma.CQCounted), recvCQ.SetMode(vfrdma.CQCounted),
+		sends.Drive(sendCQ.Source()), recvs.Drive(recvCQ.Source())); err != nil {
 		log.Fatal(err)
 	}
 	if err := a.Connect(ctx, vfrdma.Remote{QPN: b.QPN(), GID: d.GID()}, 0); err != nil {

@@ -188,11 +188,15 @@ func firstID(wrs []wq.RecvWR) uint64 {
 	return 0
 }
 
-// Flush rings the doorbell for receives posted deferred.
-func (q *Queue) Flush() error {
+// Ring rings the doorbell for receives posted deferred. Once posts are
+// stopped or the Queue is closed it rings nothing and returns ErrClosed.
+func (q *Queue) Ring() error {
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	return q.w.Flush()
+	if q.closed || q.stopped {
+		return fmt.Errorf("%s: %w", q.w.Name(), wq.ErrClosed)
+	}
+	return q.w.Ring()
 }
 
 // Attach records a QP that takes receives from the Queue. It fails with

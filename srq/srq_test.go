@@ -732,8 +732,8 @@ func TestConcurrentPostsAndOutOfOrderCompletions(t *testing.T) {
 					return
 				}
 			}
-			if err := r.q.Flush(); err != nil {
-				fail("poster %d: flush: %v", p, err)
+			if err := r.q.Ring(); err != nil {
+				fail("poster %d: ring: %v", p, err)
 			}
 		}(p)
 	}

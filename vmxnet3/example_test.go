@@ -24,7 +24,7 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	eth := d.Ethernet() // nil with Options{NoEthernet: true}
+	eth := d.Ethernet() // nil with vfrdma.Options{Ethernet: vfrdma.EthernetOptions{Off: true}}
 	link, err := eth.Link()
 	if err != nil {
 		log.Fatal(err)

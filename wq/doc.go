@@ -12,7 +12,7 @@
 //
 // A Queue is set up once with Init over ring memory the caller owns (DMA
 // memory shared with the device, or ordinary memory in tests). Its post
-// side (Put*, End, Fail, Flush) is single-owner; its completion side
+// side (Put*, End, Fail, Ring) is single-owner; its completion side
 // (Complete, Reap, BeginFlush, PopFlush, OutstandingP) belongs to one
 // poller, which may run on another goroutine than the poster: the two meet
 // only through atomic counters. A Table is safe for concurrent use: readers never lock, writers

@@ -271,12 +271,12 @@ func (w *Queue) Fail(i int, id uint64, cause error) error {
 	return err
 }
 
-// Flush rings the doorbell for deferred requests, if any.
-func (w *Queue) Flush() error {
+// Ring rings the doorbell for deferred requests, if any.
+func (w *Queue) Ring() error {
 	if w.db == nil {
 		return nil
 	}
-	return w.db.Flush()
+	return w.db.Ring()
 }
 
 // Complete removes one outstanding request with wr_id id, for a

@@ -149,7 +149,7 @@ func TestCompletionsReachThePosterAtPublishHead(t *testing.T) {
 }
 
 // A deferred call publishes nothing and rings nothing; the next doorbell
-// (End without defer, or Flush) hands everything pending over at once.
+// (End without defer, or Ring) hands everything pending over at once.
 func TestDeferredCallsWaitForOneDoorbell(t *testing.T) {
 	w, c := newQueue(t, 8)
 	w.PutRecv(1, nil)
@@ -162,15 +162,15 @@ func TestDeferredCallsWaitForOneDoorbell(t *testing.T) {
 	assert.Zero(t, ready, "the device sees nothing deferred")
 	assert.Zero(t, w.Doorbell().Stats().Doorbells)
 	assert.Equal(t, 3, w.OutstandingP(), "the poller sees deferred requests")
-	require.NoError(t, w.Flush())
+	require.NoError(t, w.Ring())
 	ready, err = c.Ready()
 	require.NoError(t, err)
 	assert.Equal(t, 3, ready)
 	st := w.Doorbell().Stats()
 	assert.Equal(t, uint64(1), st.Doorbells)
 	assert.Equal(t, uint64(3), st.WQEs)
-	require.NoError(t, w.Flush())
-	assert.Equal(t, uint64(1), w.Doorbell().Stats().Doorbells, "a flush with nothing pending rings nothing")
+	require.NoError(t, w.Ring())
+	assert.Equal(t, uint64(1), w.Doorbell().Stats().Doorbells, "a Ring with nothing pending rings nothing")
 }
 
 // A refused post still hands what was pending to the device, with one
@@ -207,7 +207,7 @@ func TestEmptyQueueHoldsNothing(t *testing.T) {
 	assert.False(t, w.Complete(0))
 	_, ok := w.PopFlush()
 	assert.False(t, ok)
-	assert.NoError(t, w.Flush())
+	assert.NoError(t, w.Ring())
 	err := w.Fail(0, 5, wq.ErrInvalid)
 	var pe *wq.PostError
 	require.ErrorAs(t, err, &pe)

@@ -34,7 +34,7 @@ func (r *failingRegister) Store32(off int, v uint32) error {
 // Rule: a doorbell store that fails at the end of a post is the post's
 // error, never a success: End returns a *PostError for the doorbell itself
 // (Index -1) wrapping the store's error; a refused request's Fail joins it
-// to the refusal's cause; Flush returns it. The requests stay pending, and
+// to the refusal's cause; Ring returns it. The requests stay pending, and
 // the next doorbell that works hands them all over. (Faults caught: End
 // dropping db.Post's error; Fail dropping db.Fail's.)
 func TestAFailedDoorbellStoreAtTheEndOfAPostIsAnError(t *testing.T) {
@@ -63,13 +63,13 @@ func TestAFailedDoorbellStoreAtTheEndOfAPostIsAnError(t *testing.T) {
 	assert.ErrorIs(t, err, wq.ErrQueueFull, "the refusal's cause")
 	assert.ErrorIs(t, err, errStore, "a refusal hid the failed doorbell")
 
-	assert.ErrorIs(t, w.Flush(), errStore, "Flush")
+	assert.ErrorIs(t, w.Ring(), errStore, "Ring")
 	assert.Zero(t, reg.stores)
 	assert.Zero(t, w.Doorbell().Stats().Doorbells)
 	assert.Equal(t, 3, w.Doorbell().Pending(), "the requests are no longer pending")
 
 	reg.err = nil
-	require.NoError(t, w.Flush(), "the register works again")
+	require.NoError(t, w.Ring(), "the register works again")
 	assert.Equal(t, 1, reg.stores)
 	st := w.Doorbell().Stats()
 	assert.EqualValues(t, 1, st.Doorbells)

@@ -62,12 +62,12 @@ func (r *Receive) Run(ctx context.Context) (RecvResult, error) {
 		if ws, err = event.NewWaitSet(event.FD); err != nil {
 			return res, err
 		}
-		if err := ws.Add(r.CQ); err != nil {
+		if err := ws.Add(r.CQ.Source()); err != nil {
 			_ = ws.Close()
 			return res, err
 		}
 		defer func() {
-			_ = ws.Remove(r.CQ)
+			_ = ws.Remove(r.CQ.Source())
 			_ = ws.Close()
 		}()
 	}
