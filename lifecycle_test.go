@@ -467,15 +467,13 @@ func TestDeviceCloseRacingCreateLeaksNothing(t *testing.T) {
 		pd, err := l.d.AllocPD(context.Background())
 		res <- result{pd, err}
 	}()
+	// Close once the creation is inside (it waits at CREATE_PD), and let
+	// the device answer only once Close has shut the gate: whatever the
+	// machine's load, the creation is inside when Close begins.
+	require.Eventually(t, func() bool { return l.d.gate.Inside() > 0 }, time.Minute, 100*time.Microsecond, "the creation never entered")
 	closed := make(chan error, 1)
-	go func() {
-		// Close once the creation is inside.
-		for l.d.gate.Inside() == 0 {
-			time.Sleep(100 * time.Microsecond)
-		}
-		closed <- l.d.Close()
-	}()
-	time.Sleep(5 * time.Millisecond)
+	go func() { closed <- l.d.Close() }()
+	require.Eventually(t, l.d.gate.IsShut, time.Minute, 100*time.Microsecond, "Close never shut the gate")
 	close(l.cmds.createPD) // the device answers CREATE_PD now
 	r := <-res
 	require.NoError(t, <-closed)
