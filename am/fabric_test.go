@@ -122,3 +122,9 @@ func TestPeerGoneSilentInMidTransferIsPurged(t *testing.T) {
 		return nil
 	})
 }
+
+// newJobOn makes one task per device, task i on ds[i].
+func newJobOn(t testing.TB, ds []*vfrdma.Device, cfg Config) []*Context {
+	t.Helper()
+	return startJob(t, ds, cfg, ackHold)
+}

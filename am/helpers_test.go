@@ -31,12 +31,6 @@ func newHoldingJob(t testing.TB, d *vfrdma.Device, n int, cfg Config, hold time.
 	return startJob(t, ds, cfg, hold)
 }
 
-// newJobOn makes one task per device, task i on ds[i].
-func newJobOn(t testing.TB, ds []*vfrdma.Device, cfg Config) []*Context {
-	t.Helper()
-	return startJob(t, ds, cfg, ackHold)
-}
-
 // startJob makes one task per device, task i on ds[i], each holding
 // acknowledgements back for hold.
 func startJob(t testing.TB, ds []*vfrdma.Device, cfg Config, hold time.Duration) []*Context {
