@@ -1,3 +1,4 @@
+#!/usr/bin/env bash
 # Active messages side by side: UCX (ucx_perftest ucp_am_lat / ucp_am_bw,
 # UCX 1.13 over rc_verbs on Linux's vmw_pvrdma, in two reference guests)
 # and vfrdma's am (pvctl am --vm, in two vfrdma guests), on the same bench

@@ -1,3 +1,4 @@
+#!/usr/bin/env bash
 # Side by side: the reference stack (Linux's vmw_pvrdma + rdma-core, perftest)
 # and vfrdma (pvctl) on the same bench, the same emulated device, RC SEND
 # between two guests, 64 B and 4 KiB, the same message counts and the same

@@ -1,6 +1,7 @@
 package scripts
 
 import (
+	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
@@ -31,5 +32,27 @@ func TestTheRepositoryTracksNoLinkOutOfItAndNoCache(t *testing.T) {
 		to := string(target)
 		inside := !filepath.IsAbs(to) && !strings.HasPrefix(filepath.Clean(filepath.Join(filepath.Dir(path), to)), "..")
 		assert.True(t, inside, "the tracked link %s points outside the repository, to %s", path, to)
+	}
+}
+
+// A script a reader runs by its name (the usage lines say scripts/X.sh)
+// is executable and names bash: run by /bin/sh, a bash script fails at
+// its first bash-only line (set -o pipefail). The scripts that are only
+// sourced say so in their first line.
+func TestEveryScriptRunByItsNameIsExecutableBash(t *testing.T) {
+	files, err := filepath.Glob("*.sh")
+	require.NoError(t, err)
+	require.NotEmpty(t, files)
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		require.NoError(t, err)
+		first, _, _ := strings.Cut(string(data), "\n")
+		if strings.Contains(strings.ToLower(first), "sourced") {
+			continue
+		}
+		assert.Equal(t, "#!/usr/bin/env bash", first, "%s's first line", f)
+		st, err := os.Stat(f)
+		require.NoError(t, err)
+		assert.NotZero(t, st.Mode()&0o100, "%s is not executable", f)
 	}
 }

@@ -1,3 +1,4 @@
+#!/usr/bin/env bash
 # ucxhost.sh TEST SIZE N: one ucx_perftest run (ucp_am_lat, ucp_am_bw, ...:
 # TEST with SIZE-byte messages, N iterations) between two processes on this
 # host over the softverbs backend, no emulator between them: the floor the
