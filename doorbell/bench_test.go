@@ -4,6 +4,8 @@ import (
 	"strconv"
 	"testing"
 
+	"github.com/stretchr/testify/assert"
+
 	"github.com/vfrdma/vfrdma/doorbell"
 	"github.com/vfrdma/vfrdma/mmio"
 	"github.com/vfrdma/vfrdma/rings"
@@ -70,9 +72,7 @@ func TestNoAllocs(t *testing.T) {
 			_ = fq.Post(false)
 		},
 	} {
-		if n := testing.AllocsPerRun(500, f); n != 0 {
-			t.Errorf("%s: %v allocations per run", name, n)
-		}
+		assert.Zero(t, testing.AllocsPerRun(500, f), "%s: allocations per run", name)
 	}
 }
 

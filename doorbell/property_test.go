@@ -1,9 +1,10 @@
 package doorbell_test
 
 import (
-	"errors"
 	"math/rand/v2"
 	"testing"
+
+	"github.com/stretchr/testify/require"
 
 	"github.com/vfrdma/vfrdma/doorbell"
 )
@@ -23,31 +24,22 @@ type model struct {
 }
 
 func (m *model) Publish() {
-	if m.published > m.written {
-		m.t.Fatalf("published %d > written %d", m.published, m.written)
-	}
+	require.LessOrEqual(m.t, m.published, m.written, "published beyond what was written")
 	m.published = m.written
 	m.lastPub = true
 }
 
 func (m *model) Store32(off int, v uint32) error {
-	if off != doorbell.OffsetQP || v != qpValue {
-		m.t.Fatalf("store(%#x, %#x)", off, v)
-	}
-	if !m.lastPub {
-		m.t.Fatal("doorbell not immediately preceded by a publish")
-	}
-	if m.published != m.written {
-		m.t.Fatalf("doorbell with %d written but only %d published", m.written, m.published)
-	}
+	require.Equal(m.t, doorbell.OffsetQP, off, "store offset")
+	require.Equal(m.t, uint32(qpValue), v, "store value")
+	require.True(m.t, m.lastPub, "doorbell not immediately preceded by a publish")
+	require.Equal(m.t, m.written, m.published, "doorbell with WQEs written but not published")
 	m.lastPub = false
 	if m.failNext {
 		m.failNext = false
 		return errStore
 	}
-	if m.published == m.drained {
-		m.t.Fatal("doorbell with nothing new to drain")
-	}
+	require.NotEqual(m.t, m.drained, m.published, "doorbell with nothing new to drain")
 	for i := m.drained; i < m.published; i++ {
 		m.handed[i]++
 	}
@@ -70,9 +62,7 @@ func (m *model) Store32(off int, v uint32) error {
 func checkSequence(t testing.TB, ops []byte) {
 	m := &model{t: t}
 	q, err := doorbell.NewQueue(m, doorbell.OffsetQP, qpValue, m)
-	if err != nil {
-		t.Fatal(err)
-	}
+	require.NoError(t, err)
 	var want doorbell.Stats
 	step := func(op byte) {
 		before, drainedBefore := m.doorbells, m.drained
@@ -110,39 +100,31 @@ func checkSequence(t testing.TB, ops []byte) {
 				want.Rings++
 			}
 		}
-		if fail != errors.Is(err, errStore) || !fail && err != nil {
-			t.Fatalf("op %d: err = %v, store failure injected: %v", op, err, fail)
+		if fail {
+			require.ErrorIs(t, err, errStore, "op %d: the injected store failure", op)
+		} else {
+			require.NoError(t, err, "op %d", op)
 		}
 		switch {
 		case ring && !fail:
-			if m.doorbells != before+1 || m.drained != m.written {
-				t.Fatalf("op %d: %d doorbells (want 1), drained %d of %d", op, m.doorbells-before, m.drained, m.written)
-			}
+			require.Equal(t, before+1, m.doorbells, "op %d: doorbells", op)
+			require.Equal(t, m.written, m.drained, "op %d: drained", op)
 			want.Doorbells++
 			want.WQEs += uint64(pendingBefore)
 		default:
-			if m.doorbells != before || m.drained != drainedBefore {
-				t.Fatalf("op %d: handed WQEs to the device", op)
-			}
+			require.Equal(t, before, m.doorbells, "op %d: rang the doorbell", op)
+			require.Equal(t, drainedBefore, m.drained, "op %d: handed WQEs to the device", op)
 		}
-		if q.Pending() != m.written-m.drained {
-			t.Fatalf("op %d: Pending %d, model %d", op, q.Pending(), m.written-m.drained)
-		}
-		if got := q.Stats(); got != want {
-			t.Fatalf("op %d: stats %+v, want %+v", op, got, want)
-		}
+		require.Equal(t, m.written-m.drained, q.Pending(), "op %d: Pending", op)
+		require.Equal(t, want, q.Stats(), "op %d: stats", op)
 	}
 	for _, op := range ops {
 		step(op)
 	}
 	step(5) // Ring
-	if m.drained != m.written {
-		t.Fatalf("after Ring: drained %d of %d", m.drained, m.written)
-	}
+	require.Equal(t, m.written, m.drained, "after Ring: drained")
 	for i, n := range m.handed {
-		if n != 1 {
-			t.Fatalf("WQE %d handed to the device %d times", i, n)
-		}
+		require.Equal(t, 1, n, "WQE %d: times handed to the device", i)
 	}
 }
 
