@@ -1,9 +1,11 @@
 /*
- * The rest of the libibverbs surface: names of enum values, rates, fork
- * hooks, sysfs helpers, and calls this HCA does not support (they fail
- * with EOPNOTSUPP).
+ * The parts of the libibverbs API that need no device of their own: names
+ * of enum values, rates, fork hooks, sysfs helpers, address handles from a
+ * received completion (through the library's ibv_query_port, ibv_query_gid
+ * and ibv_create_ah), and the calls neither library supports (multicast,
+ * L2 resolution: EOPNOTSUPP).
  */
-#include "softverbs.h"
+#include "abi.h"
 
 #include <errno.h>
 #include <fcntl.h>
@@ -11,10 +13,10 @@
 #include <string.h>
 #include <unistd.h>
 
-#define SV_NAME(tab, v) \
+#define ABI_NAME(tab, v) \
 	((unsigned)(v) < sizeof(tab) / sizeof(tab[0]) && tab[v] ? tab[v] : "unknown")
 
-SV_EXPORT const char *ibv_wc_status_str(enum ibv_wc_status status)
+ABI_EXPORT const char *ibv_wc_status_str(enum ibv_wc_status status)
 {
 	static const char *const names[] = {
 		[IBV_WC_SUCCESS] = "success",
@@ -42,10 +44,10 @@ SV_EXPORT const char *ibv_wc_status_str(enum ibv_wc_status status)
 		[IBV_WC_TM_ERR] = "tag matching error",
 		[IBV_WC_TM_RNDV_INCOMPLETE] = "tag matching rendezvous incomplete",
 	};
-	return SV_NAME(names, status);
+	return ABI_NAME(names, status);
 }
 
-SV_EXPORT const char *ibv_event_type_str(enum ibv_event_type event)
+ABI_EXPORT const char *ibv_event_type_str(enum ibv_event_type event)
 {
 	static const char *const names[] = {
 		[IBV_EVENT_CQ_ERR] = "CQ error",
@@ -69,10 +71,10 @@ SV_EXPORT const char *ibv_event_type_str(enum ibv_event_type event)
 		[IBV_EVENT_GID_CHANGE] = "GID table changed",
 		[IBV_EVENT_WQ_FATAL] = "WQ fatal error",
 	};
-	return SV_NAME(names, event);
+	return ABI_NAME(names, event);
 }
 
-SV_EXPORT const char *ibv_node_type_str(enum ibv_node_type node_type)
+ABI_EXPORT const char *ibv_node_type_str(enum ibv_node_type node_type)
 {
 	static const char *const names[] = {
 		[IBV_NODE_CA] = "InfiniBand channel adapter",
@@ -83,10 +85,10 @@ SV_EXPORT const char *ibv_node_type_str(enum ibv_node_type node_type)
 		[IBV_NODE_USNIC_UDP] = "usNIC UDP",
 		[IBV_NODE_UNSPECIFIED] = "unspecified",
 	};
-	return SV_NAME(names, node_type);
+	return ABI_NAME(names, node_type);
 }
 
-SV_EXPORT const char *ibv_port_state_str(enum ibv_port_state port_state)
+ABI_EXPORT const char *ibv_port_state_str(enum ibv_port_state port_state)
 {
 	static const char *const names[] = {
 		[IBV_PORT_NOP] = "PORT_NOP",
@@ -96,7 +98,7 @@ SV_EXPORT const char *ibv_port_state_str(enum ibv_port_state port_state)
 		[IBV_PORT_ACTIVE] = "PORT_ACTIVE",
 		[IBV_PORT_ACTIVE_DEFER] = "PORT_ACTIVE_DEFER",
 	};
-	return SV_NAME(names, port_state);
+	return ABI_NAME(names, port_state);
 }
 
 /* ---- rates: enum value, multiple of 2.5 Gb/s, Mb/s ---- */
@@ -105,7 +107,7 @@ static const struct {
 	enum ibv_rate rate;
 	int mult;
 	int mbps;
-} sv_rates[] = {
+} abi_rates[] = {
 	{ IBV_RATE_2_5_GBPS, 1, 2500 },     { IBV_RATE_5_GBPS, 2, 5000 },
 	{ IBV_RATE_10_GBPS, 4, 10000 },     { IBV_RATE_20_GBPS, 8, 20000 },
 	{ IBV_RATE_30_GBPS, 12, 30000 },    { IBV_RATE_40_GBPS, 16, 40000 },
@@ -119,52 +121,53 @@ static const struct {
 	{ IBV_RATE_600_GBPS, 0, 637500 },   { IBV_RATE_800_GBPS, 0, 850000 },
 	{ IBV_RATE_1200_GBPS, 0, 1275000 },
 };
-#define SV_NRATES (sizeof(sv_rates) / sizeof(sv_rates[0]))
+#define ABI_NRATES (sizeof(abi_rates) / sizeof(abi_rates[0]))
 
-SV_EXPORT int ibv_rate_to_mult(enum ibv_rate rate)
+ABI_EXPORT int ibv_rate_to_mult(enum ibv_rate rate)
 {
-	for (size_t i = 0; i < SV_NRATES; i++)
-		if (sv_rates[i].rate == rate)
-			return sv_rates[i].mult ? sv_rates[i].mult : -1;
+	for (size_t i = 0; i < ABI_NRATES; i++)
+		if (abi_rates[i].rate == rate)
+			return abi_rates[i].mult ? abi_rates[i].mult : -1;
 	return -1;
 }
 
-SV_EXPORT enum ibv_rate mult_to_ibv_rate(int mult)
+ABI_EXPORT enum ibv_rate mult_to_ibv_rate(int mult)
 {
-	for (size_t i = 0; i < SV_NRATES; i++)
-		if (sv_rates[i].mult && sv_rates[i].mult == mult)
-			return sv_rates[i].rate;
+	for (size_t i = 0; i < ABI_NRATES; i++)
+		if (abi_rates[i].mult && abi_rates[i].mult == mult)
+			return abi_rates[i].rate;
 	return IBV_RATE_MAX;
 }
 
-SV_EXPORT int ibv_rate_to_mbps(enum ibv_rate rate)
+ABI_EXPORT int ibv_rate_to_mbps(enum ibv_rate rate)
 {
-	for (size_t i = 0; i < SV_NRATES; i++)
-		if (sv_rates[i].rate == rate)
-			return sv_rates[i].mbps;
+	for (size_t i = 0; i < ABI_NRATES; i++)
+		if (abi_rates[i].rate == rate)
+			return abi_rates[i].mbps;
 	return -1;
 }
 
-SV_EXPORT enum ibv_rate mbps_to_ibv_rate(int mbps)
+ABI_EXPORT enum ibv_rate mbps_to_ibv_rate(int mbps)
 {
-	for (size_t i = 0; i < SV_NRATES; i++)
-		if (sv_rates[i].mbps == mbps)
-			return sv_rates[i].rate;
+	for (size_t i = 0; i < ABI_NRATES; i++)
+		if (abi_rates[i].mbps == mbps)
+			return abi_rates[i].rate;
 	return IBV_RATE_MAX;
 }
 
-/* ---- fork: memory is never pinned, so nothing needs protecting ---- */
+/* ---- fork: nothing to protect (softverbs pins nothing; the drop-in
+ * supports no fork of a process that holds a device) ---- */
 
-SV_EXPORT int ibv_fork_init(void) { return 0; }
-SV_EXPORT enum ibv_fork_status ibv_is_fork_initialized(void) { return IBV_FORK_UNNEEDED; }
+ABI_EXPORT int ibv_fork_init(void) { return 0; }
+ABI_EXPORT enum ibv_fork_status ibv_is_fork_initialized(void) { return IBV_FORK_UNNEEDED; }
 
-SV_EXPORT int ibv_dontfork_range(void *base, size_t size)
+ABI_EXPORT int ibv_dontfork_range(void *base, size_t size)
 {
 	(void)base; (void)size;
 	return 0;
 }
 
-SV_EXPORT int ibv_dofork_range(void *base, size_t size)
+ABI_EXPORT int ibv_dofork_range(void *base, size_t size)
 {
 	(void)base; (void)size;
 	return 0;
@@ -172,7 +175,7 @@ SV_EXPORT int ibv_dofork_range(void *base, size_t size)
 
 /* ---- sysfs helpers (the device itself has no sysfs entries) ---- */
 
-SV_EXPORT const char *ibv_get_sysfs_path(void)
+ABI_EXPORT const char *ibv_get_sysfs_path(void)
 {
 	const char *p = getenv("SYSFS_PATH");
 
@@ -181,7 +184,7 @@ SV_EXPORT const char *ibv_get_sysfs_path(void)
 
 /* Reads dir/file into buf; returns the length without a trailing newline,
  * or -1. */
-SV_EXPORT int ibv_read_sysfs_file(const char *dir, const char *file, char *buf,
+ABI_EXPORT int ibv_read_sysfs_file(const char *dir, const char *file, char *buf,
 				  size_t size)
 {
 	char path[1024];
@@ -208,12 +211,14 @@ SV_EXPORT int ibv_read_sysfs_file(const char *dir, const char *file, char *buf,
 
 /* ---- address handles from a received completion ---- */
 
-SV_EXPORT int ibv_init_ah_from_wc(struct ibv_context *context, uint8_t port_num,
-				  struct ibv_wc *wc, struct ibv_grh *grh,
-				  struct ibv_ah_attr *ah_attr)
+ABI_EXPORT int ibv_init_ah_from_wc(struct ibv_context *context, uint8_t port_num,
+				   struct ibv_wc *wc, struct ibv_grh *grh,
+				   struct ibv_ah_attr *ah_attr)
 {
-	if (!context || !wc || !ah_attr || port_num != SV_PORT ||
-	    !(wc->wc_flags & IBV_WC_GRH) || !grh) {
+	struct ibv_port_attr port;
+
+	if (!context || !wc || !ah_attr || !(wc->wc_flags & IBV_WC_GRH) || !grh ||
+	    ibv_query_port(context, port_num, &port)) {
 		errno = EINVAL;
 		return -1;
 	}
@@ -224,24 +229,22 @@ SV_EXPORT int ibv_init_ah_from_wc(struct ibv_context *context, uint8_t port_num,
 	ah_attr->is_global = 1;
 	ah_attr->grh.dgid = grh->sgid;
 	ah_attr->grh.hop_limit = 0xff;
-	/* the source GID index: where our GID (the packet's dgid) sits */
-	sv_lock();
-	for (int i = 1; i < SV_GID_TBL_LEN; i++) {
+	/* the source GID index: where our GID (the packet's dgid) sits in the
+	 * port's table, through the library's own ibv_query_gid */
+	for (int i = 0; i < port.gid_tbl_len && i <= UINT8_MAX; i++) {
 		union ibv_gid g;
 
-		if (sv_query_gid_locked(i, &g) == 0 &&
+		if (ibv_query_gid(context, port_num, i, &g) == 0 &&
 		    memcmp(&g, &grh->dgid, sizeof(g)) == 0) {
 			ah_attr->grh.sgid_index = (uint8_t)i;
-			sv_unlock();
 			return 0;
 		}
 	}
-	sv_unlock();
 	errno = ENOENT;
 	return -1;
 }
 
-SV_EXPORT struct ibv_ah *ibv_create_ah_from_wc(struct ibv_pd *pd, struct ibv_wc *wc,
+ABI_EXPORT struct ibv_ah *ibv_create_ah_from_wc(struct ibv_pd *pd, struct ibv_wc *wc,
 					       struct ibv_grh *grh, uint8_t port_num)
 {
 	struct ibv_ah_attr attr;
@@ -253,21 +256,21 @@ SV_EXPORT struct ibv_ah *ibv_create_ah_from_wc(struct ibv_pd *pd, struct ibv_wc 
 
 /* ---- not supported ---- */
 
-SV_EXPORT int ibv_attach_mcast(struct ibv_qp *qp, const union ibv_gid *gid,
+ABI_EXPORT int ibv_attach_mcast(struct ibv_qp *qp, const union ibv_gid *gid,
 			       uint16_t lid)
 {
 	(void)qp; (void)gid; (void)lid;
 	return EOPNOTSUPP;
 }
 
-SV_EXPORT int ibv_detach_mcast(struct ibv_qp *qp, const union ibv_gid *gid,
+ABI_EXPORT int ibv_detach_mcast(struct ibv_qp *qp, const union ibv_gid *gid,
 			       uint16_t lid)
 {
 	(void)qp; (void)gid; (void)lid;
 	return EOPNOTSUPP;
 }
 
-SV_EXPORT int ibv_resolve_eth_l2_from_gid(struct ibv_context *context,
+ABI_EXPORT int ibv_resolve_eth_l2_from_gid(struct ibv_context *context,
 					  struct ibv_ah_attr *attr, uint8_t eth_mac[6],
 					  uint16_t *vid)
 {
