@@ -251,9 +251,10 @@ func (qp *QP) postRecv(wrs []RecvWR, flags PostFlags) (int, error) {
 		return 0, &PostError{Queue: w.Name(), WRID: wrID(nil, wrs, 0), Err: invalidf("the QP receives from SRQ %d: post receives there", qp.srq.handle)}
 	}
 	switch st := qp.State(); st {
-	case StateInit, StateRTR, StateRTS:
+	case StateInit, StateRTR, StateRTS, StateSQD, StateSQE:
+		// SQD and SQE stop the send queue only: receives go on.
 	default:
-		return 0, w.Fail(0, wrID(nil, wrs, 0), fmt.Errorf("%w: receives need INIT, RTR or RTS, the QP is %v", ErrQPState, st))
+		return 0, w.Fail(0, wrID(nil, wrs, 0), fmt.Errorf("%w: receives need INIT, RTR, RTS, SQD or SQE, the QP is %v", ErrQPState, st))
 	}
 	if err := w.CheckRing(); err != nil {
 		return 0, w.Fail(0, wrID(nil, wrs, 0), err)

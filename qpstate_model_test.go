@@ -127,3 +127,66 @@ func TestATransitionKeepsAnERRLearnedWhileItsCommandRan(t *testing.T) {
 	require.NoError(t, <-done)
 	assert.Equal(t, vfrdma.StateErr, qp.State())
 }
+
+// A UD QP whose send the device fails goes to SQE, not ERR (the verbs'
+// rule for datagrams, and what QEMU's backend does): the device flushes
+// the sends behind the failed one, QueryState reports SQE, and the QP
+// still receives: PostRecv takes receives in SQE and a datagram from
+// another QP lands in one.
+func TestAFailedUDSendPutsTheQPInSQEAndItStillReceives(t *testing.T) {
+	ctx := ctxT(t)
+	d, m := openModel(t, vmware(20), nil)
+	p := newRCPair(t, ctx, d, true, vfrdma.AccessLocalWrite)
+	ud := make([]*vfrdma.QP, 2)
+	for i := range ud {
+		var err error
+		ud[i], err = p.pd.CreateQP(ctx, &vfrdma.QPConfig{Type: vfrdma.UD, SendCQ: p.cq, RecvCQ: p.cq, QKey: 0x11111111, SignalAll: true})
+		require.NoError(t, err)
+		require.NoError(t, ud[i].Connect(ctx, vfrdma.Remote{}, 0))
+	}
+	// A send whose source GID goes away between its post and its doorbell:
+	// the driver's checks passed, the device fails it; the second one,
+	// behind it, is flushed.
+	g := d.GID()
+	g[15] ^= 0x77
+	require.NoError(t, d.BindGID(ctx, 1, g))
+	ah1, err := p.pd.CreateAH(vfrdma.AHAttr{DGID: d.GID(), SGIDIndex: 1})
+	require.NoError(t, err)
+	send := func(id uint64) vfrdma.SendWR {
+		return vfrdma.SendWR{WRID: id, SGEs: []vfrdma.SGE{p.mr.SGE(8192, 8)}, AH: ah1, RemoteQPN: ud[1].QPN(), RemoteQKey: 0x11111111}
+	}
+	_, err = ud[0].PostSend([]vfrdma.SendWR{send(1), send(2)}, vfrdma.FlagDefer)
+	require.NoError(t, err)
+	require.NoError(t, d.UnbindGID(ctx, 1))
+	require.NoError(t, ud[0].Ring())
+	wcs := waitWCs(t, ctx, p.cq, 2)
+	assert.Equal(t, uint64(1), wcs[0].WRID)
+	assert.NotEqual(t, vfrdma.WCSuccess, wcs[0].Status, "the send whose GID is gone fails")
+	assert.NotEqual(t, vfrdma.WCFlushErr, wcs[0].Status)
+	assert.Equal(t, uint64(2), wcs[1].WRID)
+	assert.Equal(t, vfrdma.WCFlushErr, wcs[1].Status, "the send behind it is flushed")
+
+	st, err := ud[0].QueryState(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, vfrdma.StateSQE, st)
+	info, ok := m.QPByNumber(ud[0].QPN())
+	require.True(t, ok)
+	assert.Equal(t, firmware.QPStateSQE, info.State)
+
+	// Its receive queue goes on: a receive is taken and a datagram from
+	// the other QP lands in it.
+	copy(p.mr.Bytes()[8192:], "datagram")
+	_, err = ud[0].PostRecv([]vfrdma.RecvWR{{WRID: 3, SGEs: []vfrdma.SGE{p.mr.SGE(12288, 1024)}}}, 0)
+	require.NoError(t, err, "receives in SQE")
+	ah0, err := p.pd.CreateAH(vfrdma.AHAttr{DGID: d.GID()})
+	require.NoError(t, err)
+	_, err = ud[1].PostSend([]vfrdma.SendWR{{WRID: 4, SGEs: []vfrdma.SGE{p.mr.SGE(8192, 8)}, AH: ah0, RemoteQPN: ud[0].QPN(), RemoteQKey: 0x11111111}}, 0)
+	require.NoError(t, err)
+	for _, wc := range waitWCs(t, ctx, p.cq, 2) {
+		require.Equal(t, vfrdma.WCSuccess, wc.Status, "%+v", wc)
+		if wc.WRID == 3 {
+			assert.Equal(t, ud[1].QPN(), wc.SrcQP)
+		}
+	}
+	assert.Equal(t, "datagram", string(p.mr.Bytes()[12288+vfrdma.UDHeaderRoom:12288+vfrdma.UDHeaderRoom+8]))
+}

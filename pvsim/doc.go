@@ -107,7 +107,10 @@
 //     an SRQ receive completes on the CQ stamped at post (the receive CQ of
 //     the QP that attached last) (Q-qpops, facts §9).
 //   - Modify to ERR does not flush; errors of the backend QP (a bad lkey)
-//     fail it and flush (facts §8, §11.17).
+//     fail it and flush (facts §8, §11.17): an RC QP to ERR, a UD QP to
+//     SQE (its send queue flushes, its receives go on; QUERY_QP reports
+//     SQE), as the backend's verbs do. A VMware device is modelled the
+//     same way for UD [the verbs' rule].
 //   - A UD datagram with no receive is dropped; the backend AH uses hop
 //     limit 1 (facts §6, §11.18).
 //   - CQ arming: ARM with ARM_SOL arms once, ARM alone disarms, ARM_SOL

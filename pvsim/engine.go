@@ -34,7 +34,7 @@ func (d *Device) pumpSQ(q *qp) {
 	}
 	switch q.state {
 	case stRTS:
-	case stErr:
+	case stErr, stSQE:
 		d.flushSQ(q)
 		return
 	default:
@@ -119,10 +119,31 @@ func (d *Device) ringFault(q *qp, which string, err error) {
 	d.qpError(q)
 }
 
-// failSend completes op with an error status and fails the QP.
+// failSend completes op with an error status and fails the QP: an RC QP
+// goes to ERR, a UD QP to SQE (the verbs' rule for a failed datagram:
+// only its send queue stops; QEMU's backend does the same).
 func (d *Device) failSend(q *qp, op *sendOp, status uint32) {
 	d.completeSend(q, op, status)
+	if q.typ == fw.QPTypeUD {
+		d.sqError(q)
+		return
+	}
 	d.qpError(q)
+}
+
+// sqError moves a UD QP to SQE: what is left in its send queue completes
+// with WR_FLUSH_ERR, and so does what is posted later, until a MODIFY_QP
+// to RTS; its receive queue goes on receiving.
+func (d *Device) sqError(q *qp) {
+	if !d.alive(q) || q.state == stErr {
+		return
+	}
+	q.state = stSQE
+	if !d.s.qemu {
+		q.recorded = stSQE
+	}
+	q.failing = false
+	d.flushSQ(q)
 }
 
 // wcOpcode is the completion opcode of a WR opcode.

@@ -245,7 +245,7 @@ func (d *Device) qemuSQ(q *qp) {
 		d.ctr.sendWQEs.Add(1)
 		switch q.state {
 		case stRTS:
-		case stErr:
+		case stErr, stSQE:
 			d.completeSend(q, op, wcWRFlushErr)
 			continue
 		default:
@@ -517,7 +517,7 @@ func (d *Device) duplicate(q *qp, p *packet) {
 // RTS with the packet's qkey and a receive posted; the receive gets the
 // 40-byte GRH, then the payload.
 func (d *Device) recvUD(q *qp, p *packet) {
-	if q.typ != fw.QPTypeUD || q.state != stRTR && q.state != stRTS {
+	if q.typ != fw.QPTypeUD || q.state != stRTR && q.state != stRTS && q.state != stSQE {
 		d.drop()
 		return
 	}
