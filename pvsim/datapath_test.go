@@ -3,6 +3,7 @@ package pvsim_test
 import (
 	"context"
 	"fmt"
+	"os"
 	"syscall"
 	"testing"
 	"time"
@@ -74,88 +75,129 @@ func poll(t testing.TB, cq *vfrdma.CQ, n int) []vfrdma.WC {
 	return out
 }
 
+// fabricKinds are the ways two models meet: one Fabric of one process
+// ("memory"), and two nodes of one directory ("dir", JoinFabric), whose
+// packets cross Unix sockets as between processes. The transport tests
+// run over both.
+var fabricKinds = []string{"memory", "dir"}
+
+// twoFabrics returns the fabrics of two models that meet by kind.
+func twoFabrics(t testing.TB, kind string) (*pvsim.Fabric, *pvsim.Fabric) {
+	t.Helper()
+	if kind == "memory" {
+		f := pvsim.NewFabric()
+		return f, f
+	}
+	dir := fabricDir(t)
+	fa, err := pvsim.JoinFabric(dir)
+	require.NoError(t, err)
+	fb, err := pvsim.JoinFabric(dir)
+	require.NoError(t, err)
+	// Closed after the models (cleanups run last first).
+	t.Cleanup(func() {
+		assert.NotZero(t, fa.NetStats().FramesOut+fb.NetStats().FramesOut, "the models met over the directory's sockets")
+		assert.NoError(t, fa.Close())
+		assert.NoError(t, fb.Close())
+	})
+	return fa, fb
+}
+
+// fabricDir returns a new short directory (a Unix socket's path is at
+// most 107 bytes; a test's TempDir can be longer).
+func fabricDir(t testing.TB) string {
+	t.Helper()
+	dir, err := os.MkdirTemp("", "pvf")
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	return dir
+}
+
 // sendFlags: a VMware device completes only signaled sends.
 const signaled = vfrdma.SendSignaled
 
 // RC SEND between two drivers on two models, and back.
 func TestRCSendRecv(t *testing.T) {
-	for _, tc := range devices {
-		t.Run(tc.name, func(t *testing.T) {
-			fab := pvsim.NewFabric()
-			a, b := newNode(t, tc.cfg, fab, 1), newNode(t, tc.cfg, fab, 2)
-			qa, qb := a.qp(t, vfrdma.RC, nil), b.qp(t, vfrdma.RC, nil)
-			connect(t, a, qa, b, qb)
+	for _, fk := range fabricKinds {
+		for _, tc := range devices {
+			t.Run(fk+"/"+tc.name, func(t *testing.T) {
+				fa, fb := twoFabrics(t, fk)
+				a, b := newNode(t, tc.cfg, fa, 1), newNode(t, tc.cfg, fb, 2)
+				qa, qb := a.qp(t, vfrdma.RC, nil), b.qp(t, vfrdma.RC, nil)
+				connect(t, a, qa, b, qb)
 
-			const count = 50
-			for i := range count {
-				_, err := qb.PostRecv([]vfrdma.RecvWR{{WRID: uint64(1000 + i), SGEs: []vfrdma.SGE{b.mr.SGE(i*256, 256)}}}, 0)
-				require.NoError(t, err)
-			}
-			for i := range count {
-				msg := []byte(fmt.Sprintf("message %d from a", i))
-				copy(a.mr.Bytes()[i*256:], msg)
-				_, err := qa.PostSend([]vfrdma.SendWR{{WRID: uint64(i), Flags: signaled, SGEs: []vfrdma.SGE{a.mr.SGE(i*256, len(msg))}}}, 0)
-				require.NoError(t, err)
-			}
-			sends := poll(t, a.cq, count)
-			recvs := poll(t, b.cq, count)
-			for i, wc := range sends {
-				assert.Equal(t, vfrdma.WCSuccess, wc.Status)
-				assert.Equal(t, uint64(i), wc.WRID, "in order")
-				assert.Equal(t, vfrdma.WCSend, wc.Opcode)
-				assert.Equal(t, qa.QPN(), wc.QPN)
-			}
-			for i, wc := range recvs {
-				msg := fmt.Sprintf("message %d from a", i)
-				require.Equal(t, vfrdma.WCSuccess, wc.Status)
-				assert.Equal(t, uint64(1000+i), wc.WRID)
-				assert.Equal(t, vfrdma.WCRecv, wc.Opcode)
-				assert.Equal(t, uint32(len(msg)), wc.ByteLen)
-				assert.Equal(t, qa.QPN(), wc.SrcQP)
-				assert.Equal(t, qb.QPN(), wc.QPN)
-				assert.Equal(t, msg, string(b.mr.Bytes()[i*256:i*256+len(msg)]))
-			}
+				const count = 50
+				for i := range count {
+					_, err := qb.PostRecv([]vfrdma.RecvWR{{WRID: uint64(1000 + i), SGEs: []vfrdma.SGE{b.mr.SGE(i*256, 256)}}}, 0)
+					require.NoError(t, err)
+				}
+				for i := range count {
+					msg := []byte(fmt.Sprintf("message %d from a", i))
+					copy(a.mr.Bytes()[i*256:], msg)
+					_, err := qa.PostSend([]vfrdma.SendWR{{WRID: uint64(i), Flags: signaled, SGEs: []vfrdma.SGE{a.mr.SGE(i*256, len(msg))}}}, 0)
+					require.NoError(t, err)
+				}
+				sends := poll(t, a.cq, count)
+				recvs := poll(t, b.cq, count)
+				for i, wc := range sends {
+					assert.Equal(t, vfrdma.WCSuccess, wc.Status)
+					assert.Equal(t, uint64(i), wc.WRID, "in order")
+					assert.Equal(t, vfrdma.WCSend, wc.Opcode)
+					assert.Equal(t, qa.QPN(), wc.QPN)
+				}
+				for i, wc := range recvs {
+					msg := fmt.Sprintf("message %d from a", i)
+					require.Equal(t, vfrdma.WCSuccess, wc.Status)
+					assert.Equal(t, uint64(1000+i), wc.WRID)
+					assert.Equal(t, vfrdma.WCRecv, wc.Opcode)
+					assert.Equal(t, uint32(len(msg)), wc.ByteLen)
+					assert.Equal(t, qa.QPN(), wc.SrcQP)
+					assert.Equal(t, qb.QPN(), wc.QPN)
+					assert.Equal(t, msg, string(b.mr.Bytes()[i*256:i*256+len(msg)]))
+				}
 
-			// And back, with two SGEs gathered into one message.
-			copy(b.mr.Bytes()[60000:], "hello, ")
-			copy(b.mr.Bytes()[61000:], "world")
-			_, err := qa.PostRecv([]vfrdma.RecvWR{{WRID: 7, SGEs: []vfrdma.SGE{a.mr.SGE(40000, 5), a.mr.SGE(41000, 100)}}}, 0)
-			require.NoError(t, err)
-			_, err = qb.PostSend([]vfrdma.SendWR{{WRID: 8, Flags: signaled, SGEs: []vfrdma.SGE{b.mr.SGE(60000, 7), b.mr.SGE(61000, 5)}}}, 0)
-			require.NoError(t, err)
-			poll(t, b.cq, 1)
-			wc := poll(t, a.cq, 1)[0]
-			assert.Equal(t, uint32(12), wc.ByteLen)
-			assert.Equal(t, "hello", string(a.mr.Bytes()[40000:40005]))
-			assert.Equal(t, ", world", string(a.mr.Bytes()[41000:41007]))
-			assert.Empty(t, a.m.Hazards())
-		})
+				// And back, with two SGEs gathered into one message.
+				copy(b.mr.Bytes()[60000:], "hello, ")
+				copy(b.mr.Bytes()[61000:], "world")
+				_, err := qa.PostRecv([]vfrdma.RecvWR{{WRID: 7, SGEs: []vfrdma.SGE{a.mr.SGE(40000, 5), a.mr.SGE(41000, 100)}}}, 0)
+				require.NoError(t, err)
+				_, err = qb.PostSend([]vfrdma.SendWR{{WRID: 8, Flags: signaled, SGEs: []vfrdma.SGE{b.mr.SGE(60000, 7), b.mr.SGE(61000, 5)}}}, 0)
+				require.NoError(t, err)
+				poll(t, b.cq, 1)
+				wc := poll(t, a.cq, 1)[0]
+				assert.Equal(t, uint32(12), wc.ByteLen)
+				assert.Equal(t, "hello", string(a.mr.Bytes()[40000:40005]))
+				assert.Equal(t, ", world", string(a.mr.Bytes()[41000:41007]))
+				assert.Empty(t, a.m.Hazards())
+			})
+		}
 	}
 }
 
 // A message posted before the receiver has a receive waits (RC with
 // rnr_retry 7) until one is posted.
 func TestRCSendWaitsForReceive(t *testing.T) {
-	for _, tc := range devices {
-		t.Run(tc.name, func(t *testing.T) {
-			fab := pvsim.NewFabric()
-			a, b := newNode(t, tc.cfg, fab, 1), newNode(t, tc.cfg, fab, 2)
-			qa, qb := a.qp(t, vfrdma.RC, nil), b.qp(t, vfrdma.RC, nil)
-			connect(t, a, qa, b, qb)
-			copy(a.mr.Bytes(), "late")
-			_, err := qa.PostSend([]vfrdma.SendWR{{WRID: 1, Flags: signaled, SGEs: []vfrdma.SGE{a.mr.SGE(0, 4)}}}, 0)
-			require.NoError(t, err)
-			require.Eventually(t, func() bool { return b.m.Stats().RNRNaks > 0 }, 5*time.Second, 100*time.Microsecond)
-			time.Sleep(5 * time.Millisecond)
-			n, err := a.cq.Poll(make([]vfrdma.WC, 4))
-			require.NoError(t, err)
-			assert.Zero(t, n, "completed without a receive")
-			_, err = qb.PostRecv([]vfrdma.RecvWR{{WRID: 2, SGEs: []vfrdma.SGE{b.mr.SGE(0, 64)}}}, 0)
-			require.NoError(t, err)
-			assert.Equal(t, vfrdma.WCSuccess, poll(t, a.cq, 1)[0].Status)
-			assert.Equal(t, vfrdma.WCSuccess, poll(t, b.cq, 1)[0].Status)
-			assert.Equal(t, "late", string(b.mr.Bytes()[:4]))
-		})
+	for _, fk := range fabricKinds {
+		for _, tc := range devices {
+			t.Run(fk+"/"+tc.name, func(t *testing.T) {
+				fa, fb := twoFabrics(t, fk)
+				a, b := newNode(t, tc.cfg, fa, 1), newNode(t, tc.cfg, fb, 2)
+				qa, qb := a.qp(t, vfrdma.RC, nil), b.qp(t, vfrdma.RC, nil)
+				connect(t, a, qa, b, qb)
+				copy(a.mr.Bytes(), "late")
+				_, err := qa.PostSend([]vfrdma.SendWR{{WRID: 1, Flags: signaled, SGEs: []vfrdma.SGE{a.mr.SGE(0, 4)}}}, 0)
+				require.NoError(t, err)
+				require.Eventually(t, func() bool { return b.m.Stats().RNRNaks > 0 }, 5*time.Second, 100*time.Microsecond)
+				time.Sleep(5 * time.Millisecond)
+				n, err := a.cq.Poll(make([]vfrdma.WC, 4))
+				require.NoError(t, err)
+				assert.Zero(t, n, "completed without a receive")
+				_, err = qb.PostRecv([]vfrdma.RecvWR{{WRID: 2, SGEs: []vfrdma.SGE{b.mr.SGE(0, 64)}}}, 0)
+				require.NoError(t, err)
+				assert.Equal(t, vfrdma.WCSuccess, poll(t, a.cq, 1)[0].Status)
+				assert.Equal(t, vfrdma.WCSuccess, poll(t, b.cq, 1)[0].Status)
+				assert.Equal(t, "late", string(b.mr.Bytes()[:4]))
+			})
+		}
 	}
 }
 
@@ -182,96 +224,100 @@ func TestLoopback(t *testing.T) {
 // datagram with no receive posted, or the wrong qkey, is dropped and the
 // send still completes.
 func TestUDSendRecv(t *testing.T) {
-	for _, tc := range devices {
-		t.Run(tc.name, func(t *testing.T) {
-			fab := pvsim.NewFabric()
-			a, b := newNode(t, tc.cfg, fab, 1), newNode(t, tc.cfg, fab, 2)
-			qa, qb := a.qp(t, vfrdma.UD, nil), b.qp(t, vfrdma.UD, nil)
-			ctx := ctxT(t)
-			require.NoError(t, qa.Connect(ctx, vfrdma.Remote{}, 0))
-			require.NoError(t, qb.Connect(ctx, vfrdma.Remote{}, 0))
-			ah, err := a.pd.CreateAH(vfrdma.AHAttr{DGID: b.d.GID()})
-			require.NoError(t, err)
-
-			send := func(id uint64, text string, qkey uint32) {
-				copy(a.mr.Bytes()[int(id)*512:], text)
-				_, err := qa.PostSend([]vfrdma.SendWR{{WRID: id, Flags: signaled, SGEs: []vfrdma.SGE{a.mr.SGE(int(id)*512, len(text))},
-					AH: ah, RemoteQPN: qb.QPN(), RemoteQKey: qkey}}, 0)
+	for _, fk := range fabricKinds {
+		for _, tc := range devices {
+			t.Run(fk+"/"+tc.name, func(t *testing.T) {
+				fa, fb := twoFabrics(t, fk)
+				a, b := newNode(t, tc.cfg, fa, 1), newNode(t, tc.cfg, fb, 2)
+				qa, qb := a.qp(t, vfrdma.UD, nil), b.qp(t, vfrdma.UD, nil)
+				ctx := ctxT(t)
+				require.NoError(t, qa.Connect(ctx, vfrdma.Remote{}, 0))
+				require.NoError(t, qb.Connect(ctx, vfrdma.Remote{}, 0))
+				ah, err := a.pd.CreateAH(vfrdma.AHAttr{DGID: b.d.GID()})
 				require.NoError(t, err)
-			}
-			send(1, "nobody listens", 0x1234)
-			require.Equal(t, vfrdma.WCSuccess, poll(t, a.cq, 1)[0].Status)
-			// The send completes when it leaves; wait for the receiver to drop it.
-			require.Eventually(t, func() bool { return b.m.Stats().UDNoRecv == 1 }, 5*time.Second, time.Millisecond)
 
-			_, err = qb.PostRecv([]vfrdma.RecvWR{{WRID: 10, SGEs: []vfrdma.SGE{b.mr.SGE(0, 1024)}}}, 0)
-			require.NoError(t, err)
-			send(2, "wrong qkey", 0x9999)
-			require.Equal(t, vfrdma.WCSuccess, poll(t, a.cq, 1)[0].Status)
-			send(3, "datagram", 0x1234)
-			require.Equal(t, vfrdma.WCSuccess, poll(t, a.cq, 1)[0].Status)
-			wc := poll(t, b.cq, 1)[0]
-			require.Equal(t, vfrdma.WCSuccess, wc.Status)
-			assert.Equal(t, uint64(10), wc.WRID)
-			assert.Equal(t, uint32(vfrdma.UDHeaderRoom+len("datagram")), wc.ByteLen)
-			assert.Equal(t, qa.QPN(), wc.SrcQP)
-			assert.NotZero(t, wc.Flags&1, "GRH flag")
-			got := b.mr.Bytes()
-			assert.Equal(t, "datagram", string(got[40:48]))
-			assert.Equal(t, byte(6), got[0]>>4, "GRH version")
-			assert.Equal(t, a.d.GID(), vfrdma.GID(got[8:24]), "GRH source GID")
-			assert.Equal(t, b.d.GID(), vfrdma.GID(got[24:40]), "GRH destination GID")
-			st := b.m.Stats()
-			assert.Equal(t, uint64(1), st.UDNoRecv)
-			assert.Equal(t, uint64(1), st.QKeyViolation)
-		})
+				send := func(id uint64, text string, qkey uint32) {
+					copy(a.mr.Bytes()[int(id)*512:], text)
+					_, err := qa.PostSend([]vfrdma.SendWR{{WRID: id, Flags: signaled, SGEs: []vfrdma.SGE{a.mr.SGE(int(id)*512, len(text))},
+						AH: ah, RemoteQPN: qb.QPN(), RemoteQKey: qkey}}, 0)
+					require.NoError(t, err)
+				}
+				send(1, "nobody listens", 0x1234)
+				require.Equal(t, vfrdma.WCSuccess, poll(t, a.cq, 1)[0].Status)
+				// The send completes when it leaves; wait for the receiver to drop it.
+				require.Eventually(t, func() bool { return b.m.Stats().UDNoRecv == 1 }, 5*time.Second, time.Millisecond)
+
+				_, err = qb.PostRecv([]vfrdma.RecvWR{{WRID: 10, SGEs: []vfrdma.SGE{b.mr.SGE(0, 1024)}}}, 0)
+				require.NoError(t, err)
+				send(2, "wrong qkey", 0x9999)
+				require.Equal(t, vfrdma.WCSuccess, poll(t, a.cq, 1)[0].Status)
+				send(3, "datagram", 0x1234)
+				require.Equal(t, vfrdma.WCSuccess, poll(t, a.cq, 1)[0].Status)
+				wc := poll(t, b.cq, 1)[0]
+				require.Equal(t, vfrdma.WCSuccess, wc.Status)
+				assert.Equal(t, uint64(10), wc.WRID)
+				assert.Equal(t, uint32(vfrdma.UDHeaderRoom+len("datagram")), wc.ByteLen)
+				assert.Equal(t, qa.QPN(), wc.SrcQP)
+				assert.NotZero(t, wc.Flags&1, "GRH flag")
+				got := b.mr.Bytes()
+				assert.Equal(t, "datagram", string(got[40:48]))
+				assert.Equal(t, byte(6), got[0]>>4, "GRH version")
+				assert.Equal(t, a.d.GID(), vfrdma.GID(got[8:24]), "GRH source GID")
+				assert.Equal(t, b.d.GID(), vfrdma.GID(got[24:40]), "GRH destination GID")
+				st := b.m.Stats()
+				assert.Equal(t, uint64(1), st.UDNoRecv)
+				assert.Equal(t, uint64(1), st.QKeyViolation)
+			})
+		}
 	}
 }
 
 // An SRQ feeds two QPs, each receiving from its own peer.
 func TestSRQ(t *testing.T) {
-	for _, tc := range devices {
-		t.Run(tc.name, func(t *testing.T) {
-			fab := pvsim.NewFabric()
-			a, b := newNode(t, tc.cfg, fab, 1), newNode(t, tc.cfg, fab, 2)
-			ctx := ctxT(t)
-			s, err := b.pd.CreateSRQ(ctx, &vfrdma.SRQConfig{Depth: 32, SGE: 1, CQ: b.cq})
-			require.NoError(t, err)
-			qa1, qa2 := a.qp(t, vfrdma.RC, nil), a.qp(t, vfrdma.RC, nil)
-			qb1, qb2 := b.qp(t, vfrdma.RC, s), b.qp(t, vfrdma.RC, s)
-			connect(t, a, qa1, b, qb1)
-			connect(t, a, qa2, b, qb2)
-			for i := range 8 {
-				_, err := s.PostRecv([]vfrdma.RecvWR{{WRID: uint64(100 + i), SGEs: []vfrdma.SGE{b.mr.SGE(i*128, 128)}}}, 0)
+	for _, fk := range fabricKinds {
+		for _, tc := range devices {
+			t.Run(fk+"/"+tc.name, func(t *testing.T) {
+				fa, fb := twoFabrics(t, fk)
+				a, b := newNode(t, tc.cfg, fa, 1), newNode(t, tc.cfg, fb, 2)
+				ctx := ctxT(t)
+				s, err := b.pd.CreateSRQ(ctx, &vfrdma.SRQConfig{Depth: 32, SGE: 1, CQ: b.cq})
 				require.NoError(t, err)
-			}
-			for i := range 4 {
-				for j, q := range []*vfrdma.QP{qa1, qa2} {
-					off := (i*2 + j) * 64
-					copy(a.mr.Bytes()[off:], fmt.Sprintf("q%d m%d", j+1, i))
-					_, err := q.PostSend([]vfrdma.SendWR{{WRID: uint64(off), Flags: signaled, SGEs: []vfrdma.SGE{a.mr.SGE(off, 5)}}}, 0)
+				qa1, qa2 := a.qp(t, vfrdma.RC, nil), a.qp(t, vfrdma.RC, nil)
+				qb1, qb2 := b.qp(t, vfrdma.RC, s), b.qp(t, vfrdma.RC, s)
+				connect(t, a, qa1, b, qb1)
+				connect(t, a, qa2, b, qb2)
+				for i := range 8 {
+					_, err := s.PostRecv([]vfrdma.RecvWR{{WRID: uint64(100 + i), SGEs: []vfrdma.SGE{b.mr.SGE(i*128, 128)}}}, 0)
 					require.NoError(t, err)
 				}
-			}
-			poll(t, a.cq, 8)
-			recvs := poll(t, b.cq, 8)
-			by := map[uint32]int{}
-			for _, wc := range recvs {
-				require.Equal(t, vfrdma.WCSuccess, wc.Status)
-				by[wc.QPN]++
-				slot := int(wc.WRID - 100)
-				got := string(b.mr.Bytes()[slot*128 : slot*128+5])
-				if wc.QPN == qb1.QPN() {
-					assert.Equal(t, "q1 m", got[:4])
-					assert.Equal(t, qa1.QPN(), wc.SrcQP)
-				} else {
-					assert.Equal(t, "q2 m", got[:4])
-					assert.Equal(t, qa2.QPN(), wc.SrcQP)
+				for i := range 4 {
+					for j, q := range []*vfrdma.QP{qa1, qa2} {
+						off := (i*2 + j) * 64
+						copy(a.mr.Bytes()[off:], fmt.Sprintf("q%d m%d", j+1, i))
+						_, err := q.PostSend([]vfrdma.SendWR{{WRID: uint64(off), Flags: signaled, SGEs: []vfrdma.SGE{a.mr.SGE(off, 5)}}}, 0)
+						require.NoError(t, err)
+					}
 				}
-			}
-			assert.Equal(t, map[uint32]int{qb1.QPN(): 4, qb2.QPN(): 4}, by)
-			assert.Empty(t, b.m.Hazards())
-		})
+				poll(t, a.cq, 8)
+				recvs := poll(t, b.cq, 8)
+				by := map[uint32]int{}
+				for _, wc := range recvs {
+					require.Equal(t, vfrdma.WCSuccess, wc.Status)
+					by[wc.QPN]++
+					slot := int(wc.WRID - 100)
+					got := string(b.mr.Bytes()[slot*128 : slot*128+5])
+					if wc.QPN == qb1.QPN() {
+						assert.Equal(t, "q1 m", got[:4])
+						assert.Equal(t, qa1.QPN(), wc.SrcQP)
+					} else {
+						assert.Equal(t, "q2 m", got[:4])
+						assert.Equal(t, qa2.QPN(), wc.SrcQP)
+					}
+				}
+				assert.Equal(t, map[uint32]int{qb1.QPN(): 4, qb2.QPN(): 4}, by)
+				assert.Empty(t, b.m.Hazards())
+			})
+		}
 	}
 }
 

@@ -5,7 +5,11 @@
 // as it takes a VFIO function. It plays VMware's device at interface
 // versions 17 to 20, RoCE v1 or v2, or QEMU 7.2's emulation of it
 // (Config.QEMU), and moves data between QPs of one model and, through a
-// Fabric, between models: two drivers in one test process talk RDMA.
+// Fabric, between models: two drivers in one test process talk RDMA. A
+// Fabric from JoinFabric spans processes: the models of every process that
+// names its directory meet there (a Unix socket per process, the GIDs
+// bound named in the directory), so a service of several processes runs
+// its tests on the model with no root and no kernel module.
 //
 // # What it models
 //

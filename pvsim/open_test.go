@@ -2,6 +2,7 @@ package pvsim_test
 
 import (
 	"context"
+	"os"
 	"testing"
 	"time"
 
@@ -14,7 +15,12 @@ import (
 	"github.com/vfrdma/vfrdma/pvsim"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	if dir := os.Getenv(fabricChildEnv); dir != "" {
+		os.Exit(fabricChild(dir)) // a peer process of a fabric test (fabricdir_test.go)
+	}
+	goleak.VerifyTestMain(m)
+}
 
 // devices is the table the driver-level tests run over: QEMU 7.2 and a
 // VMware device at every interface version.

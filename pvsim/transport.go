@@ -50,7 +50,7 @@ const (
 // retransmission sends the same one).
 type packet struct {
 	kind      pktKind
-	from      *Device // where responses go
+	from      endpoint // where answers go: the sending device, or the connection from its process
 	ud        bool
 	srcGID    [16]byte
 	dstGID    [16]byte
@@ -77,6 +77,12 @@ type packet struct {
 	// inModel is the requester QP's count of its packets inside the model
 	// (qp.inModel), on RC requests and their answers; nil on datagrams.
 	inModel *atomic.Int64
+}
+
+// endpoint is where a packet's answers go: a Device, or a peer process's
+// connection (fabricdir.go).
+type endpoint interface {
+	push(ev event) bool
 }
 
 // PSNs are 24 bits.
@@ -270,6 +276,7 @@ func (d *Device) transmit(p *packet) {
 // reply answers request p.
 func (d *Device) reply(p *packet, r *packet) {
 	r.from, r.srcQPN, r.dstQPN, r.psn, r.inModel = d, p.dstQPN, p.srcQPN, p.psn, p.inModel
+	r.srcGID, r.dstGID = p.dstGID, p.srcGID // an answer from another process finds its device by GID
 	d.ctr.packets.Add(1)
 	if !d.w.portUp || d.fab.loseAnswer() || !p.from.push(event{kind: evPacket, pkt: r}) {
 		d.ctr.packetsDropped.Add(1)

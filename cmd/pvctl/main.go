@@ -2,7 +2,7 @@
 // has it (run it as root; inside the bench's VM, `go run ./cmd/pvvm -- ARGS`
 // runs it there), or on the device model (--model) anywhere.
 //
-//	pvctl [--json] [--model SPEC] [--sysfs DIR] COMMAND [FLAGS] [ARGS]
+//	pvctl [--json] [--model SPEC [--fabric DIR]] [--sysfs DIR] COMMAND [FLAGS] [ARGS]
 //	pvctl help [COMMAND]             every command and its flags (or one command's); also -h, --help
 //
 //	pvctl list                       pvrdma and vmxnet3 functions, group, driver
@@ -24,8 +24,10 @@
 //
 // The global flags come before the command: --json prints one JSON
 // document instead of text (it may also follow the command); --model SPEC
-// runs on the device model; --sysfs DIR finds PCI functions under DIR
-// instead of /sys (tests point it at a fake tree).
+// runs on the device model; --fabric DIR puts that model on a fabric
+// other processes' models share (two pvctl processes then run both ends of
+// pingpong, bench or am over --listen/--connect); --sysfs DIR finds PCI
+// functions under DIR instead of /sys (tests point it at a fake tree).
 //
 // Exit status: 0 when the command did its work (help included; list also
 // when it finds no function, its --json then printing []); 1 when it
@@ -87,6 +89,9 @@ type env struct {
 	json  bool
 	sysfs string
 	model string // --model: the device model's spec, "" for a real device
+	// fabricDir is --fabric: the directory of a model fabric that spans
+	// processes (pvsim.JoinFabric), "" for none.
+	fabricDir string
 	// fabric, if set (tests), connects the model to the models of the
 	// other envs that share it: two ends can then be two envs of one
 	// process, over --listen/--connect.
@@ -174,6 +179,7 @@ func globalFlags(e *env, fs *flag.FlagSet) {
 	}
 	fs.BoolVar(&e.json, "json", e.json, "print one JSON document instead of text (also accepted after the command)")
 	fs.StringVar(&e.model, "model", e.model, modelHelp)
+	fs.StringVar(&e.fabricDir, "fabric", e.fabricDir, "with --model: put the model on the fabric of directory `DIR`, which the models of other processes naming it share (two pvctl processes, each with --model and the same --fabric, then run pingpong, bench and am over --listen/--connect)")
 	fs.StringVar(&e.sysfs, "sysfs", sysfs, "find PCI functions in the sysfs tree at `DIR` (tests use a fake one); bind reads network interfaces' addresses from the kernel only when it is /sys")
 }
 
@@ -245,6 +251,18 @@ func run(e *env, args []string) int {
 		if _, err := parseModel(e.model); err != nil {
 			return e.usageFailed("", err)
 		}
+	}
+	if e.fabricDir != "" {
+		if e.model == "" {
+			return e.usageFailed("", usageErrorf("--fabric %s: the fabric is the model's: give --model too", e.fabricDir))
+		}
+		fab, err := pvsim.JoinFabric(e.fabricDir)
+		if err != nil {
+			fmt.Fprintln(e.stderr(), "pvctl:", err)
+			return 1
+		}
+		defer fab.Close()
+		e.fabric = fab
 	}
 	if e.bus == nil {
 		e.bus = pci.NewBus(e.sysfs)

@@ -13,7 +13,7 @@ import (
 // modelHelp is --model's help text.
 const modelHelp = "run on the device model (package pvsim) instead of a device: `SPEC` is v17..v20 " +
 	"(VMware's device at that interface version; vmware is v20) or qemu (QEMU 7.2's device), " +
-	"with ,rocev2 for RoCE v2 GIDs (v18+); no root, VFIO or VM needed, the two ends of pingpong, bench and am run in this process"
+	"with ,rocev2 for RoCE v2 GIDs (v18+); no root, VFIO or VM needed, the two ends of pingpong, bench and am run in this process (or, with --fabric, in two)"
 
 // parseModel parses a --model value.
 func parseModel(spec string) (pvsim.Config, error) {

@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"sync"
 	"testing"
@@ -349,4 +351,45 @@ func TestOneSidedEndTakesAPeerRegionThatHoldsItsSlots(t *testing.T) {
 	send := &endpoint{depth: 4, slot: 64}
 	assert.ErrorContains(t, send.checkPeer(peer(region)), "the other end runs with --write, this one with no one-sided flag (SEND)")
 	assert.NoError(t, send.checkPeer(connect.Info{Endpoints: []connect.Endpoint{{QPN: 1}}}), "SEND: no terms, no region")
+}
+
+// --fabric puts each process's model on the fabric of one directory: two
+// pvctl runs, each joining it on its own (two nodes, as two processes
+// are), run a ping-pong and the RDMA WRITE bench over --listen/--connect,
+// their packets crossing the directory's sockets.
+func TestTwoPvctlRunsOnOneFabricDirectoryTalk(t *testing.T) {
+	dir, err := os.MkdirTemp("", "pvf")
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	for _, cmd := range [][]string{
+		{"pingpong", "--rc", "--size", "4096", "--iters", "200"},
+		{"bench", "--write", "--messages", "300", "--batches", "1,32"},
+	} {
+		t.Run(cmd[0], func(t *testing.T) {
+			addr := freeAddr(t)
+			var outs, errOuts [2]bytes.Buffer
+			var codes [2]int
+			var wg sync.WaitGroup
+			for i, end := range [][]string{{"--listen", addr}, {"--connect", addr}} {
+				args := append([]string{"--model", "v20", "--fabric", dir}, cmd...)
+				args = append(args, end...)
+				e := &env{out: &outs[i], errOut: &errOuts[i]}
+				wg.Go(func() { codes[i] = run(e, args) })
+			}
+			wg.Wait()
+			for i := range codes {
+				require.Equal(t, 0, codes[i], "end %d: %s%s", i, outs[i].String(), errOuts[i].String())
+			}
+			socks, err := filepath.Glob(filepath.Join(dir, "node", "*.sock"))
+			require.NoError(t, err)
+			assert.Empty(t, socks, "each run left the directory as it closed")
+		})
+	}
+	t.Run("--fabric without --model", func(t *testing.T) {
+		var out, errOut bytes.Buffer
+		e := &env{out: &out, errOut: &errOut}
+		assert.Equal(t, 2, run(e, []string{"--fabric", dir, "info"}))
+		assert.Contains(t, errOut.String(), "give --model too")
+		assert.Zero(t, e.reached)
+	})
 }

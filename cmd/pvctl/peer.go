@@ -106,7 +106,7 @@ func (p *peerFlags) check(e *env) error {
 		return usageErrorf("--tag \"\": --vm needs a rendezvous key prefix")
 	}
 	if e.model != "" && !p.loopback() && e.fabric == nil {
-		return usageErrorf("--model runs both ends in this process: no --listen, --connect or --vm")
+		return usageErrorf("--model runs both ends in this process: no --listen, --connect or --vm (two processes: --fabric DIR)")
 	}
 	p.notes = e.errOut
 	return nil
