@@ -47,15 +47,15 @@ func TestAFabricFramePastAFieldsLimitIsRefused(t *testing.T) {
 		"datagram that is no SEND": func(f []byte) {
 			f[4], f[7], f[5] = byte(pktWrite), 0, fUD
 		},
-		"source QPN":            func(f []byte) { le.PutUint32(f[4+36:], 1<<24) },
-		"destination QPN":       func(f []byte) { le.PutUint32(f[4+40:], 1<<24) },
-		"PSN":                   func(f []byte) { le.PutUint32(f[4+44:], psnMask+1) },
-		"length field":          func(f []byte) { le.PutUint32(f[4+64:], vmwMaxMsg+1) },
-		"RNR timer":             func(f []byte) { f[4+90] = 32 },
-		"reserved byte":         func(f []byte) { f[4+91] = 1 },
-		"flow label":            func(f []byte) { le.PutUint32(f[4+92:], 1<<20) },
-		"reserved tail":         func(f []byte) { f[4+111] = 1 },
-		"payload cut short":     func(f []byte) { le.PutUint32(f, le.Uint32(f)+1) },
+		"source QPN":        func(f []byte) { le.PutUint32(f[4+36:], 1<<24) },
+		"destination QPN":   func(f []byte) { le.PutUint32(f[4+40:], 1<<24) },
+		"PSN":               func(f []byte) { le.PutUint32(f[4+44:], psnMask+1) },
+		"length field":      func(f []byte) { le.PutUint32(f[4+64:], vmwMaxMsg+1) },
+		"RNR timer":         func(f []byte) { f[4+90] = 32 },
+		"reserved byte":     func(f []byte) { f[4+91] = 1 },
+		"flow label":        func(f []byte) { le.PutUint32(f[4+92:], 1<<20) },
+		"reserved tail":     func(f []byte) { f[4+111] = 1 },
+		"payload cut short": func(f []byte) { le.PutUint32(f, le.Uint32(f)+1) },
 	} {
 		t.Run(name, func(t *testing.T) {
 			f := encodeFrame(nil, fullPacket())
