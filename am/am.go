@@ -228,6 +228,7 @@ type Context struct {
 	free     []int32     // free send slots
 	busy     []bool      // send slots posted and not completed
 	pending  int         // messages neither acknowledged nor failed
+	leaving  bool        // Close lingers: acknowledgements go at once
 	failed   []error     // failures since the last Fence
 	changed  chan struct{}
 	epoch    uint64
@@ -630,7 +631,11 @@ func (c *Context) Stats() Stats {
 }
 
 // Close stops the progress goroutine and frees the context's QPs, SRQ,
-// CQ and memory. Messages not yet delivered are lost; calls blocked in
+// CQ and memory. It first lingers, at most two seconds, until the
+// acknowledgements the task owes its peers have gone (even those it was
+// holding back), so that peers fencing what they sent it do not find it
+// gone: a job's tasks may Barrier and Close. Messages not yet delivered
+// are lost; calls blocked in
 // Fence or Barrier return ErrClosed, and every call after it returns an
 // error wrapping ErrClosed. Completion handlers already running on their
 // own goroutines finish after it; their acknowledgements are dropped.
@@ -653,6 +658,7 @@ func (c *Context) Stats() Stats {
 func (c *Context) Close() error {
 	c.closeMu.Lock()
 	defer c.closeMu.Unlock()
+	c.linger()
 	c.mu.Lock()
 	first := !c.closed
 	c.closed = true
@@ -669,6 +675,56 @@ func (c *Context) Close() error {
 		c.calls.Wait()
 	}
 	return c.release()
+}
+
+// closeLinger bounds how long Close waits for the task's last exchanges
+// (linger).
+const closeLinger = 2 * time.Second
+
+// linger lets the task's peers have what they wait for from it before
+// Close stops the progress goroutine, as a socket's linger does: the
+// acknowledgements it owes them, which a held acknowledgement would
+// otherwise never bring (their Fence, and the Barrier after it, would find
+// the task gone). They go at once (leaving), in control packets posted
+// before the QPs' destruction, which the device carries out after them.
+// Its own messages need nothing of it: a peer acknowledges them as it
+// lingers in turn. Linger waits at most closeLinger (acknowledgements with
+// no credit to go on hold it that long), and not at all once the context
+// is closed or failed, or its progress goroutine has ended.
+func (c *Context) linger() {
+	c.mu.Lock()
+	c.leaving = true
+	c.mu.Unlock()
+	deadline := time.Now().Add(closeLinger)
+	for pause := 20 * time.Microsecond; time.Now().Before(deadline); pause = min(2*pause, time.Millisecond) {
+		c.mu.Lock()
+		done := c.closed || c.perr != nil || !c.owesAcks()
+		c.mu.Unlock()
+		if done {
+			return
+		}
+		select {
+		case <-c.done:
+			return // no progress goroutine (any more) to send them
+		default:
+		}
+		if c.ws != nil {
+			c.ws.Wake() // a sleeping progress goroutine sends what is owed
+		}
+		time.Sleep(pause)
+	}
+}
+
+// owesAcks reports whether a live peer waits for acknowledgements from
+// this task that can go: a control packet to it may go (ctrlMayGo).
+// Under mu.
+func (c *Context) owesAcks() bool {
+	for _, cn := range c.conns {
+		if cn.err == nil && len(cn.acks) > 0 && c.ctrlMayGo(cn) {
+			return true
+		}
+	}
+	return false
 }
 
 // release frees what New made, in reverse; under closeMu, or in New

@@ -512,3 +512,26 @@ func pollingJob(t *testing.T, hold time.Duration) []*Context {
 	}
 	return cs
 }
+
+// A task that closes right after taking a message first lets its last
+// exchanges end (Close lingers): the acknowledgement it was holding back
+// (no one waited for it: the message had no Cmpl counter, and the hold is
+// an hour) goes before it leaves, so the origin's Fence succeeds instead
+// of finding the task gone, and a Barrier before the Close is a clean end
+// of a job.
+func TestATaskThatClosesSendsTheAcknowledgementsItHeldFirst(t *testing.T) {
+	d := openDevice(t)
+	cs := newHoldingJob(t, d, 2, Config{Polling: true}, time.Hour)
+	got := make(chan int, 1)
+	for _, c := range cs {
+		require.NoError(t, c.SetHandler(1, func(a *Arrival) Return { got <- a.Src; return Return{} }))
+	}
+	require.NoError(t, cs[1].Amsend(0, 1, nil, make([]byte, 8), Counters{}))
+	require.Equal(t, 1, <-got)
+	assert.Zero(t, cs[1].Stats().Delivered, "held at the target")
+	require.NoError(t, cs[0].Close())
+	ctx := withTimeout(t, time.Minute)
+	assert.NoError(t, cs[1].Fence(ctx), "task 0 acknowledged the message before it left")
+	assert.EqualValues(t, 1, cs[1].Stats().Delivered)
+	assert.Zero(t, cs[1].Stats().Failed)
+}

@@ -140,13 +140,16 @@ func creditStalled(cn *conn) bool {
 }
 
 // acksDue reports whether cn's acknowledgements are due in a control
-// packet of their own: half a packet of them has gathered, or the
+// packet of their own: half a packet of them has gathered, the context
+// is closing (it holds nothing back then), or the
 // progress goroutine is idle (it found nothing more to do, at now) and
 // they are wanted, or have been held for the context's hold. Under mu.
 func (c *Context) acksDue(cn *conn, idle bool, now time.Time) bool {
 	switch {
 	case len(cn.acks) >= c.maxAcks/2:
 		return true
+	case c.leaving && len(cn.acks) > 0:
+		return true // Close lingers for them (linger)
 	case !idle:
 		return false
 	}

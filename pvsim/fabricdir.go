@@ -318,7 +318,8 @@ func (p *peer) read() {
 	for {
 		pkt, err := readFrame(r)
 		if err != nil {
-			if !errors.Is(err, io.EOF) && !p.dead.Load() {
+			var cut *net.OpError // a peer process that died mid-frame
+			if errors.Is(err, ErrFabricFrame) && !errors.As(err, &cut) && !p.dead.Load() {
 				p.n.refused.Add(1)
 			}
 			return
@@ -420,7 +421,7 @@ func readFrame(r io.Reader) (*packet, error) {
 		return nil, fmt.Errorf("%w: length %d", ErrFabricFrame, size)
 	}
 	if _, err := io.ReadFull(r, h[4:]); err != nil {
-		return nil, fmt.Errorf("%w: %v", ErrFabricFrame, err)
+		return nil, fmt.Errorf("%w: %w", ErrFabricFrame, err)
 	}
 	p, err := decodeHeader(h[4:])
 	if err != nil {
@@ -433,12 +434,12 @@ func readFrame(r io.Reader) (*packet, error) {
 		if n <= 1<<20 {
 			buf = make([]byte, n)
 			if _, err := io.ReadFull(r, buf); err != nil {
-				return nil, fmt.Errorf("%w: %v", ErrFabricFrame, err)
+				return nil, fmt.Errorf("%w: %w", ErrFabricFrame, err)
 			}
 		} else {
 			var w growBuf
 			if _, err := io.CopyN(&w, r, n); err != nil {
-				return nil, fmt.Errorf("%w: %v", ErrFabricFrame, err)
+				return nil, fmt.Errorf("%w: %w", ErrFabricFrame, err)
 			}
 			buf = w.b
 		}
@@ -502,6 +503,23 @@ func decodeHeader(x []byte) (*packet, error) {
 		}
 	}
 	return p, nil
+}
+
+// peerUp reports whether g belongs to a peer process this fabric has an
+// open connection to (the last route it read for g).
+func (f *Fabric) peerUp(g [16]byte) bool {
+	n := f.net
+	if n == nil {
+		return false
+	}
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	r, ok := n.cache[g]
+	if !ok {
+		return false
+	}
+	p := n.peers[r.node]
+	return p != nil && !p.dead.Load()
 }
 
 // FabricNetStats counts a cross-process fabric's traffic.

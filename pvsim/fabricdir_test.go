@@ -302,4 +302,5 @@ func TestAPeerProcessThatDiesIsAPeerGone(t *testing.T) {
 	}
 	assert.Equal(t, uint64(9), got[0].WRID)
 	assert.Equal(t, vfrdma.WCStatus(rings.WCRetryExcErr), got[0].Status)
+	assert.Zero(t, fab.NetStats().Refused, "a peer that died is no stranger")
 }

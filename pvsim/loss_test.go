@@ -26,8 +26,14 @@ type rcLink struct {
 // requesters use ra (the local ACK timeout, retry_cnt).
 func newRCLinks(t *testing.T, fab *pvsim.Fabric, n int, ra rcAttr) []rcLink {
 	t.Helper()
-	a := newRaw(t, pvsim.Config{Fabric: fab, MAC: [6]byte{2, 0, 0, 0, 0, 1}})
-	b := newRaw(t, pvsim.Config{Fabric: fab, MAC: [6]byte{2, 0, 0, 0, 0, 2}})
+	return newRCLinksOn(t, fab, fab, n, ra)
+}
+
+// newRCLinksOn is newRCLinks with a's model on fa and b's on fb.
+func newRCLinksOn(t *testing.T, fa, fb *pvsim.Fabric, n int, ra rcAttr) []rcLink {
+	t.Helper()
+	a := newRaw(t, pvsim.Config{Fabric: fa, MAC: [6]byte{2, 0, 0, 0, 0, 1}})
+	b := newRaw(t, pvsim.Config{Fabric: fb, MAC: [6]byte{2, 0, 0, 0, 0, 2}})
 	pa, pb := a.pd(), b.pd()
 	ma, mb := a.mr(pa, 1<<16, allAccess), b.mr(pb, 1<<16, allAccess)
 	ls := make([]rcLink, n)
@@ -102,6 +108,48 @@ func TestATimeoutWhileTheRequestOrItsAnswerIsInsideTheModelIsNoLoss(t *testing.T
 		assert.Zero(t, s.Timeouts)
 		assert.NotZero(t, s.TimeoutsHeld)
 		assert.Zero(t, l.ra.m.Stats().Dropped, "no duplicate acknowledgement")
+	})
+}
+
+// Across processes (two nodes of one fabric directory) a request that
+// waits unread in a descheduled peer process is no loss either: the
+// requester holds its timeouts while the connection is up, and the send
+// completes once the peer runs; a request a live peer dropped (no such
+// QP there) is lost after the hold, and retries end in RETRY_EXC_ERR.
+func TestATimeoutWhileTheRequestIsWithAPeerProcessIsNoLoss(t *testing.T) {
+	fast := defaultRC()
+	fast.timeout, fast.retry = 1, 2 // 8.192 µs, twice
+
+	t.Run("request unread in the peer process", func(t *testing.T) {
+		fa, fb := twoFabrics(t, "dir")
+		l := newRCLinksOn(t, fa, fb, 1, fast)[0]
+		l.qb.recv(1, l.mb.sge(0, 64))
+		releaseB := hold(t, l.rb)
+		l.qa.send(sendWR(1, rings.WRSend, sig, l.ma.sge(0, 8)))
+		require.Eventually(t, func() bool { return l.ra.m.Stats().TimeoutsHeld > uint64(fast.retry) }, 10*time.Second, 50*time.Microsecond,
+			"the requester's timer comes due more than retry_cnt times")
+		releaseB()
+		c := l.ca.wait(1)[0]
+		assert.Equal(t, uint32(rings.WCSuccess), c.Status, "%+v", c)
+		s := l.ra.m.Stats()
+		assert.Zero(t, s.Retransmits)
+		assert.Zero(t, s.Timeouts)
+	})
+	t.Run("request a live peer dropped", func(t *testing.T) {
+		fa, fb := twoFabrics(t, "dir")
+		l := newRCLinksOn(t, fa, fb, 1, fast)[0]
+		// Once the link works, a's QP points at a QP number b does not have.
+		l.qb.recv(1, l.mb.sge(0, 64))
+		l.qa.send(sendWR(1, rings.WRSend, sig, l.ma.sge(0, 8)))
+		require.Equal(t, uint32(rings.WCSuccess), l.ca.wait(1)[0].Status)
+		pd := l.ra.pd()
+		mr := l.ra.mr(pd, 4096, allAccess)
+		q := l.ra.qp(pd, firmware.QPTypeRC, l.ca, l.ca, 16, qpOpts{})
+		q.connect(0xabcdef, l.rb.gid, fast)
+		q.send(sendWR(2, rings.WRSend, sig, mr.sge(0, 8)))
+		c := l.ca.wait(1)[0]
+		assert.Equal(t, uint32(rings.WCRetryExcErr), c.Status, "%+v", c)
+		assert.Equal(t, uint64(fast.retry), l.ra.m.Stats().Retransmits)
 	})
 }
 

@@ -641,7 +641,7 @@ func (d *Device) requesterIn(p *packet) {
 		}
 	}
 	q.inflight = q.inflight[1:]
-	q.retries, q.rnrRetries = 0, 0
+	q.retries, q.rnrRetries, q.remoteHeld = 0, 0, time.Time{}
 	if st != wcSuccess {
 		d.failSend(q, op, st)
 		return
@@ -744,7 +744,7 @@ func (d *Device) ackTimeout(q *qp) {
 	if !d.alive(q) || len(q.inflight) == 0 || q.rnrWait {
 		return
 	}
-	if q.inModel.Load() > 0 {
+	if q.inModel.Load() > 0 || d.heldAcrossProcesses(q) {
 		d.ctr.timeoutsHeld.Add(1)
 		d.armAck(q)
 		return
@@ -758,6 +758,30 @@ func (d *Device) ackTimeout(q *qp) {
 		return
 	}
 	d.retransmit(q)
+}
+
+// remoteHoldFor bounds how long heldAcrossProcesses holds one QP's
+// timeouts: past it a request to a live peer process counts as lost, as
+// one its device dropped (a QP gone, a port down) is.
+const remoteHoldFor = 4 * time.Second
+
+// heldAcrossProcesses reports whether q's timeout comes due while its
+// requests are with a peer process whose connection is up: the fabric
+// between processes loses nothing, and the peer is only slower than the
+// timeout (a loaded host deschedules it), as a device's inbox is within
+// one process (inModel). It holds for up to remoteHoldFor from the first
+// timeout it held, until the next answer; a peer process that died (its
+// connection closed) holds nothing.
+func (d *Device) heldAcrossProcesses(q *qp) bool {
+	g := q.attr.dgid()
+	if d.fab.Lookup(g) != nil || !d.fab.peerUp(g) {
+		return false
+	}
+	now := time.Now()
+	if q.remoteHeld.IsZero() {
+		q.remoteHeld = now
+	}
+	return now.Sub(q.remoteHeld) < remoteHoldFor
 }
 
 // rnrDelay decodes an RNR timer value (the IB table: 1 is 0.01 ms, 12 is

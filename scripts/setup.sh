@@ -19,6 +19,7 @@ pkgs=(
   ucx-utils libucx0  # ucx_perftest: UCX's active messages in the reference guest (scripts/amside.sh)
   xz-utils           # the guest kernel is unpacked once for a faster boot
   gdb                # a stopped VM's post-mortem shows its QEMU threads' stacks
+  openmpi-bin        # mpirun: make test's job tier starts am jobs with it
   gcc make
 )
 

@@ -133,6 +133,45 @@ ucxhost_check() {
   grep -q '^Final: *1000 ' <<<"$out" || { echo "UCX on the host: the client did not report its 1000 iterations"; return 1; }
 }
 
+# Open MPI's mpirun starts am jobs on the host, each task a pvctl process
+# with its own device model, the models meeting on one fabric directory
+# (pvsim.JoinFabric): 8 tasks run an all-to-all (pvctl am --launcher, the
+# job's rank and size from mpirun's own variables), every byte checked and
+# every task's counters exact; then a job in which task 3 is killed
+# mid-transfer: each of the others must find it gone (purged, or owing
+# messages past --stall), say so naming it, and end; nothing waits for
+# ever (mpirun's recovery mode keeps the others running to report).
+job_tier() {
+  local pv=$PWD/build/pvctl-job dir out rc port=$((20000 + RANDOM % 20000)) i p mp
+  local mpi=(mpirun --allow-run-as-root --oversubscribe)
+  $GO build -o "$pv" ./cmd/pvctl || return 1
+  dir=$(mktemp -d /tmp/vfrdma-job.XXXXXX)
+  out=$(timeout 300 "${mpi[@]}" -n 8 -x VFRDMA_AM_ADDR=127.0.0.1:$port \
+    "$pv" --model v20 --fabric "$dir" am --launcher --sizes 8,4096,70000 --messages 50 2>&1)
+  rc=$?
+  rm -rf "$dir"
+  echo "$out" | grep -v ': sending$' | cut -c1-220
+  [ $rc = 0 ] || { echo "the 8-task job failed (mpirun: $rc)"; return 1; }
+  [ "$(grep -c 'every byte checked; counters exact' <<<"$out")" = 8 ] || { echo "not every task of the job reported exact counters"; return 1; }
+
+  dir=$(mktemp -d /tmp/vfrdma-job.XXXXXX)
+  port=$((port + 1))
+  timeout 150 "${mpi[@]}" --mca orte_enable_recovery 1 --mca orte_abort_on_non_zero_status 0 -n 8 -x VFRDMA_AM_ADDR=127.0.0.1:$port \
+    "$pv" --model v20 --fabric "$dir" am --launcher --sizes 8,4096 --messages 1500 --stall 5s >"$dir/out" 2>&1 &
+  mp=$!
+  for i in $(seq 1 600); do [ "$(grep -c ': sending$' "$dir/out")" = 8 ] && break; sleep 0.1; done
+  sleep 1
+  for p in $(pgrep -f "$pv --model v20 --fabric $dir"); do
+    if tr '\0' '\n' </proc/$p/environ 2>/dev/null | grep -qx 'OMPI_COMM_WORLD_RANK=3'; then kill -9 "$p" && echo "killed task 3 (pid $p) mid-transfer"; fi
+  done
+  wait $mp
+  out=$(grep -v ': sending$' "$dir/out" | grep -v 'PMIX ERROR')
+  rm -rf "$dir"
+  echo "$out" | grep '^pvctl: task' | cut -c1-200
+  [ "$(grep -c '^pvctl: task [0-9] of 8: .*task 3' <<<"$out")" = 7 ] || { echo "not every other task named the killed task 3"; return 1; }
+  [ "$(grep -c 'with the tasks not gone, .* every byte checked' <<<"$out")" = 7 ] || { echo "not every other task finished with the living ones"; return 1; }
+}
+
 run_tier() {
   case $1 in
     vet)       $GO vet ./... && $GO vet -tags guest ./... && $GO vet -tags bench ./qemu/... &&
@@ -145,6 +184,7 @@ run_tier() {
     reference) reference_tier ;;
     interop)   interop_tier ;;
     lossy)     lossy_tier ;;
+    job)       job_tier ;;
     *) echo "unknown tier $1" >&2; return 2 ;;
   esac
 }
@@ -165,7 +205,7 @@ digest() {
 }
 
 tiers=("$@")
-[ ${#tiers[@]} -gt 0 ] || tiers=(vet host backend guest guest-2vm guest-3vm reference interop lossy)
+[ ${#tiers[@]} -gt 0 ] || tiers=(vet host backend job guest guest-2vm guest-3vm reference interop lossy)
 passed=0 failed=0 failures=()
 for t in "${tiers[@]}"; do
   echo "=== tier: $t"

@@ -88,6 +88,12 @@ func cmdAM(e *env, args []string) error {
 			return usageErrorf("--tests %q: %q is not latency, rate or bandwidth", o.testList, name)
 		}
 	}
+	if o.launcher {
+		if o.t.listen != "" || o.t.connect != "" || o.t.vm {
+			return usageErrorf("--launcher: the launcher makes the job; no --listen, --connect or --vm")
+		}
+		return cmdAMJob(e, o, sizes)
+	}
 	rawSizes := sizes
 	if !tests["rate"] {
 		rawSizes = nil
@@ -271,6 +277,8 @@ type amOpts struct {
 	polling, check                      bool
 	spin                                time.Duration
 	credits                             int
+	launcher                            bool
+	stall                               time.Duration
 }
 
 // amFlags declares am's flags on fs.
@@ -289,6 +297,8 @@ func amFlags(fs *flag.FlagSet) *amOpts {
 	fs.BoolVar(&o.polling, "polling", false, "progress by polling without ever sleeping")
 	fs.BoolVar(&o.check, "check", true, "fill every message with a pattern and check every byte at its target (--check=false: send and answer with the same untouched buffers, as ucx_perftest does, to time the library alone)")
 	fs.IntVar(&o.credits, "credits", 0, fmt.Sprintf("packets in flight to the other task (am.Config.Credits; 0: the default, %d); both tasks must use the same", am.DefaultCredits))
+	fs.BoolVar(&o.launcher, "launcher", false, "the tasks are a job a launcher started (mpirun, srun, mpiexec; the job's address from VFRDMA_AM_ADDR or VFRDMA_AM_PORT): an all-to-all among them instead of the two-task benchmark, --messages of each of --sizes to every other task, every byte checked, each task's counters exact; a task gone is purged and named")
+	fs.DurationVar(&o.stall, "stall", 30*time.Second, "with --launcher: fail, naming the tasks still owing messages, when none arrives for this long")
 	fs.DurationVar(&o.spin, "spin", 0, "how long the progress goroutine polls an empty CQ before it sleeps or naps (am.Config.Spin; 0: the default, negative: none)")
 	fs.BoolVar(&o.t.pollDoorbell, "poll-doorbell", true, "an empty CQ poll rings the POLL doorbell, as rdma-core's provider does; on QEMU's device CQs are then never armed and the progress goroutine spins, then naps between polls (--poll-doorbell=false: it sleeps on the CQ's interrupt)")
 	return o

@@ -92,6 +92,9 @@ type env struct {
 	// fabricDir is --fabric: the directory of a model fabric that spans
 	// processes (pvsim.JoinFabric), "" for none.
 	fabricDir string
+	// getenv reads the environment a launcher set (am --launcher); nil:
+	// os.Getenv. Tests set it.
+	getenv func(string) string
 	// fabric, if set (tests), connects the model to the models of the
 	// other envs that share it: two ends can then be two envs of one
 	// process, over --listen/--connect.
