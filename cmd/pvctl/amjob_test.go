@@ -3,7 +3,6 @@ package main
 import (
 	"bytes"
 	"encoding/json"
-	"fmt"
 	"os"
 	"strconv"
 	"sync"
@@ -77,5 +76,4 @@ func TestAMLauncherNeedsALauncher(t *testing.T) {
 	assert.Equal(t, 2, run(e, []string{"--model", "v20", "am", "--launcher", "--listen", ":7470"}))
 	assert.Contains(t, errOut.String(), "no --listen, --connect or --vm")
 	assert.Zero(t, e.reached)
-	_ = fmt.Sprint()
 }
