@@ -162,7 +162,7 @@ job_tier() {
   for i in $(seq 1 600); do [ "$(grep -c ': sending$' "$dir/out")" = 8 ] && break; sleep 0.1; done
   sleep 1
   for p in $(pgrep -f "$pv --model v20 --fabric $dir"); do
-    if tr '\0' '\n' </proc/$p/environ 2>/dev/null | grep -qx 'OMPI_COMM_WORLD_RANK=3'; then kill -9 "$p" && echo "killed task 3 (pid $p) mid-transfer"; fi
+    if grep -qxz 'OMPI_COMM_WORLD_RANK=3' "/proc/$p/environ" 2>/dev/null; then kill -9 "$p" && echo "killed task 3 (pid $p) mid-transfer"; fi
   done
   wait $mp
   out=$(grep -v ': sending$' "$dir/out" | grep -v 'PMIX ERROR')

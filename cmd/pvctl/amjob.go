@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/vfrdma/vfrdma/am"
@@ -61,6 +62,17 @@ type amJobResult struct {
 	Target    int64   `json:"target_counter"`
 	Seconds   float64 `json:"seconds"`
 	MsgPerSec float64 `json:"messages_per_s"`
+	// SetupSeconds is the job's set-up at this task: from opening the
+	// device to the first Barrier's end (the address exchange, a QP per
+	// peer connected, every task's handlers in place).
+	SetupSeconds float64 `json:"setup_seconds"`
+	// Start and End are when this task began sending and had all it was
+	// sent, in Unix seconds: a job's span is the earliest Start to the
+	// latest End.
+	Start float64 `json:"start_unix"`
+	End   float64 `json:"end_unix"`
+	// MaxRSSKiB is the process's peak resident memory (getrusage).
+	MaxRSSKiB int64 `json:"max_rss_kib"`
 }
 
 // getenv is the environment the launcher set: e.getenv in tests.
@@ -77,6 +89,7 @@ func cmdAMJob(e *env, o *amOpts, sizes []int) error {
 		return err
 	}
 	messages := o.messages
+	t0 := time.Now()
 	d, err := o.t.openDevice(e)
 	if err != nil {
 		return err
@@ -147,6 +160,7 @@ func cmdAMJob(e *env, o *amOpts, sizes []int) error {
 	if err := c.Barrier(ctx); err != nil {
 		return fail(err)
 	}
+	setup := time.Since(t0).Seconds()
 	fmt.Fprintf(e.stderr(), "task %d of %d: sending\n", self, tasks)
 
 	org, cmpl := am.NewCounter(), am.NewCounter()
@@ -265,7 +279,8 @@ func cmdAMJob(e *env, o *amOpts, sizes []int) error {
 	st, barriers := c.Stats(), uint64(2*tasks)+uint64(dones)
 	res := amJobResult{Mode: "launcher", Task: self, Tasks: tasks, Sizes: sizes, Messages: messages,
 		Sent: st.Sent - barriers, Received: received.Load(), Checked: checked.Load(),
-		Origin: org.Get(), Complete: cmpl.Get(), Target: target.Get(), Seconds: secs}
+		Origin: org.Get(), Complete: cmpl.Get(), Target: target.Get(), Seconds: secs, SetupSeconds: setup, MaxRSSKiB: maxRSS(),
+		Start: unixSeconds(start), End: unixSeconds(start.Add(time.Duration(secs * float64(time.Second))))}
 	if secs > 0 {
 		res.MsgPerSec = float64(res.Sent+uint64(res.Received)) / secs
 	}
@@ -287,8 +302,8 @@ func cmdAMJob(e *env, o *amOpts, sizes []int) error {
 	if e.json {
 		return e.printJSON(res)
 	}
-	fmt.Fprintf(e.out, "task %d of %d: sent %d and received %d messages (sizes %v, %d per size to each task), every byte checked; counters exact: origin %d, completion %d, target %d; %.0f msg/s in %.2f s\n",
-		self, tasks, res.Sent, res.Received, sizes, messages, res.Origin, res.Complete, res.Target, res.MsgPerSec, secs)
+	fmt.Fprintf(e.out, "task %d of %d: sent %d and received %d messages (sizes %v, %d per size to each task), every byte checked; counters exact: origin %d, completion %d, target %d; %.0f msg/s in %.2f s; set-up %.2f s, peak RSS %d MiB\n",
+		self, tasks, res.Sent, res.Received, sizes, messages, res.Origin, res.Complete, res.Target, res.MsgPerSec, secs, res.SetupSeconds, res.MaxRSSKiB>>10)
 	return nil
 }
 
@@ -311,3 +326,14 @@ func goneErrs(gone map[int]error) []error {
 	}
 	return errs
 }
+
+// maxRSS is the process's peak resident memory in KiB (0 if unknown).
+func maxRSS() int64 {
+	var ru syscall.Rusage
+	if syscall.Getrusage(syscall.RUSAGE_SELF, &ru) != nil {
+		return 0
+	}
+	return ru.Maxrss
+}
+
+func unixSeconds(t time.Time) float64 { return float64(t.UnixNano()) / 1e9 }
