@@ -102,7 +102,7 @@ func TestDropin(t *testing.T) {
 		out, err := run(t, lib, []string{"VFRDMA_MODEL=v99"}, "ibv_devinfo")
 		assert.Error(t, err)
 		assert.NotContains(t, out, "vfrdma:")
-		out, _ = run(t, lib, []string{"VFRDMA_MODEL=v20", "VFRDMA_DEBUG=1"}, "ibv_devinfo", "-d", "vfrdma0", "-i", "2")
-		assert.Contains(t, out, "vfrdma:", "VFRDMA_DEBUG=1 prints the refusal of port 2")
+		out, _ = run(t, lib, []string{"VFRDMA_MODEL=v99", "VFRDMA_DEBUG=1"}, "ibv_devinfo")
+		assert.Contains(t, out, "vfrdma:", "VFRDMA_DEBUG=1 prints why the model is refused")
 	})
 }
