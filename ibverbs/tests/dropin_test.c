@@ -471,7 +471,55 @@ static void test_srq(void)
 	free(buf);
 }
 
-int main(void)
+/* bench ITERS BATCH: post BATCH receives, BATCH sends (one call each) on
+ * an RC pair of the context and poll the 2*BATCH completions, ITERS
+ * times; prints the ns per request. */
+static int bench(int iters, int batch)
+{
+	struct ibv_cq *cq = ibv_create_cq(ctx, 4 * batch + 4, NULL, NULL, 0);
+	struct ibv_qp *a = make_qp(IBV_QPT_RC, cq, cq, NULL, batch, 1);
+	struct ibv_qp *b = make_qp(IBV_QPT_RC, cq, cq, NULL, batch, 1);
+	char *buf = malloc(4096);
+	struct ibv_mr *mr = ibv_reg_mr(pd, buf, 4096, IBV_ACCESS_LOCAL_WRITE);
+	struct ibv_sge s = { .addr = (uintptr_t)buf, .length = 64, .lkey = mr ? mr->lkey : 0 };
+	struct ibv_send_wr sw[256], *bad;
+	struct ibv_recv_wr rw[256], *rbad;
+	struct ibv_wc wc[512];
+	struct timespec t0, t1;
+
+	if (!cq || !a || !b || !mr || batch > 256 || rc_connect(a, b->qp_num) || rc_connect(b, a->qp_num)) {
+		printf("bench setup failed: errno %d\n", errno);
+		return 1;
+	}
+	memset(sw, 0, sizeof(sw));
+	memset(rw, 0, sizeof(rw));
+	for (int i = 0; i < batch; i++) {
+		sw[i].sg_list = &s; sw[i].num_sge = 1; sw[i].opcode = IBV_WR_SEND;
+		sw[i].send_flags = IBV_SEND_SIGNALED; sw[i].next = i + 1 < batch ? &sw[i + 1] : NULL;
+		rw[i].sg_list = &s; rw[i].num_sge = 1; rw[i].next = i + 1 < batch ? &rw[i + 1] : NULL;
+	}
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	for (int it = 0; it < iters; it++) {
+		int got = 0;
+		if (ibv_post_recv(b, rw, &rbad) || ibv_post_send(a, sw, &bad)) {
+			printf("bench post failed\n");
+			return 1;
+		}
+		while (got < 2 * batch) {
+			int r = ibv_poll_cq(cq, 2 * batch - got, wc);
+			if (r < 0) {
+				printf("bench poll failed\n");
+				return 1;
+			}
+			got += r;
+		}
+	}
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	printf("ns/request %.1f\n", ((t1.tv_sec - t0.tv_sec) * 1e9 + (t1.tv_nsec - t0.tv_nsec)) / ((double)iters * batch));
+	return 0;
+}
+
+int main(int argc, char **argv)
 {
 	int num = 0;
 	struct ibv_device **list = ibv_get_device_list(&num);
@@ -482,6 +530,24 @@ int main(void)
 	REQUIRE("open_device", ctx && ctx->async_fd >= 0, "errno %d", errno);
 	pd = ibv_alloc_pd(ctx);
 	REQUIRE("alloc_pd", pd, "errno %d", errno);
+	if (argc == 3 && strcmp(argv[1], "emptypoll") == 0) {
+		/* the layer alone: ibv_poll_cq on an empty CQ */
+		struct ibv_cq *cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+		struct ibv_wc wc[32];
+		struct timespec t0, t1;
+		long n = atol(argv[2]);
+		clock_gettime(CLOCK_MONOTONIC, &t0);
+		for (long i = 0; i < n; i++)
+			if (ibv_poll_cq(cq, 32, wc) != 0)
+				return 1;
+		clock_gettime(CLOCK_MONOTONIC, &t1);
+		printf("ns/request %.1f\n", ((t1.tv_sec - t0.tv_sec) * 1e9 + (t1.tv_nsec - t0.tv_nsec)) / (double)n);
+		return 0;
+	}
+	if (argc == 4 && strcmp(argv[1], "bench") == 0) {
+		ibv_query_gid(ctx, 1, 0, &gid0);
+		return bench(atoi(argv[2]), atoi(argv[3]));
+	}
 	test_device();
 	test_mr();
 	test_rc();
