@@ -324,7 +324,7 @@ func vfgoGetCQEvent(id C.uint32_t, cqOut *unsafe.Pointer) C.int {
 	if err != nil {
 		return neg(err)
 	}
-	*cqOut = unsafe.Pointer(cq.User) //nolint:govet // C memory
+	*cqOut = cq.User
 	return 0
 }
 
@@ -351,7 +351,7 @@ func vfgoCreateCQ(ctxID C.uint32_t, cqe C.int, chID C.uint32_t, user *C.struct_v
 	if err != nil {
 		return neg(err)
 	}
-	cq.User = uintptr(unsafe.Pointer(user))
+	cq.User = unsafe.Pointer(user)
 	user.ibv.cqe = C.int(cq.Entries())
 	user.ibv.handle = C.uint32_t(cq.Handle())
 	return C.int(cq.ID)
@@ -444,7 +444,7 @@ func vfgoCreateQP(pdID C.uint32_t, a *C.struct_ibv_qp_init_attr, user *C.struct_
 	if err != nil {
 		return neg(err)
 	}
-	qp.User = uintptr(unsafe.Pointer(user))
+	qp.User = unsafe.Pointer(user)
 	c := qp.Cap()
 	a.cap.max_send_wr = C.uint32_t(c.MaxSendWR)
 	a.cap.max_recv_wr = C.uint32_t(c.MaxRecvWR)
@@ -580,7 +580,7 @@ func vfgoPostSend(id C.uint32_t, wr *C.struct_vf_send_wr, bad **C.struct_vf_send
 				r.RKey = uint32(wr.w3)
 			case bridge.WRSend, bridge.WRSendWithImm:
 				if wr.w0 != 0 {
-					r.AH = uint32((*C.struct_vf_ah)(unsafe.Pointer(uintptr(wr.w0))).id) //nolint:govet // C memory
+					r.AH = uint32((*C.struct_vf_ah)(*(*unsafe.Pointer)(unsafe.Pointer(&wr.w0))).id)
 				}
 				r.RemoteQPN = uint32(wr.w1)
 				r.RemoteQKey = uint32(wr.w1 >> 32)
@@ -668,7 +668,7 @@ func vfgoCreateSRQ(pdID C.uint32_t, a *C.struct_ibv_srq_attr, user *C.struct_vf_
 	if err != nil {
 		return neg(err)
 	}
-	s.User = uintptr(unsafe.Pointer(user))
+	s.User = unsafe.Pointer(user)
 	q := s.Query()
 	a.max_wr = C.uint32_t(q.MaxWR)
 	a.max_sge = C.uint32_t(q.MaxSGE)
@@ -752,7 +752,7 @@ func vfgoGetAsyncEvent(id C.uint32_t, typ *C.int, obj *unsafe.Pointer, port *C.i
 		return neg(err)
 	}
 	*typ = C.int(e.Type)
-	*obj = unsafe.Pointer(e.User) //nolint:govet // C memory
+	*obj = e.User
 	*port = C.int(e.Port)
 	return 0
 }

@@ -2,6 +2,7 @@ package bridge
 
 import (
 	"golang.org/x/sys/unix"
+	"unsafe"
 
 	"github.com/vfrdma/vfrdma"
 )
@@ -25,7 +26,7 @@ const (
 // the object it names (User), or the port.
 type AsyncEvent struct {
 	Type int
-	User uintptr
+	User unsafe.Pointer
 	Port int
 }
 
@@ -45,38 +46,38 @@ func (c *Context) forwardAsync() {
 		case ev.SRQ != nil:
 			e.User = c.userOfSRQ(ev.SRQ)
 		}
-		if (ev.QP != nil || ev.CQ != nil || ev.SRQ != nil) && e.User == 0 {
+		if (ev.QP != nil || ev.CQ != nil || ev.SRQ != nil) && e.User == nil {
 			continue // an object the program destroyed
 		}
 		c.pushAsync(e)
 	}
 }
 
-func (c *Context) userOfQP(q *vfrdma.QP) uintptr {
+func (c *Context) userOfQP(q *vfrdma.QP) unsafe.Pointer {
 	c.objMu.Lock()
 	defer c.objMu.Unlock()
 	if b := c.qpOf[q]; b != nil {
 		return b.User
 	}
-	return 0
+	return nil
 }
 
-func (c *Context) userOfCQ(q *vfrdma.CQ) uintptr {
+func (c *Context) userOfCQ(q *vfrdma.CQ) unsafe.Pointer {
 	c.objMu.Lock()
 	defer c.objMu.Unlock()
 	if b := c.cqOf[q]; b != nil {
 		return b.User
 	}
-	return 0
+	return nil
 }
 
-func (c *Context) userOfSRQ(q *vfrdma.SRQ) uintptr {
+func (c *Context) userOfSRQ(q *vfrdma.SRQ) unsafe.Pointer {
 	c.objMu.Lock()
 	defer c.objMu.Unlock()
 	if b := c.srqOf[q]; b != nil {
 		return b.User
 	}
-	return 0
+	return nil
 }
 
 // pushAsync queues an event and counts it in the eventfd.
@@ -90,8 +91,8 @@ func (c *Context) pushAsync(e AsyncEvent) {
 
 // purgeAsync drops the queued events that name the object at user (about
 // to be freed).
-func (c *Context) purgeAsync(user uintptr) {
-	if user == 0 {
+func (c *Context) purgeAsync(user unsafe.Pointer) {
+	if user == nil {
 		return
 	}
 	c.amu.Lock()

@@ -43,8 +43,7 @@ type Context struct {
 	qpOf     map[*vfrdma.QP]*QP
 	cqOf     map[*vfrdma.CQ]*CQ
 	srqOf    map[*vfrdma.SRQ]*SRQ
-	objects  atomic.Int64 // PDs, CQs, QPs, SRQs, MRs, AHs, channels alive
-	keys     keyTable     // MR address translation, where the root has no RegisterMRAt
+	keys     keyTable // MR address translation, where the root has no RegisterMRAt
 	closing  atomic.Bool
 	attrOnce sync.Once
 	attr     DeviceAttr

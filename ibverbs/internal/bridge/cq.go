@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math/bits"
 	"sync/atomic"
+	"unsafe"
 
 	"github.com/vfrdma/vfrdma"
 	"github.com/vfrdma/vfrdma/rings"
@@ -34,7 +35,7 @@ const wcFlagsKnown = rings.WCFlagGRH | rings.WCFlagWithImm
 // CQ is a completion queue (struct ibv_cq).
 type CQ struct {
 	ID   uint32
-	User uintptr // the C structure
+	User unsafe.Pointer // the C structure
 	ctx  *Context
 	cq   *vfrdma.CQ
 	ch   *Channel

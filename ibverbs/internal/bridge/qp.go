@@ -3,6 +3,7 @@ package bridge
 import (
 	"fmt"
 	"sync"
+	"unsafe"
 
 	"github.com/vfrdma/vfrdma"
 )
@@ -93,7 +94,7 @@ type QPAttr struct {
 // translate work requests into.
 type QP struct {
 	ID    uint32
-	User  uintptr
+	User  unsafe.Pointer
 	ctx   *Context
 	pd    *PD
 	qp    *vfrdma.QP

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"unsafe"
 
 	"github.com/vfrdma/vfrdma"
 )
@@ -11,7 +12,7 @@ import (
 // SRQ is a shared receive queue (struct ibv_srq).
 type SRQ struct {
 	ID    uint32
-	User  uintptr
+	User  unsafe.Pointer
 	ctx   *Context
 	pd    *PD
 	srq   *vfrdma.SRQ
