@@ -113,21 +113,21 @@ func (pd *PD) RegisterMR(ctx context.Context, mem []byte, access Access) (*MR, e
 //
 // addr must lie at the same offset in a 4 KiB page as mem[0] (the device
 // reaches the MR through a list of 4 KiB pages that starts with the page
-// holding mem[0], and places addr at its own in-page offset there), and
-// addr+len(mem) must not pass 2^64; otherwise ErrInvalid. Rdma-core's
-// providers refuse such an iova too, where their page sizes cannot express
-// it.
+// holding mem[0], and places addr at its own in-page offset there: a
+// virtual address always does), and addr+len(mem) must not pass 2^64;
+// otherwise ErrInvalid.
 //
 // The IOMMU maps whole pages, so the pages holding mem's first and last
 // bytes are mapped whole, beyond mem's ends: those bytes must stay valid,
 // mapped and unmoved until the MR is closed, like mem itself (the device
 // reaches only mem through the MR's keys). Memory from the C heap or the
-// caller's mmap qualifies; a slice of the Go heap does only if the caller
-// keeps the object alive and the page holding it mapped (Go does not move
-// heap objects), and the pages are then pinned for the MR's life. Several
-// MRs may share a page (many small buffers of one allocator): each maps
-// it at an IOVA of its own, and under VFIO each mapping counts against
-// the locked-memory limit.
+// caller's mmap qualifies; so does a slice of the Go heap while the caller
+// keeps it reachable (Go does not move heap objects, and the page holding
+// a live object stays mapped), its pages then pinned for the MR's life.
+// Several MRs may share a page (many small buffers of one allocator): each
+// maps it at an IOVA of its own (VFIO's IOMMU refuses only overlapping
+// IOVA ranges, not a page mapped twice), and under VFIO each mapping
+// counts against the locked-memory limit.
 //
 // On QEMU 7.2's device an MR's pages must number its length in pages
 // (pvrdma-device.md, CREATE_MR's nchunks), which an unaligned buffer
@@ -199,20 +199,25 @@ func (d *Device) checkMRSize(n uint64) error {
 
 // register writes the page directory of mem, whose first 4 KiB page is at
 // IOVA page (the rest follow it), and creates the MR on the device with
-// Start = addr. The device (QEMU 7.2's, pvsim, and the VMware device
-// Linux's vmw_pvrdma drives, which creates a user MR with start = the
-// user's address and the pages of its memory from the page holding it)
-// reaches an SGE's address a as byte (a - Start + Start mod 4096) of the
-// pages listed: so addr must sit at mem[0]'s offset in its page.
+// Start = addr and the pages from the one holding mem[0] to the one holding
+// its last byte. That is how the devices reach it: QEMU 7.2 maps the
+// pages listed into one host range and registers its backend MR at that
+// range plus Start's in-page offset, with iova Start (rdma_rm_alloc_mr);
+// Linux's vmw_pvrdma creates a user MR with start = the memory's virtual
+// address and the pages of its memory from the one holding its first byte
+// (pvrdma_reg_user_mr); pvsim reads an SGE's address a at byte
+// a - Start + Start mod 4096 of the pages (mrAccess). So addr must sit at
+// mem[0]'s offset in its page, which the callers check.
 func (pd *PD) register(ctx context.Context, mem []byte, addr, page uint64, access Access) (*MR, error) {
 	d := pd.d
 	head := int(addr % firmware.PageSize)
 	npages := (head + len(mem) + firmware.PageSize - 1) / firmware.PageSize
 	length := uint64(len(mem))
 	if d.emulated && npages != (len(mem)+firmware.PageSize-1)/firmware.PageSize {
-		// QEMU 7.2 takes exactly ceil(length/4096) pages and registers
-		// length bytes from Start's in-page offset: register to the end of
-		// the last page, which keeps both.
+		// QEMU 7.2 takes exactly ceil(length/4096) pages
+		// (pvrdma_map_to_pdir, since CVE-2021-3582's fix) and registers
+		// length bytes from Start's in-page offset: registering to the end
+		// of the last page keeps both.
 		length = uint64(npages*firmware.PageSize - head)
 		if length > d.caps.MaxMRSize {
 			return nil, invalidf("MR of %d bytes at page offset %#x: QEMU registers it as %d bytes, past max_mr_size %d", len(mem), head, length, d.caps.MaxMRSize)

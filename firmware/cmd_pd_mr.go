@@ -92,7 +92,8 @@ func (CreateMRRequest) Cmd() Cmd { return CmdCreateMR }
 // it keeps QEMU 7.2 inside the pages it maps (it registers Length bytes
 // from Start's in-page offset). QEMU also takes exactly ceil(Length/4096)
 // pages, which an unaligned MR spanning one page more breaks: the driver
-// registers such an MR to the end of its last page there (PD.register).
+// registers such an MR to the end of its last page there (vfrdma's
+// PD.register).
 // A fast-register MR is not supported.
 func (r CreateMRRequest) Validate() error {
 	const where = "CREATE_MR request"
