@@ -49,9 +49,8 @@
 // A CQ's solicited-only arming on a completion channel wakes for any
 // completion (a spurious event, which the verbs allow). ibv_destroy_cq
 // does not wait for unacknowledged events. MRs: the program's own memory,
-// any alignment, at its own address; until the root's PD.RegisterMRAt is
-// in, SGE and remote addresses are translated by key, which holds for
-// peers in the same process only.
+// any alignment, at its own address (PD.RegisterMRAt), or at an iova at
+// the same offset in its page (ibv_reg_mr_iova), as the kernel requires.
 //
 // # Threads
 //

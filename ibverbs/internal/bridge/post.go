@@ -104,7 +104,6 @@ func (qp *QP) RecvReqs() []RecvReq { return qp.recvs.reqs }
 func (qp *QP) PostSend(n int) (int, error) {
 	s := &qp.sends
 	ok, err := n, error(nil)
-	keys := &qp.ctx.keys
 	for i := range n {
 		r, w := &s.reqs[i], &s.wrs[i]
 		if err = qp.checkSend(r); err != nil {
@@ -125,10 +124,7 @@ func (qp *QP) PostSend(n int) (int, error) {
 		}
 		w.Imm = bits.ReverseBytes32(r.ImmBE)
 		w.SGEs = r.SGEs[:r.NumSGE]
-		for j := range w.SGEs {
-			w.SGEs[j].Addr = keys.translate(w.SGEs[j].LKey, w.SGEs[j].Addr)
-		}
-		w.RemoteAddr = keys.translate(r.RKey, r.RemoteAddr)
+		w.RemoteAddr = r.RemoteAddr
 		w.RKey, w.CompareAdd, w.Swap = r.RKey, r.CompareAdd, r.Swap
 		w.AH, w.RemoteQPN, w.RemoteQKey = nil, 0, 0
 		if qp.typ == QPTypeUD {
@@ -177,10 +173,10 @@ func (qp *QP) PostRecv(n int) (int, error) {
 	if qp.srq != nil {
 		return 0, fmt.Errorf("%w: the QP takes its receives from an SRQ", errInvalid)
 	}
-	return postRecv(&qp.recvs, &qp.ctx.keys, n, qp.qp.PostRecv)
+	return postRecv(&qp.recvs, n, qp.qp.PostRecv)
 }
 
-func postRecv(s *recvScratch, keys *keyTable, n int, post func([]vfrdma.RecvWR, vfrdma.PostFlags) (int, error)) (int, error) {
+func postRecv(s *recvScratch, n int, post func([]vfrdma.RecvWR, vfrdma.PostFlags) (int, error)) (int, error) {
 	ok, err := n, error(nil)
 	for i := range n {
 		r, w := &s.reqs[i], &s.wrs[i]
@@ -190,9 +186,6 @@ func postRecv(s *recvScratch, keys *keyTable, n int, post func([]vfrdma.RecvWR, 
 		}
 		w.WRID = r.WRID
 		w.SGEs = r.SGEs[:r.NumSGE]
-		for j := range w.SGEs {
-			w.SGEs[j].Addr = keys.translate(w.SGEs[j].LKey, w.SGEs[j].Addr)
-		}
 	}
 	if ok == 0 {
 		return 0, err
