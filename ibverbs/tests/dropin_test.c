@@ -146,6 +146,12 @@ static void test_mr(void)
 		CHECK("dereg_mr", ibv_dereg_mr(mr) == 0, "dereg");
 	mr = ibv_reg_mr(pd, raw, 100, 1 << 12);
 	CHECK("reg_mr with unknown access is EINVAL", !mr && errno == EINVAL, "errno %d", errno);
+	mr = ibv_reg_mr_iova(pd, raw + 3, 100, 0x10000 + ((uintptr_t)(raw + 3) & 0xfff), IBV_ACCESS_LOCAL_WRITE);
+	CHECK("reg_mr_iova at the memory's page offset", mr && mr->lkey, "errno %d", errno);
+	if (mr)
+		ibv_dereg_mr(mr);
+	mr = ibv_reg_mr_iova(pd, raw + 3, 100, 0x10000 + (((uintptr_t)(raw + 3) + 1) & 0xfff), IBV_ACCESS_LOCAL_WRITE);
+	CHECK("reg_mr_iova at another page offset is EINVAL", !mr && errno == EINVAL, "errno %d", errno);
 	free(raw);
 }
 
@@ -167,7 +173,7 @@ static void test_rc(void)
 
 	REQUIRE("rc create", cq && a && b, "errno %d", errno);
 	smr = ibv_reg_mr(pd, sbuf + 1, 4000, IBV_ACCESS_LOCAL_WRITE);
-	rmr = ibv_reg_mr(pd, rbuf + 5, 4000, IBV_ACCESS_LOCAL_WRITE);
+	rmr = ibv_reg_mr(pd, rbuf + 5, 4000, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
 	REQUIRE("rc mrs", smr && rmr, "errno %d", errno);
 
 	/* A post on a RESET QP: EINVAL, bad_wr at it. */
@@ -209,6 +215,25 @@ static void test_rc(void)
 		}
 	}
 	CHECK("rc data", memcmp(sbuf + 1, rbuf + 5, 4000) == 0, "data differs");
+
+	/* RDMA WRITE and READ name the peer's memory by its virtual address */
+	memset(rbuf + 5, 0, 4000);
+	ss[0] = (struct ibv_sge){ .addr = (uintptr_t)(sbuf + 11), .length = 333, .lkey = smr->lkey };
+	sw.num_sge = 1; sw.wr_id = 6; sw.opcode = IBV_WR_RDMA_WRITE;
+	sw.wr.rdma.remote_addr = (uintptr_t)(rbuf + 5 + 1234); sw.wr.rdma.rkey = rmr->rkey;
+	CHECK("post rdma write", ibv_post_send(a, &sw, &bad) == 0, "post");
+	n = poll_n(cq, wc, 1);
+	CHECK("rdma write lands at the peer's virtual address", n == 1 && wc[0].status == IBV_WC_SUCCESS &&
+	      wc[0].opcode == IBV_WC_RDMA_WRITE && memcmp(rbuf + 5 + 1234, sbuf + 11, 333) == 0,
+	      "n %d status %d opcode %d", n, n > 0 ? wc[0].status : -1, n > 0 ? wc[0].opcode : -1);
+	memset(sbuf + 2001, 0, 100);
+	ss[0] = (struct ibv_sge){ .addr = (uintptr_t)(sbuf + 2001), .length = 100, .lkey = smr->lkey };
+	sw.wr_id = 7; sw.opcode = IBV_WR_RDMA_READ; sw.wr.rdma.remote_addr = (uintptr_t)(rbuf + 5 + 1234);
+	CHECK("post rdma read", ibv_post_send(a, &sw, &bad) == 0, "post");
+	n = poll_n(cq, wc, 1);
+	CHECK("rdma read reads the peer's virtual address", n == 1 && wc[0].status == IBV_WC_SUCCESS &&
+	      wc[0].opcode == IBV_WC_RDMA_READ && memcmp(sbuf + 2001, sbuf + 11, 100) == 0, "n %d", n);
+	sw.opcode = IBV_WR_SEND;
 
 	/* errors: bad lkey, too many SGEs, a full queue; the ones before are posted */
 	{
