@@ -44,8 +44,11 @@
 //
 // # Limits
 //
-// The device has no inline data: a QP asking max_inline_data, or a send
-// with IBV_SEND_INLINE, is EINVAL. Address vectors need a GRH (RoCE).
+// The device has no inline data: a QP asking max_inline_data (up to 512
+// bytes) gets a registered ring of one slot per send queue entry, and an
+// IBV_SEND_INLINE request's bytes are copied there at post (the program
+// may reuse its buffer at once, as the verbs promise). Address vectors
+// need a GRH (RoCE).
 // A CQ's solicited-only arming on a completion channel wakes for any
 // completion (a spurious event, which the verbs allow). ibv_destroy_cq
 // does not wait for unacknowledged events. MRs: the program's own memory,

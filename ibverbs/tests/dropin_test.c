@@ -297,6 +297,59 @@ static void test_rc(void)
 	free(rbuf);
 }
 
+/* Inline sends: the bytes of unregistered memory, copied at post; the
+ * QP's max_inline_data is the limit. */
+static void test_inline(void)
+{
+	struct ibv_cq *cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+	struct ibv_qp_init_attr ia = { .send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC, .sq_sig_all = 1,
+		.cap = { .max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 2, .max_recv_sge = 1, .max_inline_data = 60 } };
+	struct ibv_qp *a = ibv_create_qp(pd, &ia), *b = make_qp(IBV_QPT_RC, cq, cq, NULL, 4, 1);
+	char *rbuf = malloc(4096), msg[200];
+	struct ibv_mr *mr = ibv_reg_mr(pd, rbuf, 4096, IBV_ACCESS_LOCAL_WRITE);
+	struct ibv_sge s[2], r;
+	struct ibv_send_wr sw, *bad;
+	struct ibv_recv_wr rw, *rbad;
+	struct ibv_wc wc[2];
+	int n, limit;
+
+	REQUIRE("inline qp", cq && a && b && mr && ia.cap.max_inline_data >= 60, "errno %d inline %u", errno,
+		ia.cap.max_inline_data);
+	limit = ia.cap.max_inline_data;
+	REQUIRE("inline connect", rc_connect(a, b->qp_num) == 0 && rc_connect(b, a->qp_num) == 0, "errno %d", errno);
+	for (int round = 0; round < 6; round++) { /* more rounds than slots */
+		for (int i = 0; i < limit; i++)
+			msg[i] = (char)(i + round);
+		memset(rbuf, 0, 4096);
+		r = (struct ibv_sge){ .addr = (uintptr_t)rbuf, .length = 4096, .lkey = mr->lkey };
+		memset(&rw, 0, sizeof(rw)); rw.sg_list = &r; rw.num_sge = 1;
+		ibv_post_recv(b, &rw, &rbad);
+		s[0] = (struct ibv_sge){ .addr = (uintptr_t)msg, .length = 10, .lkey = 0 };
+		s[1] = (struct ibv_sge){ .addr = (uintptr_t)(msg + 10), .length = limit - 10, .lkey = 0 };
+		memset(&sw, 0, sizeof(sw)); sw.sg_list = s; sw.num_sge = 2; sw.opcode = IBV_WR_SEND;
+		sw.send_flags = IBV_SEND_INLINE;
+		n = ibv_post_send(a, &sw, &bad);
+		memset(msg, 0xee, limit); /* the bytes were taken at post */
+		if (n == 0)
+			n = poll_n(cq, wc, 2);
+		for (int i = 0; i < limit; i++)
+			msg[i] = (char)(i + round);
+		if (n != 2 || memcmp(rbuf, msg, limit) != 0)
+			break;
+	}
+	CHECK("inline sends at max_inline_data carry their bytes", n == 2 && memcmp(rbuf, msg, limit) == 0, "n %d", n);
+	s[1].length = limit - 10 + 1;
+	CHECK("inline data one past max_inline_data is EINVAL", ibv_post_send(a, &sw, &bad) == EINVAL && bad == &sw, "past");
+	ia.cap.max_inline_data = 513;
+	CHECK("a QP asking more inline data than the drop-in takes is EINVAL", !ibv_create_qp(pd, &ia) && errno == EINVAL,
+	      "errno %d", errno);
+	ibv_destroy_qp(a);
+	ibv_destroy_qp(b);
+	ibv_destroy_cq(cq);
+	ibv_dereg_mr(mr);
+	free(rbuf);
+}
+
 /* The completion channel: poll(2) on its fd, ibv_get_cq_event, ack. */
 static void test_channel(void)
 {
@@ -576,6 +629,7 @@ int main(int argc, char **argv)
 	test_device();
 	test_mr();
 	test_rc();
+	test_inline();
 	test_channel();
 	test_ud();
 	test_srq();
