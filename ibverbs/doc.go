@@ -67,13 +67,18 @@
 //
 // # Signals
 //
-// Go's rules for c-shared libraries (os/signal, "Go programs that use cgo"
-// and "Non-Go programs that call Go code") hold: the runtime installs
-// handlers for the synchronous signals (SIGSEGV, SIGBUS, SIGFPE) and for
-// SIGURG (goroutine preemption) and SIGPIPE, with SA_ONSTACK, and forwards
-// to the program's own handler a signal that does not come from Go code;
-// the library calls no os/signal.Notify, so the handlers a program
-// installs for SIGINT, SIGTERM, SIGALRM, SIGUSR1 and the rest are the
-// ones that run. A program that installs handlers for the synchronous
-// signals must do so with SA_ONSTACK. The library never calls os.Exit.
+// Go's rules for c-shared libraries hold (os/signal, "Go programs that use
+// cgo or SWIG" and "Non-Go programs that call Go code"): when the library
+// loads, the runtime installs handlers for the synchronous signals
+// (SIGSEGV, SIGBUS, SIGFPE), SIGPIPE and SIGURG (goroutine preemption),
+// keeping the program's earlier handlers, which it calls for a synchronous
+// signal raised outside Go code. It installs no other handler (the library
+// calls no os/signal.Notify), so the program's handlers for SIGINT,
+// SIGTERM, SIGALRM, SIGUSR1 and the rest are the ones that run, installed
+// before or after the library loads (tests/dropin_test.c checks a signal
+// sent to the process and one raised in a thread). As Go requires of
+// every handler in a process that runs Go, a program's handler should be
+// installed with SA_ONSTACK: a signal sent to the process may land on one
+// of the library's threads, whose stacks are small. The library never
+// calls os.Exit and never changes a signal mask.
 package main

@@ -14,6 +14,7 @@ int ibv_query_gid_type(struct ibv_context *context, uint8_t port_num, unsigned i
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -417,7 +418,7 @@ static void test_channel(void)
 			nanosleep(&t, NULL);
 		}
 	}
-	r = ibv_get_cq_event(ch, &ev, &cqctx);
+	r = poll(&pfd, 1, 0) == 1 ? ibv_get_cq_event(ch, &ev, &cqctx) : -1;
 	CHECK("arming a CQ with completions fires at once", r == 0 && ev == cq1, "r %d", r);
 	ibv_ack_cq_events(cq1, 1);
 	poll_n(cq1, wc, 1);
@@ -597,6 +598,32 @@ static int bench(int iters, int batch)
 	return 0;
 }
 
+static volatile sig_atomic_t got_usr1, got_int;
+static void on_usr1(int sig) { (void)sig; got_usr1++; }
+static void on_int(int sig) { (void)sig; got_int++; }
+
+/* The program's own signal handlers run with the Go runtime loaded and
+ * running (its threads up): a signal sent to the process and one raised
+ * in a thread. */
+static void test_signals(void)
+{
+	struct sigaction sa;
+	struct timespec t = { 0, 10 * 1000 * 1000 };
+
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_handler = on_usr1;
+	sa.sa_flags = SA_ONSTACK | SA_RESTART;
+	sigaction(SIGUSR1, &sa, NULL);
+	sa.sa_handler = on_int;
+	sigaction(SIGINT, &sa, NULL);
+	kill(getpid(), SIGUSR1);
+	raise(SIGINT);
+	for (int i = 0; i < 6000 && !got_usr1; i++)
+		nanosleep(&t, NULL);
+	CHECK("a signal sent to the process reaches the program's handler", got_usr1 == 1, "got %d", (int)got_usr1);
+	CHECK("a signal raised in a thread reaches the program's handler", got_int == 1, "got %d", (int)got_int);
+}
+
 int main(int argc, char **argv)
 {
 	int num = 0;
@@ -627,6 +654,7 @@ int main(int argc, char **argv)
 		return bench(atoi(argv[2]), atoi(argv[3]));
 	}
 	test_device();
+	test_signals();
 	test_mr();
 	test_rc();
 	test_inline();
