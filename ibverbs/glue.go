@@ -379,6 +379,8 @@ func vfgoPollCQ(id C.uint32_t, ne C.int, wc *C.struct_vf_wc) C.int {
 	}
 	out := unsafe.Slice(wc, int(ne))
 	total := 0
+	cq.Lock()
+	defer cq.Unlock()
 	for total < len(out) {
 		got, err := cq.Poll(len(out) - total)
 		for i := range got {
@@ -557,6 +559,8 @@ func vfgoPostSend(id C.uint32_t, wr *C.struct_vf_send_wr, bad **C.struct_vf_send
 		*bad = wr
 		return C.int(syscall.EINVAL)
 	}
+	qp.LockSend()
+	defer qp.UnlockSend()
 	reqs := qp.SendReqs()
 	for wr != nil {
 		first := wr
@@ -611,6 +615,8 @@ func vfgoPostRecv(id C.uint32_t, wr *C.struct_ibv_recv_wr, bad **C.struct_ibv_re
 		*bad = wr
 		return C.int(syscall.EINVAL)
 	}
+	qp.LockRecv()
+	defer qp.UnlockRecv()
 	return postRecvList(qp.RecvReqs(), qp.PostRecv, wr, bad)
 }
 

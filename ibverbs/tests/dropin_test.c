@@ -665,6 +665,19 @@ int main(int argc, char **argv)
 	test_channel();
 	test_ud();
 	test_srq();
+	{
+		/* a second context closed with everything still in it */
+		struct ibv_context *c2 = ibv_open_device(list[0]);
+		struct ibv_pd *p2 = c2 ? ibv_alloc_pd(c2) : NULL;
+		struct ibv_cq *q2 = c2 ? ibv_create_cq(c2, 8, NULL, ibv_create_comp_channel(c2), 0) : NULL;
+		struct ibv_qp_init_attr ia = { .send_cq = q2, .recv_cq = q2, .qp_type = IBV_QPT_RC,
+			.cap = { .max_send_wr = 2, .max_recv_wr = 2, .max_send_sge = 1, .max_recv_sge = 1 } };
+		char *m = malloc(100);
+		REQUIRE("second context", c2 && p2 && q2 && ibv_create_qp(p2, &ia) && ibv_reg_mr(p2, m, 100, 0),
+			"errno %d", errno);
+		CHECK("close_device with its objects alive", ibv_close_device(c2) == 0, "close");
+		free(m);
+	}
 	CHECK("dealloc_pd", ibv_dealloc_pd(pd) == 0, "errno");
 	CHECK("close_device", ibv_close_device(ctx) == 0, "close");
 	ibv_free_device_list(list);

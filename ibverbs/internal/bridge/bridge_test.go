@@ -1,6 +1,7 @@
 package bridge
 
 import (
+	"fmt"
 	"syscall"
 	"testing"
 	"unsafe"
@@ -11,6 +12,7 @@ import (
 	"github.com/vfrdma/vfrdma"
 	"github.com/vfrdma/vfrdma/pci"
 	"github.com/vfrdma/vfrdma/pci/pcitest"
+	"github.com/vfrdma/vfrdma/vfio"
 )
 
 func openModel(t *testing.T) (*Context, *PD) {
@@ -56,6 +58,7 @@ func TestErrnoIsTheProvidersValue(t *testing.T) {
 	assert.Equal(t, syscall.EINVAL, Errno(vfrdma.ErrPrivileges))
 	assert.Equal(t, syscall.EBUSY, Errno(vfrdma.ErrBusy))
 	assert.Equal(t, syscall.EOPNOTSUPP, Errno(ErrUnsupported))
+	assert.Equal(t, syscall.EBUSY, Errno(fmt.Errorf("open 0000:03:00.1: %w", vfio.ErrBusy)), "a group another process holds")
 }
 
 func rcPair(t *testing.T, c *Context, pd *PD, sge int) (*CQ, *QP, *QP) {

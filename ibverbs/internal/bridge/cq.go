@@ -3,6 +3,7 @@ package bridge
 import (
 	"fmt"
 	"math/bits"
+	"sync"
 	"sync/atomic"
 	"unsafe"
 
@@ -42,6 +43,7 @@ type CQ struct {
 	fd   int // the CQ's own fd in its channel's epoll set, -1 without
 	wcs  []vfrdma.WC
 	out  []WC
+	mu   sync.Mutex   // the scratch's: the verbs let many threads poll one CQ
 	refs atomic.Int32 // QPs and SRQs using it
 
 	// completion events handed out (ibv_get_cq_event) and acknowledged
@@ -109,6 +111,10 @@ func (cq *CQ) Poll(max int) ([]WC, error) {
 	}
 	return cq.out[:n], err
 }
+
+// Lock and Unlock bracket a poll and the reading of its scratch.
+func (cq *CQ) Lock()   { cq.mu.Lock() }
+func (cq *CQ) Unlock() { cq.mu.Unlock() }
 
 // Capacity is the most one Poll returns.
 func (cq *CQ) Capacity() int { return len(cq.wcs) }

@@ -91,11 +91,16 @@ func (s *recvScratch) init(n, sge int) {
 
 // SendReqs is the scratch the cgo layer fills before PostSend: at most
 // len of it per call (the send queue's depth, which is the most one post
-// can take).
+// can take). LockSend and UnlockSend bracket filling it and posting.
 func (qp *QP) SendReqs() []SendReq { return qp.sends.reqs }
+func (qp *QP) LockSend()           { qp.sendMu.Lock() }
+func (qp *QP) UnlockSend()         { qp.sendMu.Unlock() }
 
-// RecvReqs is the scratch for PostRecv (nil for a QP of an SRQ).
+// RecvReqs is the scratch for PostRecv (nil for a QP of an SRQ), between
+// LockRecv and UnlockRecv.
 func (qp *QP) RecvReqs() []RecvReq { return qp.recvs.reqs }
+func (qp *QP) LockRecv()           { qp.recvMu.Lock() }
+func (qp *QP) UnlockRecv()         { qp.recvMu.Unlock() }
 
 // PostSend posts SendReqs()[:n] and returns how many were posted: the
 // requests before the first refused one. A refusal (too many SGEs, an
