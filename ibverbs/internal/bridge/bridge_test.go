@@ -155,3 +155,69 @@ func TestANonBlockingAsyncFDWithNoEventIsEAGAIN(t *testing.T) {
 	_, err := c.NextAsyncEvent()
 	assert.Equal(t, syscall.EAGAIN, Errno(err))
 }
+
+func TestPostAndPollAllocateNothing(t *testing.T) {
+	c, pd := openModel(t)
+	cq, a, b := rcPair(t, c, pd, 1)
+	gid := c.Dev.GID()
+	for _, p := range [][2]*QP{{a, b}, {b, a}} {
+		require.NoError(t, p[0].Modify(&QPAttr{State: StateInit, Port: 1}, MaskState|MaskPKeyIndex|MaskPort|MaskAccessFlags))
+		full := MaskState | MaskAV | MaskPathMTU | MaskDestQPN | MaskRQPSN | MaskMaxDestRDAtomic | MaskMinRNRTimer
+		require.NoError(t, p[0].Modify(&QPAttr{State: StateRTR, DestQPN: p[1].QPN(), AH: AHAttr{IsGlobal: true, DGID: gid, PortNum: 1}}, full))
+		require.NoError(t, p[0].Modify(&QPAttr{State: StateRTS}, MaskState|MaskSQPSN|MaskTimeout|MaskRetryCnt|MaskRNRRetry|MaskMaxQPRDAtomic))
+	}
+	buf := make([]byte, 4096)
+	addr := uint64(uintptr(unsafe.Pointer(&buf[0])))
+	mr, err := pd.RegMR(unsafe.Pointer(&buf[0]), len(buf), addr, 1)
+	require.NoError(t, err)
+	sge := vfrdma.SGE{Addr: addr, Length: 64, LKey: mr.LKey()}
+	round := func() {
+		b.LockRecv()
+		r := &b.RecvReqs()[0]
+		r.NumSGE, r.SGEs[0] = 1, sge
+		_, perr := b.PostRecv(1)
+		b.UnlockRecv()
+		a.LockSend()
+		s := &a.SendReqs()[0]
+		s.Opcode, s.NumSGE, s.SGEs[0] = WRSend, 1, sge
+		_, serr := a.PostSend(1)
+		a.UnlockSend()
+		if perr != nil || serr != nil {
+			panic(fmt.Sprint(perr, serr))
+		}
+		for got := 0; got < 2; {
+			cq.Lock()
+			w, err := cq.Poll(2 - got)
+			cq.Unlock()
+			if err != nil {
+				panic(err)
+			}
+			got += len(w)
+		}
+	}
+	// The same round through the driver alone: what the model's own work
+	// allocates (its goroutine's allocations count too).
+	wcs := make([]vfrdma.WC, 2)
+	rwr := []vfrdma.RecvWR{{SGEs: []vfrdma.SGE{sge}}}
+	swr := []vfrdma.SendWR{{SGEs: []vfrdma.SGE{sge}}}
+	direct := func() {
+		_, perr := b.qp.PostRecv(rwr, 0)
+		_, serr := a.qp.PostSend(swr, 0)
+		if perr != nil || serr != nil {
+			panic(fmt.Sprint(perr, serr))
+		}
+		for got := 0; got < 2; {
+			n, err := cq.cq.Poll(wcs[:2-got])
+			if err != nil {
+				panic(err)
+			}
+			got += n
+		}
+	}
+	round()
+	direct()
+	model := testing.AllocsPerRun(200, direct)
+	layer := testing.AllocsPerRun(200, round)
+	t.Logf("allocations per round: %v through the bridge, %v through the driver alone", layer, model)
+	assert.LessOrEqual(t, layer, model, "the bridge adds no allocation to the driver's round")
+}
