@@ -23,7 +23,11 @@
 //     no VFIO.
 //   - VFRDMA_DEVICE=<BDF>: of the pvrdma functions bound to vfio-pci, list
 //     only that one. Without it every one is listed, vfrdma0, vfrdma1, ...
-//     in PCI address order; none is an empty list, not an error.
+//     in PCI address order; none is an empty list, not an error. A function
+//     is one context at a time: a second ibv_open_device of it, in this
+//     process or another, is NULL with errno EBUSY. (On the model each
+//     ibv_open_device makes a model of its own: two contexts do not reach
+//     each other.)
 //   - VFRDMA_DEBUG=1: diagnostics (each refused verb's reason, the driver's
 //     debug log) on stderr. Without it the library never prints.
 //   - VFRDMA_SYSFS: the sysfs root the function scan reads (tests).

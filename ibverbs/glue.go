@@ -116,11 +116,6 @@ func vfgoAsyncFD(id C.uint32_t) C.int {
 	return C.int(c.AsyncFD())
 }
 
-//export vfgoNodeGUID
-func vfgoNodeGUID(index C.int) C.uint64_t {
-	return 0
-}
-
 //export vfgoQueryDevice
 func vfgoQueryDevice(id C.uint32_t, a *C.struct_ibv_device_attr) C.int {
 	c := bridge.ContextByID(uint32(id))
@@ -219,13 +214,15 @@ func vfgoQueryGID(id C.uint32_t, port, index C.int, gid *C.union_ibv_gid) C.int 
 	return 0
 }
 
+// vfgoGIDInfo returns 1 for RoCE v2 GIDs, 0 for v1, with the table's length.
+//
 //export vfgoGIDInfo
 func vfgoGIDInfo(id C.uint32_t, tblLen *C.int) C.int {
 	c := bridge.ContextByID(uint32(id))
 	if c == nil {
 		return -C.int(syscall.EINVAL)
 	}
-	*tblLen = C.int(c.DeviceAttr().MaxPKeys*0 + int(c.Dev.Caps().GIDTblLen))
+	*tblLen = C.int(c.Dev.Caps().GIDTblLen)
 	if c.RoCEv2() {
 		return 1
 	}

@@ -40,6 +40,29 @@ func TestWithNoBoundFunctionTheDeviceListIsEmptyNotAnError(t *testing.T) {
 	assert.Empty(t, devs)
 }
 
+func TestTheListHasTheVFIOBoundFunctionsInAddressOrderOrTheOneVFRDMADeviceNames(t *testing.T) {
+	s := pcitest.New(t)
+	s.AddDriver(t, "vfio-pci")
+	s.AddDriver(t, "vmw_pvrdma")
+	for _, f := range []pci.Function{
+		{Addr: pci.Addr{Bus: 0x0b, Slot: 0, Func: 1}, Driver: "vfio-pci", IOMMUGroup: 4},
+		{Addr: pci.Addr{Bus: 0x03, Slot: 0, Func: 1}, Driver: "vfio-pci", IOMMUGroup: 2},
+		{Addr: pci.Addr{Bus: 0x05, Slot: 0, Func: 1}, Driver: "vmw_pvrdma", IOMMUGroup: 3},
+	} {
+		f.Vendor, f.Device = 0x15ad, 0x0820
+		s.AddFunction(t, f)
+	}
+	devs, err := Devices(Env{Sysfs: s.Root})
+	require.NoError(t, err)
+	assert.Equal(t, []DeviceInfo{{Name: "vfrdma0", BDF: "0000:03:00.1"}, {Name: "vfrdma1", BDF: "0000:0b:00.1"}}, devs)
+	devs, err = Devices(Env{Sysfs: s.Root, Device: "0b:00.1"})
+	require.NoError(t, err)
+	assert.Equal(t, []DeviceInfo{{Name: "vfrdma0", BDF: "0000:0b:00.1"}}, devs)
+	devs, err = Devices(Env{Sysfs: s.Root, Device: "0000:05:00.1"})
+	require.NoError(t, err)
+	assert.Empty(t, devs, "a function the kernel driver holds is not listed")
+}
+
 func TestAModelOutsideV17ToV20IsRefused(t *testing.T) {
 	for _, ok := range []string{"v17", "v20", "qemu", "v18,rocev2"} {
 		_, err := ParseModel(ok)
