@@ -128,6 +128,14 @@ static void test_device(void)
 	ibv_query_gid(ctx, 1, 0, &gid0);
 	CHECK("query_gid_type", ibv_query_gid_type(ctx, 1, 0, &type) == 0 && type == 0, "type %u", type);
 	{
+		__be16 pkey = 0;
+		CHECK("query_pkey 0 is the default P_Key", ibv_query_pkey(ctx, 1, 0, &pkey) == 0 && ntohs(pkey) == 0xffff,
+		      "pkey %#x", ntohs(pkey));
+		CHECK("query_pkey past the one-entry table is EINVAL", ibv_query_pkey(ctx, 1, 1, &pkey) == -1 && errno == EINVAL,
+		      "errno %d", errno);
+		CHECK("get_pkey_index of the default P_Key", ibv_get_pkey_index(ctx, 1, htons(0xffff)) == 0, "index");
+	}
+	{
 		struct ibv_gid_entry e, tbl[8];
 		ssize_t n = ibv_query_gid_table(ctx, tbl, 8, 0);
 		CHECK("query_gid_ex", ibv_query_gid_ex(ctx, 1, 0, &e, 0) == 0 && e.gid_type == IBV_GID_TYPE_ROCE_V1 &&
