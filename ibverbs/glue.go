@@ -376,8 +376,6 @@ func vfgoPollCQ(id C.uint32_t, ne C.int, wc *C.struct_vf_wc) C.int {
 	}
 	out := unsafe.Slice(wc, int(ne))
 	total := 0
-	cq.Lock()
-	defer cq.Unlock()
 	for total < len(out) {
 		got, err := cq.Poll(len(out) - total)
 		for i := range got {
@@ -394,6 +392,7 @@ func vfgoPollCQ(id C.uint32_t, ne C.int, wc *C.struct_vf_wc) C.int {
 			o.pkey_index, o.slid, o.sl, o.dlid_path_bits = 0, 0, 0, 0
 		}
 		total += len(got)
+		cq.EndPoll()
 		if err != nil {
 			if total > 0 {
 				return C.int(total)
@@ -556,10 +555,8 @@ func vfgoPostSend(id C.uint32_t, wr *C.struct_vf_send_wr, bad **C.struct_vf_send
 		*bad = wr
 		return C.int(syscall.EINVAL)
 	}
-	qp.LockSend()
-	defer qp.UnlockSend()
-	reqs := qp.SendReqs()
 	for wr != nil {
+		reqs := qp.BeginSend()
 		first := wr
 		n := 0
 		for ; wr != nil && n < len(reqs); wr = wr.next {
@@ -612,9 +609,7 @@ func vfgoPostRecv(id C.uint32_t, wr *C.struct_ibv_recv_wr, bad **C.struct_ibv_re
 		*bad = wr
 		return C.int(syscall.EINVAL)
 	}
-	qp.LockRecv()
-	defer qp.UnlockRecv()
-	return postRecvList(qp.RecvReqs(), qp.PostRecv, wr, bad)
+	return postRecvList(qp.BeginRecv, qp.PostRecv, wr, bad)
 }
 
 //export vfgoPostSRQRecv
@@ -624,17 +619,19 @@ func vfgoPostSRQRecv(id C.uint32_t, wr *C.struct_ibv_recv_wr, bad **C.struct_ibv
 		*bad = wr
 		return C.int(syscall.EINVAL)
 	}
-	s.LockPost()
-	defer s.UnlockPost()
-	return postRecvList(s.RecvReqs(), s.PostRecv, wr, bad)
+	return postRecvList(s.BeginRecv, s.PostRecv, wr, bad)
 }
 
-func postRecvList(reqs []bridge.RecvReq, post func(int) (int, error), wr *C.struct_ibv_recv_wr, bad **C.struct_ibv_recv_wr) C.int {
-	if len(reqs) == 0 {
-		*bad = wr
-		return C.int(syscall.EINVAL)
-	}
+// postRecvList posts a receive list in runs of the scratch's length:
+// begin takes the scratch, post posts it and gives it back.
+func postRecvList(begin func() []bridge.RecvReq, post func(int) (int, error), wr *C.struct_ibv_recv_wr, bad **C.struct_ibv_recv_wr) C.int {
 	for wr != nil {
+		reqs := begin()
+		if len(reqs) == 0 { // a QP of an SRQ: PostRecv refuses it
+			_, err := post(0)
+			*bad = wr
+			return -neg(err)
+		}
 		first := wr
 		n := 0
 		for ; wr != nil && n < len(reqs); wr = wr.next {

@@ -14,6 +14,7 @@ int ibv_query_gid_type(struct ibv_context *context, uint8_t port_num, unsigned i
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -304,6 +305,66 @@ static void test_rc(void)
 	ibv_dereg_mr(rmr);
 	free(sbuf);
 	free(rbuf);
+}
+
+struct poster {
+	struct ibv_qp *qp;
+	struct ibv_sge *sge;
+	int first, n, failed;
+};
+
+static void *post_recvs(void *arg)
+{
+	struct poster *p = arg;
+
+	for (int i = 0; i < p->n; i++) {
+		struct ibv_recv_wr w = { .wr_id = (uint64_t)(p->first + i), .sg_list = p->sge, .num_sge = 1 }, *bad;
+		p->failed += ibv_post_recv(p->qp, &w, &bad) != 0;
+	}
+	return NULL;
+}
+
+/* Two threads post receives to one QP at once (the verbs allow it): every
+ * one is posted once, with its own wr_id. */
+static void test_threads(void)
+{
+	struct ibv_cq *cq = ibv_create_cq(ctx, 256, NULL, NULL, 0);
+	struct ibv_qp *a = make_qp(IBV_QPT_RC, cq, cq, NULL, 128, 1), *b = make_qp(IBV_QPT_RC, cq, cq, NULL, 128, 1);
+	char *buf = malloc(4096);
+	struct ibv_mr *mr = ibv_reg_mr(pd, buf, 4096, IBV_ACCESS_LOCAL_WRITE);
+	struct ibv_sge s = { .addr = (uintptr_t)buf, .length = 8, .lkey = mr ? mr->lkey : 0 };
+	struct poster p[2] = { { b, &s, 0, 64, 0 }, { b, &s, 64, 64, 0 } };
+	pthread_t t[2];
+	struct ibv_wc wc[256];
+	int seen[128] = { 0 }, n, recvs = 0, dup = 0;
+
+	REQUIRE("threads setup", cq && a && b && mr && rc_connect(a, b->qp_num) == 0 && rc_connect(b, a->qp_num) == 0,
+		"errno %d", errno);
+	for (int i = 0; i < 2; i++)
+		pthread_create(&t[i], NULL, post_recvs, &p[i]);
+	for (int i = 0; i < 2; i++)
+		pthread_join(t[i], NULL);
+	CHECK("receives posted from two threads at once", p[0].failed + p[1].failed == 0, "failed %d", p[0].failed + p[1].failed);
+	for (int i = 0; i < 128; i++) {
+		struct ibv_send_wr w = { .wr_id = 1000, .sg_list = &s, .num_sge = 1, .opcode = IBV_WR_SEND }, *bad;
+		if (ibv_post_send(a, &w, &bad) != 0)
+			break;
+		if (i % 32 == 31) { /* keep the send queue from filling */
+			int got = poll_n(cq, wc, 64);
+			for (int j = 0; j < got; j++)
+				if (wc[j].opcode == IBV_WC_RECV && wc[j].status == 0 && wc[j].wr_id < 128) {
+					dup += seen[wc[j].wr_id]++;
+					recvs++;
+				}
+		}
+	}
+	n = recvs;
+	CHECK("each receive completes once with its own wr_id", n == 128 && dup == 0, "recvs %d dup %d", n, dup);
+	ibv_destroy_qp(a);
+	ibv_destroy_qp(b);
+	ibv_destroy_cq(cq);
+	ibv_dereg_mr(mr);
+	free(buf);
 }
 
 /* Inline sends: the bytes of unregistered memory, copied at post; the
@@ -670,6 +731,7 @@ int main(int argc, char **argv)
 	test_mr();
 	test_rc();
 	test_inline();
+	test_threads();
 	test_channel();
 	test_ud();
 	test_srq();

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"syscall"
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/stretchr/testify/assert"
@@ -122,13 +123,13 @@ func TestAPostTakesSGEsUpToTheQPsMaxAndRefusesOnePast(t *testing.T) {
 	buf := make([]byte, 4096)
 	mr, err := pd.RegMR(unsafe.Pointer(&buf[1]), 100, uint64(uintptr(unsafe.Pointer(&buf[1]))), 1)
 	require.NoError(t, err)
-	reqs := a.RecvReqs()
+	require.NoError(t, a.Modify(&QPAttr{State: StateInit, Port: 1}, MaskState|MaskPKeyIndex|MaskPort|MaskAccessFlags))
+	reqs := a.BeginRecv()
 	for i := range 2 {
 		reqs[0].SGEs[i] = vfrdma.SGE{Addr: uint64(uintptr(unsafe.Pointer(&buf[1]))), Length: 8, LKey: mr.LKey()}
 	}
 	reqs[0].NumSGE = 2 // the limit
 	reqs[1] = RecvReq{NumSGE: 3, SGEs: reqs[1].SGEs}
-	require.NoError(t, a.Modify(&QPAttr{State: StateInit, Port: 1}, MaskState|MaskPKeyIndex|MaskPort|MaskAccessFlags))
 	n, err := a.PostRecv(2)
 	assert.Equal(t, 1, n, "the request at the limit is posted")
 	assert.Equal(t, syscall.EINVAL, Errno(err), "one past the limit is EINVAL")
@@ -137,7 +138,7 @@ func TestAPostTakesSGEsUpToTheQPsMaxAndRefusesOnePast(t *testing.T) {
 func TestAPostOnAResetQPIsEINVALAndPostsNothing(t *testing.T) {
 	c, pd := openModel(t)
 	_, a, _ := rcPair(t, c, pd, 1)
-	reqs := a.SendReqs()
+	reqs := a.BeginSend()
 	reqs[0] = SendReq{Opcode: WRSend, SGEs: reqs[0].SGEs}
 	n, err := a.PostSend(1)
 	assert.Equal(t, 0, n)
@@ -148,7 +149,7 @@ func TestPollAllocatesNothing(t *testing.T) {
 	c, _ := openModel(t)
 	cq, err := c.CreateCQ(16, nil)
 	require.NoError(t, err)
-	allocs := testing.AllocsPerRun(100, func() { _, _ = cq.Poll(32) })
+	allocs := testing.AllocsPerRun(100, func() { _, _ = cq.Poll(32); cq.EndPoll() })
 	assert.Zero(t, allocs)
 }
 
@@ -195,23 +196,18 @@ func TestPostAndPollAllocateNothing(t *testing.T) {
 	require.NoError(t, err)
 	sge := vfrdma.SGE{Addr: addr, Length: 64, LKey: mr.LKey()}
 	round := func() {
-		b.LockRecv()
-		r := &b.RecvReqs()[0]
+		r := &b.BeginRecv()[0]
 		r.NumSGE, r.SGEs[0] = 1, sge
 		_, perr := b.PostRecv(1)
-		b.UnlockRecv()
-		a.LockSend()
-		s := &a.SendReqs()[0]
+		s := &a.BeginSend()[0]
 		s.Opcode, s.NumSGE, s.SGEs[0] = WRSend, 1, sge
 		_, serr := a.PostSend(1)
-		a.UnlockSend()
 		if perr != nil || serr != nil {
 			panic(fmt.Sprint(perr, serr))
 		}
 		for got := 0; got < 2; {
-			cq.Lock()
 			w, err := cq.Poll(2 - got)
-			cq.Unlock()
+			cq.EndPoll()
 			if err != nil {
 				panic(err)
 			}
@@ -243,4 +239,51 @@ func TestPostAndPollAllocateNothing(t *testing.T) {
 	layer := testing.AllocsPerRun(200, round)
 	t.Logf("allocations per round: %v through the bridge, %v through the driver alone", layer, model)
 	assert.LessOrEqual(t, layer, model, "the bridge adds no allocation to the driver's round")
+}
+
+// The verbs let many threads post to one QP and poll one CQ: the scratch
+// a post fills is the caller's from BeginRecv to PostRecv (run with -race:
+// without the lock the detector reports the shared scratch).
+func TestPostsFromManyGoroutinesEachTakeTheScratchWhole(t *testing.T) {
+	c, pd := openModel(t)
+	cq, err := c.CreateCQ(256, nil)
+	require.NoError(t, err)
+	qp, err := pd.CreateQP(QPInit{Type: QPTypeRC, SendCQ: cq, RecvCQ: cq,
+		Cap: QPCap{MaxSendWR: 8, MaxRecvWR: 128, MaxSendSGE: 1, MaxRecvSGE: 1}})
+	require.NoError(t, err)
+	require.NoError(t, qp.Modify(&QPAttr{State: StateInit, Port: 1}, MaskState|MaskPKeyIndex|MaskPort|MaskAccessFlags))
+	buf := make([]byte, 4096)
+	addr := uint64(uintptr(unsafe.Pointer(&buf[0])))
+	mr, err := pd.RegMR(unsafe.Pointer(&buf[0]), len(buf), addr, 1)
+	require.NoError(t, err)
+	done := make(chan error, 2)
+	for g := range 2 {
+		go func() {
+			for i := range 64 {
+				reqs := qp.BeginRecv()
+				reqs[0].WRID = uint64(g*64 + i)
+				reqs[0].NumSGE, reqs[0].SGEs[0] = 1, vfrdma.SGE{Addr: addr, Length: 8, LKey: mr.LKey()}
+				if _, err := qp.PostRecv(1); err != nil {
+					done <- err
+					return
+				}
+			}
+			done <- nil
+		}()
+	}
+	require.NoError(t, <-done)
+	require.NoError(t, <-done)
+	require.NoError(t, qp.Modify(&QPAttr{State: StateErr}, MaskState))
+	seen := map[uint64]int{}
+	require.Eventually(t, func() bool {
+		w, err := cq.Poll(64)
+		for _, x := range w {
+			seen[x.WRID]++
+		}
+		cq.EndPoll()
+		return err == nil && len(seen) == 128
+	}, time.Minute, time.Millisecond, "every receive flushes")
+	for id, n := range seen {
+		assert.Equal(t, 1, n, "wr_id %d", id)
+	}
 }

@@ -84,9 +84,10 @@ func (cq *CQ) Entries() int { return cq.cq.Entries() }
 func (cq *CQ) Handle() uint32 { return cq.cq.Handle() }
 
 // Poll polls at most max completions (at most pollScratch) and returns
-// them, in the CQ's scratch: valid until the next Poll. It allocates
-// nothing.
+// them in the CQ's scratch, which stays locked (the verbs let many threads
+// poll one CQ) until EndPoll, which must follow. It allocates nothing.
 func (cq *CQ) Poll(max int) ([]WC, error) {
+	cq.mu.Lock()
 	if max > len(cq.wcs) {
 		max = len(cq.wcs)
 	}
@@ -112,9 +113,8 @@ func (cq *CQ) Poll(max int) ([]WC, error) {
 	return cq.out[:n], err
 }
 
-// Lock and Unlock bracket a poll and the reading of its scratch.
-func (cq *CQ) Lock()   { cq.mu.Lock() }
-func (cq *CQ) Unlock() { cq.mu.Unlock() }
+// EndPoll gives the scratch of the last Poll back.
+func (cq *CQ) EndPoll() { cq.mu.Unlock() }
 
 // Capacity is the most one Poll returns.
 func (cq *CQ) Capacity() int { return len(cq.wcs) }
