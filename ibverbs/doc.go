@@ -26,10 +26,13 @@
 //     in PCI address order; none is an empty list, not an error. A function
 //     is one context at a time: a second ibv_open_device of it, in this
 //     process or another, is NULL with errno EBUSY. (On the model each
-//     ibv_open_device makes a model of its own: two contexts do not reach
-//     each other.)
+//     ibv_open_device makes a model of its own: two contexts reach each
+//     other only on a fabric, VFRDMA_FABRIC.)
 //   - VFRDMA_DEBUG=1: diagnostics (each refused verb's reason, the driver's
 //     debug log) on stderr. Without it the library never prints.
+//   - VFRDMA_FABRIC=DIR, with VFRDMA_MODEL: the model joins the fabric of
+//     directory DIR (pvsim.JoinFabric), which the models of other
+//     processes naming it share: two programs on one host talk RDMA.
 //   - VFRDMA_SYSFS: the sysfs root the function scan reads (tests).
 //
 // # Errors

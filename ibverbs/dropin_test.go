@@ -1,12 +1,15 @@
 package main
 
 import (
+	"fmt"
+	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -105,4 +108,92 @@ func TestDropin(t *testing.T) {
 		out, _ = run(t, lib, []string{"VFRDMA_MODEL=v99", "VFRDMA_DEBUG=1"}, "ibv_devinfo")
 		assert.Contains(t, out, "vfrdma:", "VFRDMA_DEBUG=1 prints why the model is refused")
 	})
+}
+
+// listening reports whether a TCP socket listens on port (from
+// /proc/net/tcp and tcp6: connecting to learn it would be the server's
+// one connection).
+func listening(port int) bool {
+	for _, f := range []string{"/proc/net/tcp", "/proc/net/tcp6"} {
+		b, err := os.ReadFile(f)
+		if err != nil {
+			continue
+		}
+		for _, line := range strings.Split(string(b), "\n")[1:] {
+			fs := strings.Fields(line)
+			if len(fs) > 3 && fs[3] == "0A" && strings.HasSuffix(fs[1], fmt.Sprintf(":%04X", port)) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// freePort returns a TCP port nothing listens on now.
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// Unmodified verbs programs between two processes on the host, each with
+// its own device model (version 20) on one fabric directory
+// (VFRDMA_FABRIC): rdma-core's pingpongs (RC, UD, SRQ) and perftest,
+// whose one-sided programs (RDMA WRITE, READ, atomics) QEMU's device
+// cannot carry. Every program exits 0, and the directory is left empty.
+func TestVerbsProgramsRunBetweenTwoProcessesOnTheModelsFabric(t *testing.T) {
+	lib := buildDropin(t)
+	dir, err := os.MkdirTemp("", "vfab")
+	require.NoError(t, err)
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	env := []string{"VFRDMA_MODEL=v20", "VFRDMA_FABRIC=" + dir}
+	for _, tc := range []struct {
+		prog string
+		args []string
+		want string // in the client's output
+	}{
+		{"ibv_rc_pingpong", []string{"-g", "0", "-n", "100", "-s", "4096"}, "100 iters in"},
+		{"ibv_ud_pingpong", []string{"-g", "0", "-n", "100", "-s", "1024"}, "100 iters in"},
+		{"ibv_srq_pingpong", []string{"-g", "0", "-n", "100", "-q", "4"}, "100 iters in"},
+		{"ib_send_bw", []string{"-x", "0", "-n", "1000", "-s", "64"}, "MsgRate"},
+		{"ib_send_lat", []string{"-x", "0", "-n", "300", "-s", "64"}, "t_typical"},
+		{"ib_write_bw", []string{"-x", "0", "-n", "1000", "-s", "4096"}, "MsgRate"},
+		{"ib_read_lat", []string{"-x", "0", "-n", "300", "-s", "64"}, "t_typical"},
+		{"ib_atomic_bw", []string{"-x", "0", "-n", "500"}, "MsgRate"},
+	} {
+		t.Run(tc.prog, func(t *testing.T) {
+			if _, err := exec.LookPath(tc.prog); err != nil {
+				t.Fatalf("%s is not installed (make setup installs ibverbs-utils and perftest)", tc.prog)
+			}
+			port := freePort(t)
+			args := append(append([]string(nil), tc.args...), "-p", fmt.Sprint(port))
+			srv := exec.Command(tc.prog, args...)
+			srv.Env = append(append(os.Environ(), "LD_LIBRARY_PATH="+lib), env...)
+			var srvOut strings.Builder
+			srv.Stdout, srv.Stderr = &srvOut, &srvOut
+			require.NoError(t, srv.Start())
+			done := make(chan error, 1)
+			go func() { done <- srv.Wait() }()
+			t.Cleanup(func() {
+				_ = srv.Process.Kill()
+				<-done
+			})
+			require.Eventually(t, func() bool { return listening(port) }, time.Minute, 5*time.Millisecond, "the server never listened")
+			out, err := run(t, lib, env, tc.prog, append(args, "127.0.0.1")...)
+			require.NoError(t, err, "client: %s\nserver: %s", out, srvOut.String())
+			assert.Contains(t, out, tc.want)
+			select {
+			case err := <-done:
+				done <- err
+				require.NoError(t, err, "server: %s", srvOut.String())
+			case <-time.After(time.Minute):
+				t.Fatalf("the server did not end: %s", srvOut.String())
+			}
+		})
+	}
+	left, err := filepath.Glob(filepath.Join(dir, "*", "*"))
+	require.NoError(t, err)
+	assert.Empty(t, left, "every process left the fabric directory as it closed")
 }

@@ -46,6 +46,7 @@ type Context struct {
 	closing  atomic.Bool
 	attrOnce sync.Once
 	attr     DeviceAttr
+	fabric   *pvsim.Fabric // VFRDMA_FABRIC's, joined for the model; nil otherwise
 }
 
 var contexts table[Context]
@@ -68,15 +69,22 @@ func Open(info DeviceInfo, env Env) (*Context, error) {
 		if err != nil {
 			return nil, err
 		}
+		if env.Fabric != "" {
+			fab, err := pvsim.JoinFabric(env.Fabric)
+			if err != nil {
+				return nil, fmt.Errorf("%s=%s: %w", EnvFabric, env.Fabric, err)
+			}
+			cfg.Fabric, c.fabric = fab, fab
+		}
 		m, err := pvsim.New(cfg)
 		if err != nil {
-			return nil, err
+			return nil, errors.Join(err, c.closeFabric())
 		}
 		opts.SysfsRoot = ""
 		opts.StateDir = "-"
 		d, err := vfrdma.OpenFunction(m, opts)
 		if err != nil {
-			return nil, errors.Join(err, m.Close())
+			return nil, errors.Join(err, m.Close(), c.closeFabric())
 		}
 		c.Dev, c.model = d, m
 	} else {
@@ -103,7 +111,15 @@ func (c *Context) closeDevice() error {
 	if c.model != nil {
 		err = errors.Join(err, c.model.Close())
 	}
-	return err
+	return errors.Join(err, c.closeFabric())
+}
+
+// closeFabric leaves the fabric directory the context's model joined.
+func (c *Context) closeFabric() error {
+	if c.fabric == nil {
+		return nil
+	}
+	return c.fabric.Close()
 }
 
 // Close closes the device: what the program did not destroy goes with it.

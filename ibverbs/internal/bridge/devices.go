@@ -17,6 +17,10 @@ const (
 	EnvDevice = "VFRDMA_DEVICE" // a PCI address: list only that function
 	EnvDebug  = "VFRDMA_DEBUG"  // 1: diagnostics on stderr
 	EnvSysfs  = "VFRDMA_SYSFS"  // the sysfs root ("" means /sys); for tests
+	// EnvFabric, with EnvModel, puts the model on the fabric of a
+	// directory that the models of other processes naming it share
+	// (pvsim.JoinFabric): two programs on the host then talk RDMA.
+	EnvFabric = "VFRDMA_FABRIC"
 )
 
 // Env is what the library reads from its environment.
@@ -25,6 +29,7 @@ type Env struct {
 	Device string
 	Debug  bool
 	Sysfs  string
+	Fabric string
 }
 
 // EnvFrom reads the environment through getenv (os.Getenv).
@@ -35,6 +40,7 @@ func EnvFrom(getenv func(string) string) Env {
 		Device: strings.TrimSpace(getenv(EnvDevice)),
 		Debug:  d != "" && d != "0",
 		Sysfs:  getenv(EnvSysfs),
+		Fabric: strings.TrimSpace(getenv(EnvFabric)),
 	}
 }
 
