@@ -381,13 +381,9 @@ func (cq *CQ) poll(wcs []WC) (int, error) {
 	if err != nil {
 		return 0, cq.d.opErr("poll CQ", err)
 	}
-	if ready == 0 && cq.d.opt.PollDoorbell && cq.pollDue() {
-		cq.stats.Doorbells++
-		if err := doorbell.Ring(cq.d.uar, doorbell.OffsetCQ, doorbell.CQPoll|cq.handle); err != nil {
-			return 0, cq.d.opErr("poll CQ", err)
-		}
-		if ready, err = cq.cons.Ready(); err != nil {
-			return 0, cq.d.opErr("poll CQ", err)
+	if ready == 0 && cq.d.pollDB.Load() {
+		if ready, err = cq.pollDoorbell(); err != nil {
+			return 0, err
 		}
 	}
 	take := min(ready, len(wcs))
@@ -648,6 +644,28 @@ func (cq *CQ) emitFlushes(wcs []WC) int {
 	}
 	cq.stats.Flushed += uint64(n)
 	return n
+}
+
+// pollDoorbell is an empty poll's POLL doorbell (Options.PollDoorbell),
+// when due, and the ring's fill after it. StopPollDoorbell waits for the
+// polls counted in pollRinging: one that finds the doorbell stopped rings
+// nothing.
+func (cq *CQ) pollDoorbell() (int, error) {
+	d := cq.d
+	d.pollRinging.Add(1)
+	defer d.pollRinging.Add(-1)
+	if !d.pollDB.Load() || !cq.pollDue() {
+		return 0, nil
+	}
+	cq.stats.Doorbells++
+	if err := doorbell.Ring(d.uar, doorbell.OffsetCQ, doorbell.CQPoll|cq.handle); err != nil {
+		return 0, d.opErr("poll CQ", err)
+	}
+	ready, err := cq.cons.Ready()
+	if err != nil {
+		return 0, d.opErr("poll CQ", err)
+	}
+	return ready, nil
 }
 
 // pollDue reports whether an empty poll rings the POLL doorbell now: on

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"time"
 
 	"github.com/vfrdma/vfrdma/doorbell"
@@ -134,7 +135,20 @@ func (cq *CQ) readyOrArm() (bool, error) {
 // the big lock: a POLL doorbell beside any armed CQ can deadlock the VM.
 // rdma-core's provider polls with that doorbell and its programs never
 // arm unless asked to (-e).
-func (cq *CQ) pollOnly() bool { return cq.d.emulated && cq.d.opt.PollDoorbell }
+func (cq *CQ) pollOnly() bool { return cq.d.emulated && cq.d.pollDB.Load() }
+
+// StopPollDoorbell ends Options.PollDoorbell for the device, for good:
+// once it returns no empty poll rings the POLL doorbell (it waits for
+// those ringing it now), so on QEMU's device CQs may be armed from then
+// on (CQ.Armable). For a program that polls until it first wants an
+// interrupt, as the libibverbs drop-in's programs do: the doorbell until
+// ibv_req_notify_cq, interrupts after. Safe for concurrent use.
+func (d *Device) StopPollDoorbell() {
+	d.pollDB.Store(false)
+	for d.pollRinging.Load() != 0 {
+		runtime.Gosched()
+	}
+}
 
 // pollWait is Wait without the interrupt: the POLL doorbell, then a pause
 // that doubles from 20 µs to 1 ms, until the CQ holds something or ctx is

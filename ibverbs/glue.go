@@ -464,10 +464,12 @@ func qpAttrFromC(a *C.struct_ibv_qp_attr) bridge.QPAttr {
 		AH: ahFromC(ah)}
 }
 
+// ahFromC reads an address vector. The flow label is 20 bits; the bits
+// above them are ignored, as providers do (UCX sets them).
 func ahFromC(ah *C.struct_ibv_ah_attr) bridge.AHAttr {
 	return bridge.AHAttr{IsGlobal: ah.is_global != 0, DGID: *(*[16]byte)(unsafe.Pointer(&ah.grh.dgid)),
 		SGIDIndex: int(ah.grh.sgid_index), HopLimit: uint8(ah.grh.hop_limit), TrafficClass: uint8(ah.grh.traffic_class),
-		FlowLabel: uint32(ah.grh.flow_label), PortNum: int(ah.port_num)}
+		FlowLabel: uint32(ah.grh.flow_label) & 0xFFFFF, PortNum: int(ah.port_num)}
 }
 
 //export vfgoModifyQP
@@ -555,6 +557,7 @@ func vfgoPostSend(id C.uint32_t, wr *C.struct_vf_send_wr, bad **C.struct_vf_send
 		*bad = wr
 		return C.int(syscall.EINVAL)
 	}
+	ud := qp.UD()
 	for wr != nil {
 		reqs := qp.BeginSend()
 		first := wr
@@ -578,6 +581,9 @@ func vfgoPostSend(id C.uint32_t, wr *C.struct_vf_send_wr, bad **C.struct_vf_send
 			case bridge.WRAtomicCmpSwp, bridge.WRAtomicFetchAdd:
 				r.RKey = uint32(wr.w3)
 			case bridge.WRSend, bridge.WRSendWithImm:
+				if !ud {
+					break // the union is the RDMA address and rkey, unused
+				}
 				if wr.w0 != 0 {
 					r.AH = uint32((*C.struct_vf_ah)(*(*unsafe.Pointer)(unsafe.Pointer(&wr.w0))).id)
 				}

@@ -209,6 +209,10 @@ static void test_rc(void)
 	ss[0] = (struct ibv_sge){ .addr = (uintptr_t)(sbuf + 1), .length = 1000, .lkey = smr->lkey };
 	ss[1] = (struct ibv_sge){ .addr = (uintptr_t)(sbuf + 1001), .length = 3000, .lkey = smr->lkey };
 	sw.num_sge = 2; sw.wr_id = 5; sw.opcode = IBV_WR_SEND_WITH_IMM; sw.imm_data = htonl(0x01020304);
+	/* An RC SEND's union holds what the program left there (UCX leaves an
+	 * RDMA address): it is not a UD address handle and is never read. */
+	sw.wr.ud.ah = (struct ibv_ah *)(uintptr_t)0x10;
+	sw.wr.ud.remote_qpn = 0xdead;
 	CHECK("post_send", ibv_post_send(a, &sw, &bad) == 0, "post_send");
 	n = poll_n(cq, wc, 2);
 	CHECK("rc completions", n == 2, "n %d", n);
@@ -527,6 +531,14 @@ static void test_ud(void)
 	aha.is_global = 0;
 	CHECK("an AH without a GRH is EINVAL", !ibv_create_ah(pd, &aha) && errno == EINVAL, "errno %d", errno);
 	aha.is_global = 1;
+	/* The flow label is 20 bits; UCX passes it in the 32-bit field with
+	 * the high bits set: they are ignored, as providers do. */
+	aha.grh.flow_label = 0xffffffff;
+	ah = ibv_create_ah(pd, &aha);
+	CHECK("create_ah with a flow label's high bits set", ah != NULL, "errno %d", errno);
+	if (ah)
+		ibv_destroy_ah(ah);
+	aha.grh.flow_label = 0;
 	ah = ibv_create_ah(pd, &aha);
 	REQUIRE("create_ah", ah, "errno %d", errno);
 	memset(buf, 0, 8192);

@@ -287,3 +287,29 @@ func TestPostsFromManyGoroutinesEachTakeTheScratchWhole(t *testing.T) {
 		assert.Equal(t, 1, n, "wr_id %d", id)
 	}
 }
+
+// On QEMU's device a context polls with the POLL doorbell (an empty poll
+// rings it, as rdma-core's provider does) until the program first asks
+// for an interrupt: ibv_req_notify_cq then stops the doorbell and arms
+// the CQ, where the driver alone refuses to arm beside the doorbell.
+func TestTheFirstReqNotifyOnQEMUStopsThePollDoorbellAndArms(t *testing.T) {
+	env := Env{Model: "qemu"}
+	devs, err := Devices(env)
+	require.NoError(t, err)
+	c, err := Open(devs[0], env)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = c.Close() })
+	cq, err := c.CreateCQ(16, nil)
+	require.NoError(t, err)
+	_, err = cq.Poll(4)
+	require.NoError(t, err)
+	cq.EndPoll()
+	assert.NotZero(t, cq.cq.Stats().Doorbells, "an empty poll rang the POLL doorbell")
+	require.NoError(t, cq.ReqNotify(false))
+	assert.True(t, cq.cq.Armable())
+	rung := cq.cq.Stats().Doorbells
+	_, err = cq.Poll(4)
+	require.NoError(t, err)
+	cq.EndPoll()
+	assert.Equal(t, rung, cq.cq.Stats().Doorbells, "no POLL doorbell after it")
+}

@@ -58,7 +58,12 @@ func ContextByID(id uint32) *Context { return contexts.get(id) }
 // the PCI function through VFIO. A function another process holds is an
 // error with Errno EBUSY.
 func Open(info DeviceInfo, env Env) (*Context, error) {
-	opts := &vfrdma.Options{SysfsRoot: env.Sysfs}
+	// An empty poll rings the POLL doorbell, as rdma-core's provider does:
+	// on QEMU it harvests the backend's completions at once, where a
+	// program spinning on ibv_poll_cq without it starves the emulated
+	// device (t_typical 2.1 ms against 126 µs, ib_send_lat 64 B). The
+	// program's first ibv_req_notify_cq stops it (CQ.ReqNotify).
+	opts := &vfrdma.Options{SysfsRoot: env.Sysfs, PollDoorbell: true}
 	if env.Debug {
 		opts.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}

@@ -196,6 +196,11 @@ func (pd *PD) CreateQP(in QPInit) (*QP, error) {
 }
 
 // QPN is the QP's number; Cap what it was created with.
+// UD reports whether the QP is a UD QP: only a UD send's request carries
+// an address handle, a remote QPN and a Q_Key (the union holds the RDMA
+// address and rkey otherwise).
+func (qp *QP) UD() bool { return qp.typ == QPTypeUD }
+
 func (qp *QP) QPN() uint32    { return qp.qp.QPN() }
 func (qp *QP) Cap() QPCap     { return qp.cap }
 func (qp *QP) Handle() uint32 { return qp.QPN() }
