@@ -4,6 +4,7 @@
 #   make test       set up, then every test: host, backend, in-guest
 #   make setup      Debian packages and the guest kernel (idempotent)
 #   make softverbs  the software RDMA backend QEMU loads (build/softverbs)
+#   make dropin     the libibverbs.so.1 drop-in over the driver (build/vfrdma)
 
 SHELL   := /bin/bash
 GO      ?= go
@@ -11,7 +12,9 @@ OUT     := $(CURDIR)/build
 SV_OUT  := $(OUT)/softverbs
 PVVM    := $(GO) run ./cmd/pvvm
 
-.PHONY: all setup softverbs test test-host test-backend test-guest demo clean
+DROPIN  := $(OUT)/vfrdma/libibverbs.so.1
+
+.PHONY: all setup softverbs dropin test test-host test-backend test-guest demo clean
 
 all: softverbs
 	$(GO) build ./...
@@ -21,6 +24,13 @@ setup:
 
 softverbs:
 	@$(MAKE) -s -C qemu/softverbs OUT=$(SV_OUT)
+
+# The drop-in: cgo's c-shared library with the ABI's symbol map and soname
+# (ibverbs/doc.go). Go decides whether it is up to date.
+dropin:
+	@mkdir -p $(dir $(DROPIN))
+	$(GO) build -buildmode=c-shared -ldflags '-extldflags "-Wl,--version-script=$(CURDIR)/verbsabi/libibverbs.map -Wl,-soname,libibverbs.so.1 -Wl,-z,now"' -o $(DROPIN) ./ibverbs
+	@rm -f $(basename $(DROPIN)).h $(DROPIN:.1=.h)
 
 test: setup softverbs
 	@bash scripts/test.sh

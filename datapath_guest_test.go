@@ -31,3 +31,7 @@ func TestFlushesFollowTheDevicesCompletionsAcrossShortPolls(t *testing.T) {
 func TestCloseFlushesEachSendOutstandingOnceFromOneToTheQueueDepth(t *testing.T) {
 	suiteCloseFlushesEachSendOutstandingOnceFromOneToTheQueueDepth(t, openGuest(t))
 }
+
+func TestRegisterMRAtCarriesUnalignedMemoryByteForByte(t *testing.T) {
+	suiteRegisterMRAtCarriesUnalignedMemoryByteForByte(t, openGuest(t))
+}

@@ -33,6 +33,7 @@ var dataPathSuite = []struct {
 	{"UnsignaledSendsCompleteOnTime", suiteUnsignaledSendsCompleteOnTime},
 	{"FlushesFollowTheDevicesCompletionsAcrossShortPolls", suiteFlushesFollowTheDevicesCompletionsAcrossShortPolls},
 	{"CloseFlushesEachSendOutstandingOnceFromOneToTheQueueDepth", suiteCloseFlushesEachSendOutstandingOnceFromOneToTheQueueDepth},
+	{"RegisterMRAtCarriesUnalignedMemoryByteForByte", suiteRegisterMRAtCarriesUnalignedMemoryByteForByte},
 }
 
 // pair is two connected QPs of one device with their CQs and buffers.

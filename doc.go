@@ -41,7 +41,7 @@
 //     retries); Device.Close shuts such objects all the same before it
 //     unmaps anything, and last runs the functions Device.AfterClose
 //     registered: memory of the caller's own that an MR the device kept
-//     registered (RegisterMR) may be freed there.
+//     registered (RegisterMR, RegisterMRAt) may be freed there.
 //   - Device.Close waits for the control calls under way (an object created
 //     meanwhile is destroyed with the rest), so it leaks nothing.
 //

@@ -4,7 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
+	"math"
 	"sync"
 
 	"github.com/vfrdma/vfrdma/firmware"
@@ -54,12 +54,15 @@ type MR struct {
 	lkey   uint32
 	rkey   uint32
 	access Access
-	addr   uint64 // the MR's address space base (its IOVA)
+	addr   uint64 // the address of mem[0] in the MR's address space
 	mem    []byte
 	own    *vfio.DMABuffer // AllocMR's memory, or nil
-	mapped bool            // RegisterMR mapped mem at addr itself
-	pdir   *vfio.DMABuffer // directory and tables
-	region wq.Region       // what the post path checks SGEs against
+	// mapLen bytes at IOVA mapIOVA: the pages holding mem, which
+	// RegisterMR(At) mapped itself; mapLen is 0 otherwise.
+	mapIOVA uint64
+	mapLen  int
+	pdir    *vfio.DMABuffer // directory and tables
+	region  wq.Region       // what the post path checks SGEs against
 
 	mu     sync.Mutex
 	closed bool
@@ -84,7 +87,7 @@ func (pd *PD) AllocMR(ctx context.Context, size int, access Access) (*MR, error)
 	if err != nil {
 		return nil, d.opErr(op, err)
 	}
-	mr, err := pd.register(ctx, buf.Mem[:size], buf.IOVA, access)
+	mr, err := pd.register(ctx, buf.Mem[:size], buf.IOVA, buf.IOVA, access)
 	if err != nil {
 		buf.Close()
 		return nil, d.opErr(op, err)
@@ -93,11 +96,51 @@ func (pd *PD) AllocMR(ctx context.Context, size int, access Access) (*MR, error)
 	return mr, nil
 }
 
-// RegisterMR registers the caller's memory. It must start on a page
-// boundary and stay valid, mapped and unmoved until the MR is closed:
-// memory from the caller's own mmap, for example. The driver maps it in the
-// IOMMU at an IOVA of its own; the device pins its pages.
+// RegisterMR registers the caller's memory at an address of the driver's
+// choosing: Addr() is the IOVA the driver maps it at. mem must start on a
+// page boundary (RegisterMRAt takes any alignment) and stay valid, mapped
+// and unmoved until the MR is closed: memory from the caller's own mmap,
+// for example. The device pins its pages.
 func (pd *PD) RegisterMR(ctx context.Context, mem []byte, access Access) (*MR, error) {
+	return pd.registerUser(ctx, mem, 0, true, access)
+}
+
+// RegisterMRAt registers the caller's memory, of any alignment and of 1 to
+// the device's max_mr_size bytes, at address addr: Addr() is addr, and an
+// SGE {Addr: addr+off, Length: n, LKey: LKey()} names mem[off:off+n]; peers'
+// one-sided operations name it by addr with RKey(). libibverbs' ibv_reg_mr
+// passes the memory's own virtual address, ibv_reg_mr_iova its iova.
+//
+// addr must lie at the same offset in a 4 KiB page as mem[0] (the device
+// reaches the MR through a list of 4 KiB pages that starts with the page
+// holding mem[0], and places addr at its own in-page offset there: a
+// virtual address always does), and addr+len(mem) must not pass 2^64;
+// otherwise ErrInvalid.
+//
+// The IOMMU maps whole pages, so the pages holding mem's first and last
+// bytes are mapped whole, beyond mem's ends: those bytes must stay valid,
+// mapped and unmoved until the MR is closed, like mem itself (the device
+// reaches only mem through the MR's keys). Memory from the C heap or the
+// caller's mmap qualifies; so does a slice of the Go heap while the caller
+// keeps it reachable (Go does not move heap objects, and the page holding
+// a live object stays mapped), its pages then pinned for the MR's life.
+// Several MRs may share a page (many small buffers of one allocator): each
+// maps it at an IOVA of its own (VFIO's IOMMU refuses only overlapping
+// IOVA ranges, not a page mapped twice), and under VFIO each mapping
+// counts against the locked-memory limit.
+//
+// On QEMU 7.2's device an MR's pages must number its length in pages
+// (pvrdma-device.md, CREATE_MR's nchunks), which an unaligned buffer
+// spanning one page more breaks: there the driver registers it up to the
+// end of its last page on the device (QEMU grants no remote access, so
+// only the local checks, which keep to len(mem), bound it).
+func (pd *PD) RegisterMRAt(ctx context.Context, mem []byte, addr uint64, access Access) (*MR, error) {
+	return pd.registerUser(ctx, mem, addr, false, access)
+}
+
+// registerUser is RegisterMR (atIOVA: at the IOVA it maps mem at, which
+// must be page-aligned) and RegisterMRAt (at addr).
+func (pd *PD) registerUser(ctx context.Context, mem []byte, addr uint64, atIOVA bool, access Access) (*MR, error) {
 	d := pd.d
 	const op = "register MR"
 	if err := pd.enter(); err != nil {
@@ -113,22 +156,37 @@ func (pd *PD) RegisterMR(ctx context.Context, mem []byte, access Access) (*MR, e
 	if err := checkAccess(access); err != nil {
 		return nil, d.opErr(op, err)
 	}
-	if !pageAligned(mem) {
-		return nil, d.opErr(op, invalidf("memory does not start on a page boundary (AllocMR gives memory that does)"))
+	va := uint64(memAddr(mem))
+	if atIOVA {
+		if !pageAligned(mem) {
+			return nil, d.opErr(op, invalidf("memory does not start on a page boundary (AllocMR gives memory that does; RegisterMRAt takes any)"))
+		}
+	} else {
+		if uint64(len(mem))-1 > math.MaxUint64-addr {
+			return nil, d.opErr(op, invalidf("MR of %d bytes at address %#x passes 2^64: give a lower address", len(mem), addr))
+		}
+		if addr%firmware.PageSize != va%firmware.PageSize {
+			return nil, d.opErr(op, invalidf("address %#x lies at offset %#x of its 4 KiB page, the memory at %#x: give an address at the memory's offset (its virtual address does)",
+				addr, addr%firmware.PageSize, va%firmware.PageSize))
+		}
 	}
-	span := pageSpan(len(mem))
-	// The IOMMU maps whole pages: the tail of the last page goes with it
-	// (the device still reaches only the MR's length through its key).
-	iova, err := d.fn.MapDMA(wholePages(mem, span))
+	pages := hostPages(mem)
+	iova, err := d.fn.MapDMA(pages)
 	if err != nil {
 		return nil, d.opErr(op, err)
 	}
-	mr, err := pd.register(ctx, mem, iova, access)
+	// The IOVA of mem[0], and of the 4 KiB page holding it (the host's
+	// pages may be larger than the device's).
+	at := iova + (va - uint64(memAddr(pages)))
+	if atIOVA {
+		addr = at
+	}
+	mr, err := pd.register(ctx, mem, addr, at&^(firmware.PageSize-1), access)
 	if err != nil {
-		d.fn.UnmapDMA(iova, int(span))
+		d.fn.UnmapDMA(iova, len(pages))
 		return nil, d.opErr(op, err)
 	}
-	mr.mapped = true
+	mr.mapIOVA, mr.mapLen = iova, len(pages)
 	return mr, nil
 }
 
@@ -139,11 +197,32 @@ func (d *Device) checkMRSize(n uint64) error {
 	return nil
 }
 
-// register writes the page directory of mem (mapped at iova, page-aligned)
-// and creates the MR on the device.
-func (pd *PD) register(ctx context.Context, mem []byte, iova uint64, access Access) (*MR, error) {
+// register writes the page directory of mem, whose first 4 KiB page is at
+// IOVA page (the rest follow it), and creates the MR on the device with
+// Start = addr and the pages from the one holding mem[0] to the one holding
+// its last byte. That is how the devices reach it: QEMU 7.2 maps the
+// pages listed into one host range and registers its backend MR at that
+// range plus Start's in-page offset, with iova Start (rdma_rm_alloc_mr);
+// Linux's vmw_pvrdma creates a user MR with start = the memory's virtual
+// address and the pages of its memory from the one holding its first byte
+// (pvrdma_reg_user_mr); pvsim reads an SGE's address a at byte
+// a - Start + Start mod 4096 of the pages (mrAccess). So addr must sit at
+// mem[0]'s offset in its page, which the callers check.
+func (pd *PD) register(ctx context.Context, mem []byte, addr, page uint64, access Access) (*MR, error) {
 	d := pd.d
-	npages := (len(mem) + firmware.PageSize - 1) / firmware.PageSize
+	head := int(addr % firmware.PageSize)
+	npages := (head + len(mem) + firmware.PageSize - 1) / firmware.PageSize
+	length := uint64(len(mem))
+	if d.emulated && npages != (len(mem)+firmware.PageSize-1)/firmware.PageSize {
+		// QEMU 7.2 takes exactly ceil(length/4096) pages
+		// (pvrdma_map_to_pdir, since CVE-2021-3582's fix) and registers
+		// length bytes from Start's in-page offset: registering to the end
+		// of the last page keeps both.
+		length = uint64(npages*firmware.PageSize - head)
+		if length > d.caps.MaxMRSize {
+			return nil, invalidf("MR of %d bytes at page offset %#x: QEMU registers it as %d bytes, past max_mr_size %d", len(mem), head, length, d.caps.MaxMRSize)
+		}
+	}
 	ntables := firmware.TablesFor(npages)
 	pdir, err := d.fn.AllocDMA((1+ntables)*firmware.PageSize, false)
 	if err != nil {
@@ -151,7 +230,7 @@ func (pd *PD) register(ctx context.Context, mem []byte, iova uint64, access Acce
 	}
 	pages := make([]uint64, npages)
 	for i := range pages {
-		pages[i] = iova + uint64(i*firmware.PageSize)
+		pages[i] = page + uint64(i*firmware.PageSize)
 	}
 	pg := func(i int) firmware.Page { return bufPage(pdir, i) }
 	tables := make([]firmware.Page, ntables)
@@ -163,8 +242,8 @@ func (pd *PD) register(ctx context.Context, mem []byte, iova uint64, access Acce
 		return nil, err
 	}
 	resp, err := d.ch.CreateMR(ctx, firmware.CreateMRRequest{
-		Start:       iova,
-		Length:      uint64(len(mem)),
+		Start:       addr,
+		Length:      length,
 		PDirDMA:     pdir.IOVA,
 		PDHandle:    pd.handle,
 		AccessFlags: uint32(access),
@@ -174,7 +253,7 @@ func (pd *PD) register(ctx context.Context, mem []byte, iova uint64, access Acce
 		pdir.Close()
 		return nil, err
 	}
-	mr := &MR{pd: pd, handle: resp.MRHandle, lkey: resp.LKey, rkey: resp.RKey, access: access, addr: iova, mem: mem, pdir: pdir}
+	mr := &MR{pd: pd, handle: resp.MRHandle, lkey: resp.LKey, rkey: resp.RKey, access: access, addr: addr, mem: mem, pdir: pdir}
 	d.journal.add(kindMR, mr.handle)
 	if err := d.addMR(mr); err != nil {
 		d.ch.DestroyMR(ctx, mr.handle)
@@ -250,14 +329,8 @@ func (mr *MR) destroy(ctx context.Context) error {
 	switch {
 	case mr.own != nil:
 		err = errors.Join(err, mr.own.Close())
-	case mr.mapped:
-		err = errors.Join(err, d.fn.UnmapDMA(mr.addr, int(pageSpan(len(mr.mem)))))
+	case mr.mapLen > 0:
+		err = errors.Join(err, d.fn.UnmapDMA(mr.mapIOVA, mr.mapLen))
 	}
 	return err
-}
-
-// pageSpan rounds n up to whole pages.
-func pageSpan(n int) uint64 {
-	page := uint64(os.Getpagesize())
-	return (uint64(n) + page - 1) &^ (page - 1)
 }

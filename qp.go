@@ -591,6 +591,22 @@ func (qp *QP) Init(ctx context.Context) error {
 	return qp.d.opErr("modify QP", qp.modify(ctx, StateInit, mask, nil, 0, StateReset, StateInit))
 }
 
+// SetQKey sets a UD QP's Q_Key (QPConfig.QKey) while it is in RESET or
+// INIT; Init takes it to the device. It is how libibverbs' order is
+// served, where the Q_Key comes with the move to INIT, after creation.
+func (qp *QP) SetQKey(qkey uint32) error {
+	qp.mu.Lock()
+	defer qp.mu.Unlock()
+	if qp.closed {
+		return qp.d.opErr("modify QP", qp.errClosed())
+	}
+	if st := qp.State(); qp.typ != UD || (st != StateReset && st != StateInit) {
+		return qp.d.opErr("modify QP", fmt.Errorf("%w: %v QP %d in %v takes no Q_Key (UD, in RESET or INIT, does)", ErrQPState, qp.typ, qp.qpn, st))
+	}
+	qp.qkey = qkey
+	return nil
+}
+
 // ReadyToReceive moves the QP from INIT to RTR. An RC QP is connected to
 // r here; a UD QP takes no remote (r is ignored).
 func (qp *QP) ReadyToReceive(ctx context.Context, r Remote) error {

@@ -84,10 +84,17 @@ type CreateMRRequest struct {
 // Cmd implements Request.
 func (CreateMRRequest) Cmd() Cmd { return CmdCreateMR }
 
-// Validate checks the rules QEMU 7.2 enforces or depends on: for a
-// page-backed MR, a page-aligned directory, NChunks == ceil(Length/4096)
-// exactly, and (Start mod 4096) + Length within those pages; a fast-register
-// MR is not supported.
+// Validate checks, for a page-backed MR, a page-aligned directory and
+// NChunks == the pages the MR spans: from the page holding Start to the one
+// holding its last byte, ceil((Start mod 4096 + Length) / 4096). That is
+// what Linux's vmw_pvrdma sends for a user MR (the pages of the user's
+// memory from the one holding its first byte, with start its address), and
+// it keeps QEMU 7.2 inside the pages it maps (it registers Length bytes
+// from Start's in-page offset). QEMU also takes exactly ceil(Length/4096)
+// pages, which an unaligned MR spanning one page more breaks: the driver
+// registers such an MR to the end of its last page there (vfrdma's
+// PD.register).
+// A fast-register MR is not supported.
 func (r CreateMRRequest) Validate() error {
 	const where = "CREATE_MR request"
 	if r.Flags&MRFlagDMA != 0 {
@@ -102,12 +109,12 @@ func (r CreateMRRequest) Validate() error {
 	if r.Length == 0 || r.Length > MaxPageDirPages*PageSize {
 		return invalid(where, "length", r.Length, fmt.Sprintf("1..%d", MaxPageDirPages*PageSize))
 	}
-	pages := (r.Length + PageSize - 1) / PageSize
-	if uint64(r.NChunks) != pages {
-		return invalid(where, "nchunks", uint64(r.NChunks), fmt.Sprintf("%d (length rounded up to pages)", pages))
+	pages := (r.Start%PageSize + r.Length + PageSize - 1) / PageSize
+	if pages > MaxPageDirPages {
+		return invalid(where, "length", r.Length, fmt.Sprintf("at most %d pages from start's page", MaxPageDirPages))
 	}
-	if r.Start%PageSize+r.Length > pages*PageSize {
-		return invalid(where, "start", r.Start, "(start mod 4096) + length within nchunks pages")
+	if uint64(r.NChunks) != pages {
+		return invalid(where, "nchunks", uint64(r.NChunks), fmt.Sprintf("%d (the pages from start's to its last byte's)", pages))
 	}
 	return nil
 }

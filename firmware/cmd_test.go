@@ -443,6 +443,8 @@ func TestRequestValidate(t *testing.T) {
 	okMR := CreateMRRequest{Start: 0x10000, Length: 3 * PageSize, PDirDMA: 0x1000, NChunks: 3}
 	for _, r := range []validator{okCQ, okQP, okSRQ, okMR, CreateBindRequest{Index: 254}, DestroyBindRequest{Index: 1},
 		CreateUCRequest{PFN: 0xFFFFFFFF}, CreateUCRequest{PFN: 1 << 40, PFN64: true},
+		CreateMRRequest{Start: 0x10FFF, Length: 2, PDirDMA: 0x1000, NChunks: 2}, // unaligned: the pages it spans
+		CreateMRRequest{Start: 0x10010, Length: 3 * PageSize, PDirDMA: 0x1000, NChunks: 4},
 		CreateMRRequest{Flags: MRFlagDMA}, ModifyQPRequest{AttrMask: QPAttrAll, Attr: QPAttr{QPState: QPStateErr}},
 		func() CreateQPRequest { q := okQP; q.IsSRQ, q.TotalChunks, q.MaxRecvWR = true, 3, 0; return q }(),
 		func() CreateSRQRequest { r := okSRQ; r.NChunks = MaxRingChunks; return r }(), // the most chunks
@@ -475,7 +477,8 @@ func TestRequestValidate(t *testing.T) {
 		{func() CreateSRQRequest { r := okSRQ; r.NChunks = MaxRingChunks + 1; return r }(), "nchunks", ErrInvalid},
 		{func() CreateSRQRequest { r := okSRQ; r.NChunks = 1; return r }(), "nchunks", ErrInvalid},
 		{func() CreateMRRequest { r := okMR; r.NChunks = 4; return r }(), "nchunks", ErrInvalid},
-		{func() CreateMRRequest { r := okMR; r.Start = 0x10010; return r }(), "start", ErrInvalid},
+		{func() CreateMRRequest { r := okMR; r.Start = 0x10010; return r }(), "nchunks", ErrInvalid},              // spans 4 pages
+		{func() CreateMRRequest { r := okMR; r.Start, r.Length = 0x10FFF, 2; return r }(), "nchunks", ErrInvalid}, // spans 2
 		{func() CreateMRRequest { r := okMR; r.Length = 0; return r }(), "length", ErrInvalid},
 		{func() CreateMRRequest { r := okMR; r.PDirDMA = 0; return r }(), "pdir_dma", ErrInvalid},
 		{func() CreateMRRequest { r := okMR; r.Flags = MRFlagFRMR; return r }(), "flags", ErrNotSupported},

@@ -11,7 +11,7 @@ cache="$top/.cache/kernel"
 pkgs=(
   qemu-system-x86    # 7.2 with -device pvrdma
   ipxe-qemu          # option ROMs QEMU looks for at start
-  libibverbs-dev     # verbs headers the software backend implements
+  libibverbs-dev     # verbs headers the software backend and the drop-in (make dropin) implement
   libibumad-dev      # MAD header layout for the mux
   ibverbs-utils      # rdma-core's pingpong programs: conformance clients
   ibverbs-providers  # rdma-core's providers, vmw_pvrdma among them (the reference guest)

@@ -11,6 +11,7 @@
 #include <fcntl.h>
 #include <stdlib.h>
 #include <string.h>
+#include <stdio.h>
 #include <unistd.h>
 
 #define ABI_NAME(tab, v) \
@@ -218,7 +219,7 @@ ABI_EXPORT int ibv_init_ah_from_wc(struct ibv_context *context, uint8_t port_num
 	struct ibv_port_attr port;
 
 	if (!context || !wc || !ah_attr || !(wc->wc_flags & IBV_WC_GRH) || !grh ||
-	    ibv_query_port(context, port_num, &port)) {
+	    ibv_query_port(context, port_num, (struct _compat_ibv_port_attr *)&port)) {
 		errno = EINVAL;
 		return -1;
 	}

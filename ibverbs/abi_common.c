@@ -1,0 +1,2 @@
+/* The device-independent calls of the libibverbs ABI (verbsabi/). */
+#include "../verbsabi/common.c"

@@ -1,0 +1,3 @@
+/* The provider-private interface rdma-core's provider libraries import
+ * (verbsabi/). */
+#include "../verbsabi/private.c"

@@ -1,0 +1,77 @@
+// Command ibverbs is the libibverbs drop-in over the Go driver: built
+// with `make dropin` (go build -buildmode=c-shared, linked with
+// verbsabi/libibverbs.map and soname libibverbs.so.1) into
+// build/vfrdma/libibverbs.so.1, it replaces rdma-core's libibverbs for
+// unmodified verbs programs (perftest, rdma-core's examples, UCX's uct_ib)
+// loaded with LD_LIBRARY_PATH:
+//
+//	make dropin
+//	LD_LIBRARY_PATH=$PWD/build/vfrdma VFRDMA_MODEL=v20 ibv_devinfo -v
+//
+// A thin C layer (verbs.c, dropin.h) owns the ABI's structures: the device
+// list, struct ibv_context inside a struct verbs_context (query_port and
+// query_device_ex among its extended ops), and the PD, MR, CQ, completion
+// channel, QP, SRQ and AH structures, each holding the id of its Go object.
+// Every verb calls into Go once (glue.go); the semantics are package
+// internal/bridge's. The device-independent calls and the provider-private
+// interface come from verbsabi/ (abi_common.c, abi_private.c).
+//
+// # Environment
+//
+//   - VFRDMA_MODEL=v17|v18|v19|v20|qemu (",rocev2" optional): the device
+//     list is one device, vfrdma0, a pvsim model in the process: no root,
+//     no VFIO.
+//   - VFRDMA_DEVICE=<BDF>: of the pvrdma functions bound to vfio-pci, list
+//     only that one. Without it every one is listed, vfrdma0, vfrdma1, ...
+//     in PCI address order; none is an empty list, not an error.
+//   - VFRDMA_DEBUG=1: diagnostics (each refused verb's reason, the driver's
+//     debug log) on stderr. Without it the library never prints.
+//   - VFRDMA_SYSFS: the sysfs root the function scan reads (tests).
+//
+// # Errors
+//
+// As rdma-core's providers give them: calls returning a pointer return
+// NULL with errno; calls returning int return the errno value (or -1 with
+// errno where libibverbs does so: ibv_query_gid, ibv_get_cq_event,
+// ibv_get_async_event). A post returns an errno with *bad_wr at the first
+// refused request; those before it are posted. EINVAL: a bad argument, a
+// bad lkey, too many SGEs, the wrong QP state; ENOMEM: a full queue; EBUSY:
+// the device open in another process, or an object in use; EOPNOTSUPP:
+// what the drop-in does not do (UC, XRC, memory windows, dmabuf, rereg,
+// resize CQ, moves back to RESET, SQD; the extended QP and CQ interfaces,
+// which programs then replace by the legacy calls). ibv_poll_cq returns
+// the count or -1.
+//
+// # Limits
+//
+// The device has no inline data: a QP asking max_inline_data, or a send
+// with IBV_SEND_INLINE, is EINVAL. Address vectors need a GRH (RoCE).
+// A CQ's solicited-only arming on a completion channel wakes for any
+// completion (a spurious event, which the verbs allow). ibv_destroy_cq
+// does not wait for unacknowledged events. MRs: the program's own memory,
+// any alignment, at its own address; until the root's PD.RegisterMRAt is
+// in, SGE and remote addresses are translated by key, which holds for
+// peers in the same process only.
+//
+// # Threads
+//
+// The Go runtime starts when the library is loaded, on threads of its own
+// (GOMAXPROCS of them and a few more for system calls). Each context has
+// the driver's goroutines (its notification and event demultiplexers) and
+// one that forwards the device's async events to the context's eventfd;
+// on the model, the model's goroutines too. A program thread that calls a
+// verb runs the Go code itself (a cgo callback); ibv_get_cq_event and
+// ibv_get_async_event block that thread in epoll_wait(2) or read(2).
+//
+// # Signals
+//
+// Go's rules for c-shared libraries (os/signal, "Go programs that use cgo"
+// and "Non-Go programs that call Go code") hold: the runtime installs
+// handlers for the synchronous signals (SIGSEGV, SIGBUS, SIGFPE) and for
+// SIGURG (goroutine preemption) and SIGPIPE, with SA_ONSTACK, and forwards
+// to the program's own handler a signal that does not come from Go code;
+// the library calls no os/signal.Notify, so the handlers a program
+// installs for SIGINT, SIGTERM, SIGALRM, SIGUSR1 and the rest are the
+// ones that run. A program that installs handlers for the synchronous
+// signals must do so with SA_ONSTACK. The library never calls os.Exit.
+package main

@@ -1,0 +1,212 @@
+package bridge
+
+import (
+	"errors"
+	"fmt"
+	"math/bits"
+
+	"github.com/vfrdma/vfrdma"
+)
+
+// The verbs' send opcodes (enum ibv_wr_opcode) and send flags.
+const (
+	WRRDMAWrite        = 0
+	WRRDMAWriteWithImm = 1
+	WRSend             = 2
+	WRSendWithImm      = 3
+	WRRDMARead         = 4
+	WRAtomicCmpSwp     = 5
+	WRAtomicFetchAdd   = 6
+
+	SendFence     = 1 << 0
+	SendSignaled  = 1 << 1
+	SendSolicited = 1 << 2
+	SendInline    = 1 << 3
+)
+
+var opcodeOf = [...]vfrdma.Opcode{
+	WRRDMAWrite:        vfrdma.OpRDMAWrite,
+	WRRDMAWriteWithImm: vfrdma.OpRDMAWriteWithImm,
+	WRSend:             vfrdma.OpSend,
+	WRSendWithImm:      vfrdma.OpSendWithImm,
+	WRRDMARead:         vfrdma.OpRDMARead,
+	WRAtomicCmpSwp:     vfrdma.OpAtomicCmpSwap,
+	WRAtomicFetchAdd:   vfrdma.OpAtomicFetchAdd,
+}
+
+// SendReq is struct ibv_send_wr as the cgo layer copies it: SGEs is the
+// QP's scratch for this request (capacity: the QP's max_send_sge), NumSGE
+// what the program asked for (more than the capacity is EINVAL at post).
+type SendReq struct {
+	WRID       uint64
+	Opcode     uint32
+	Flags      uint32
+	ImmBE      uint32 // imm_data as the program stored it (network order)
+	NumSGE     int
+	SGEs       []vfrdma.SGE
+	RemoteAddr uint64
+	RKey       uint32
+	CompareAdd uint64
+	Swap       uint64
+	AH         uint32 // UD: the AH's id
+	RemoteQPN  uint32
+	RemoteQKey uint32
+}
+
+// RecvReq is struct ibv_recv_wr as the cgo layer copies it.
+type RecvReq struct {
+	WRID   uint64
+	NumSGE int
+	SGEs   []vfrdma.SGE
+}
+
+type sendScratch struct {
+	reqs []SendReq
+	wrs  []vfrdma.SendWR
+}
+
+func (s *sendScratch) init(n, sge int) {
+	s.reqs = make([]SendReq, n)
+	s.wrs = make([]vfrdma.SendWR, n)
+	back := make([]vfrdma.SGE, n*sge)
+	for i := range s.reqs {
+		s.reqs[i].SGEs = back[i*sge : (i+1)*sge : (i+1)*sge]
+	}
+}
+
+type recvScratch struct {
+	reqs []RecvReq
+	wrs  []vfrdma.RecvWR
+}
+
+func (s *recvScratch) init(n, sge int) {
+	s.reqs = make([]RecvReq, n)
+	s.wrs = make([]vfrdma.RecvWR, n)
+	back := make([]vfrdma.SGE, n*sge)
+	for i := range s.reqs {
+		s.reqs[i].SGEs = back[i*sge : (i+1)*sge : (i+1)*sge]
+	}
+}
+
+// SendReqs is the scratch the cgo layer fills before PostSend: at most
+// len of it per call (the send queue's depth, which is the most one post
+// can take).
+func (qp *QP) SendReqs() []SendReq { return qp.sends.reqs }
+
+// RecvReqs is the scratch for PostRecv (nil for a QP of an SRQ).
+func (qp *QP) RecvReqs() []RecvReq { return qp.recvs.reqs }
+
+// PostSend posts SendReqs()[:n] and returns how many were posted: the
+// requests before the first refused one. A refusal (too many SGEs, an
+// opcode the QP's type does not run, an AH of another PD, a bad key, the
+// wrong state, a full queue) is the error, with Errno's value. It
+// allocates nothing.
+func (qp *QP) PostSend(n int) (int, error) {
+	s := &qp.sends
+	ok, err := n, error(nil)
+	keys := &qp.ctx.keys
+	for i := range n {
+		r, w := &s.reqs[i], &s.wrs[i]
+		if err = qp.checkSend(r); err != nil {
+			ok = i
+			break
+		}
+		w.WRID = r.WRID
+		w.Opcode = opcodeOf[r.Opcode]
+		w.Flags = 0
+		if r.Flags&SendSignaled != 0 {
+			w.Flags |= vfrdma.SendSignaled
+		}
+		if r.Flags&SendSolicited != 0 {
+			w.Flags |= vfrdma.SendSolicited
+		}
+		if r.Flags&SendFence != 0 {
+			w.Flags |= vfrdma.SendFence
+		}
+		w.Imm = bits.ReverseBytes32(r.ImmBE)
+		w.SGEs = r.SGEs[:r.NumSGE]
+		for j := range w.SGEs {
+			w.SGEs[j].Addr = keys.translate(w.SGEs[j].LKey, w.SGEs[j].Addr)
+		}
+		w.RemoteAddr = keys.translate(r.RKey, r.RemoteAddr)
+		w.RKey, w.CompareAdd, w.Swap = r.RKey, r.CompareAdd, r.Swap
+		w.AH, w.RemoteQPN, w.RemoteQKey = nil, 0, 0
+		if qp.typ == QPTypeUD {
+			w.AH = ahs.get(r.AH).ah
+			w.RemoteQPN = r.RemoteQPN
+			w.RemoteQKey = r.RemoteQKey
+			if int32(r.RemoteQKey) < 0 { // the high bit: the QP's own Q_Key
+				w.RemoteQKey = qp.attr.QKey
+			}
+		}
+	}
+	if ok == 0 {
+		return 0, err
+	}
+	posted, perr := qp.qp.PostSend(s.wrs[:ok], 0)
+	if perr != nil {
+		return posted, perr
+	}
+	return posted, err
+}
+
+func (qp *QP) checkSend(r *SendReq) error {
+	if r.NumSGE < 0 || r.NumSGE > len(r.SGEs) {
+		return fmt.Errorf("%w: %d SGEs (the QP takes %d)", errInvalid, r.NumSGE, len(r.SGEs))
+	}
+	if int(r.Opcode) >= len(opcodeOf) {
+		return fmt.Errorf("%w: send opcode %d", errInvalid, r.Opcode)
+	}
+	if r.Flags&SendInline != 0 {
+		return fmt.Errorf("%w: IBV_SEND_INLINE (the device has no inline data)", errInvalid)
+	}
+	if qp.typ == QPTypeUD {
+		if r.Opcode != WRSend && r.Opcode != WRSendWithImm {
+			return fmt.Errorf("%w: UD runs SEND and SEND_WITH_IMM, not opcode %d", errInvalid, r.Opcode)
+		}
+		ah := ahs.get(r.AH)
+		if ah == nil || ah.pd.ctx != qp.ctx {
+			return fmt.Errorf("%w: a UD send without a valid AH", errInvalid)
+		}
+	}
+	return nil
+}
+
+// PostRecv posts RecvReqs()[:n], with PostSend's rules.
+func (qp *QP) PostRecv(n int) (int, error) {
+	if qp.srq != nil {
+		return 0, fmt.Errorf("%w: the QP takes its receives from an SRQ", errInvalid)
+	}
+	return postRecv(&qp.recvs, &qp.ctx.keys, n, qp.qp.PostRecv)
+}
+
+func postRecv(s *recvScratch, keys *keyTable, n int, post func([]vfrdma.RecvWR, vfrdma.PostFlags) (int, error)) (int, error) {
+	ok, err := n, error(nil)
+	for i := range n {
+		r, w := &s.reqs[i], &s.wrs[i]
+		if r.NumSGE < 0 || r.NumSGE > len(r.SGEs) {
+			ok, err = i, fmt.Errorf("%w: %d SGEs (the queue takes %d)", errInvalid, r.NumSGE, len(r.SGEs))
+			break
+		}
+		w.WRID = r.WRID
+		w.SGEs = r.SGEs[:r.NumSGE]
+		for j := range w.SGEs {
+			w.SGEs[j].Addr = keys.translate(w.SGEs[j].LKey, w.SGEs[j].Addr)
+		}
+	}
+	if ok == 0 {
+		return 0, err
+	}
+	posted, perr := post(s.wrs[:ok], 0)
+	if perr != nil {
+		return posted, perr
+	}
+	return posted, err
+}
+
+// IsPostError reports whether err refused a request (rather than the
+// call): for tests.
+func IsPostError(err error) bool {
+	var pe *vfrdma.PostError
+	return errors.As(err, &pe)
+}
