@@ -8,6 +8,7 @@
 
 SHELL   := /bin/bash
 GO      ?= go
+CC      ?= gcc
 OUT     := $(CURDIR)/build
 SV_OUT  := $(OUT)/softverbs
 PVVM    := $(GO) run ./cmd/pvvm
@@ -26,11 +27,15 @@ softverbs:
 	@$(MAKE) -s -C qemu/softverbs OUT=$(SV_OUT)
 
 # The drop-in: cgo's c-shared library with the ABI's symbol map and soname
-# (ibverbs/doc.go). Go decides whether it is up to date.
+# (ibverbs/doc.go), and beside it verbsabi's librdmacm stand-in (the
+# system's librdmacm, which perftest links, needs libibverbs symbols no
+# drop-in exports). Go decides whether the library is up to date.
 dropin:
 	@mkdir -p $(dir $(DROPIN))
 	$(GO) build -buildmode=c-shared -ldflags '-extldflags "-Wl,--version-script=$(CURDIR)/verbsabi/libibverbs.map -Wl,-soname,libibverbs.so.1 -Wl,-z,now"' -o $(DROPIN) ./ibverbs
 	@rm -f $(basename $(DROPIN)).h $(DROPIN:.1=.h)
+	$(CC) -O2 -Wall -Wextra -fPIC -shared -fvisibility=hidden -std=gnu11 -Wl,-soname,librdmacm.so.1 \
+		-Wl,--version-script=$(CURDIR)/verbsabi/librdmacm.map -o $(dir $(DROPIN))librdmacm.so.1 verbsabi/rdmacm.c
 
 test: setup softverbs
 	@bash scripts/test.sh

@@ -44,14 +44,16 @@
 //
 // # Limits
 //
-// The device has no inline data: a QP asking max_inline_data, or a send
-// with IBV_SEND_INLINE, is EINVAL. Address vectors need a GRH (RoCE).
+// The device has no inline data: a QP asking max_inline_data (up to 512
+// bytes) gets a registered ring of one slot per send queue entry, and an
+// IBV_SEND_INLINE request's bytes are copied there at post (the program
+// may reuse its buffer at once, as the verbs promise). Address vectors
+// need a GRH (RoCE).
 // A CQ's solicited-only arming on a completion channel wakes for any
 // completion (a spurious event, which the verbs allow). ibv_destroy_cq
 // does not wait for unacknowledged events. MRs: the program's own memory,
-// any alignment, at its own address; until the root's PD.RegisterMRAt is
-// in, SGE and remote addresses are translated by key, which holds for
-// peers in the same process only.
+// any alignment, at its own address (PD.RegisterMRAt), or at an iova at
+// the same offset in its page (ibv_reg_mr_iova), as the kernel requires.
 //
 // # Threads
 //
@@ -65,13 +67,18 @@
 //
 // # Signals
 //
-// Go's rules for c-shared libraries (os/signal, "Go programs that use cgo"
-// and "Non-Go programs that call Go code") hold: the runtime installs
-// handlers for the synchronous signals (SIGSEGV, SIGBUS, SIGFPE) and for
-// SIGURG (goroutine preemption) and SIGPIPE, with SA_ONSTACK, and forwards
-// to the program's own handler a signal that does not come from Go code;
-// the library calls no os/signal.Notify, so the handlers a program
-// installs for SIGINT, SIGTERM, SIGALRM, SIGUSR1 and the rest are the
-// ones that run. A program that installs handlers for the synchronous
-// signals must do so with SA_ONSTACK. The library never calls os.Exit.
+// Go's rules for c-shared libraries hold (os/signal, "Go programs that use
+// cgo or SWIG" and "Non-Go programs that call Go code"): when the library
+// loads, the runtime installs handlers for the synchronous signals
+// (SIGSEGV, SIGBUS, SIGFPE), SIGPIPE and SIGURG (goroutine preemption),
+// keeping the program's earlier handlers, which it calls for a synchronous
+// signal raised outside Go code. It installs no other handler (the library
+// calls no os/signal.Notify), so the program's handlers for SIGINT,
+// SIGTERM, SIGALRM, SIGUSR1 and the rest are the ones that run, installed
+// before or after the library loads (tests/dropin_test.c checks a signal
+// sent to the process and one raised in a thread). As Go requires of
+// every handler in a process that runs Go, a program's handler should be
+// installed with SA_ONSTACK: a signal sent to the process may land on one
+// of the library's threads, whose stacks are small. The library never
+// calls os.Exit and never changes a signal mask.
 package main

@@ -450,7 +450,7 @@ func vfgoCreateQP(pdID C.uint32_t, a *C.struct_ibv_qp_init_attr, user *C.struct_
 	a.cap.max_recv_wr = C.uint32_t(c.MaxRecvWR)
 	a.cap.max_send_sge = C.uint32_t(c.MaxSendSGE)
 	a.cap.max_recv_sge = C.uint32_t(c.MaxRecvSGE)
-	a.cap.max_inline_data = 0
+	a.cap.max_inline_data = C.uint32_t(c.MaxInlineData)
 	user.ibv.qp_num = C.uint32_t(qp.QPN())
 	user.ibv.handle = C.uint32_t(qp.Handle())
 	return C.int(qp.ID)
@@ -516,6 +516,7 @@ func vfgoQueryQP(id C.uint32_t, a *C.struct_ibv_qp_attr, init *C.struct_ibv_qp_i
 	a.cap.max_recv_wr = C.uint32_t(q.Cap.MaxRecvWR)
 	a.cap.max_send_sge = C.uint32_t(q.Cap.MaxSendSGE)
 	a.cap.max_recv_sge = C.uint32_t(q.Cap.MaxRecvSGE)
+	a.cap.max_inline_data = C.uint32_t(q.Cap.MaxInlineData)
 	ah := &a.ah_attr
 	if q.AH.IsGlobal {
 		ah.is_global = 1

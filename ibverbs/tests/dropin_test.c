@@ -14,6 +14,7 @@ int ibv_query_gid_type(struct ibv_context *context, uint8_t port_num, unsigned i
 #include <errno.h>
 #include <fcntl.h>
 #include <poll.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -146,6 +147,12 @@ static void test_mr(void)
 		CHECK("dereg_mr", ibv_dereg_mr(mr) == 0, "dereg");
 	mr = ibv_reg_mr(pd, raw, 100, 1 << 12);
 	CHECK("reg_mr with unknown access is EINVAL", !mr && errno == EINVAL, "errno %d", errno);
+	mr = ibv_reg_mr_iova(pd, raw + 3, 100, 0x10000 + ((uintptr_t)(raw + 3) & 0xfff), IBV_ACCESS_LOCAL_WRITE);
+	CHECK("reg_mr_iova at the memory's page offset", mr && mr->lkey, "errno %d", errno);
+	if (mr)
+		ibv_dereg_mr(mr);
+	mr = ibv_reg_mr_iova(pd, raw + 3, 100, 0x10000 + (((uintptr_t)(raw + 3) + 1) & 0xfff), IBV_ACCESS_LOCAL_WRITE);
+	CHECK("reg_mr_iova at another page offset is EINVAL", !mr && errno == EINVAL, "errno %d", errno);
 	free(raw);
 }
 
@@ -167,7 +174,7 @@ static void test_rc(void)
 
 	REQUIRE("rc create", cq && a && b, "errno %d", errno);
 	smr = ibv_reg_mr(pd, sbuf + 1, 4000, IBV_ACCESS_LOCAL_WRITE);
-	rmr = ibv_reg_mr(pd, rbuf + 5, 4000, IBV_ACCESS_LOCAL_WRITE);
+	rmr = ibv_reg_mr(pd, rbuf + 5, 4000, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ);
 	REQUIRE("rc mrs", smr && rmr, "errno %d", errno);
 
 	/* A post on a RESET QP: EINVAL, bad_wr at it. */
@@ -209,6 +216,25 @@ static void test_rc(void)
 		}
 	}
 	CHECK("rc data", memcmp(sbuf + 1, rbuf + 5, 4000) == 0, "data differs");
+
+	/* RDMA WRITE and READ name the peer's memory by its virtual address */
+	memset(rbuf + 5, 0, 4000);
+	ss[0] = (struct ibv_sge){ .addr = (uintptr_t)(sbuf + 11), .length = 333, .lkey = smr->lkey };
+	sw.num_sge = 1; sw.wr_id = 6; sw.opcode = IBV_WR_RDMA_WRITE;
+	sw.wr.rdma.remote_addr = (uintptr_t)(rbuf + 5 + 1234); sw.wr.rdma.rkey = rmr->rkey;
+	CHECK("post rdma write", ibv_post_send(a, &sw, &bad) == 0, "post");
+	n = poll_n(cq, wc, 1);
+	CHECK("rdma write lands at the peer's virtual address", n == 1 && wc[0].status == IBV_WC_SUCCESS &&
+	      wc[0].opcode == IBV_WC_RDMA_WRITE && memcmp(rbuf + 5 + 1234, sbuf + 11, 333) == 0,
+	      "n %d status %d opcode %d", n, n > 0 ? wc[0].status : -1, n > 0 ? wc[0].opcode : -1);
+	memset(sbuf + 2001, 0, 100);
+	ss[0] = (struct ibv_sge){ .addr = (uintptr_t)(sbuf + 2001), .length = 100, .lkey = smr->lkey };
+	sw.wr_id = 7; sw.opcode = IBV_WR_RDMA_READ; sw.wr.rdma.remote_addr = (uintptr_t)(rbuf + 5 + 1234);
+	CHECK("post rdma read", ibv_post_send(a, &sw, &bad) == 0, "post");
+	n = poll_n(cq, wc, 1);
+	CHECK("rdma read reads the peer's virtual address", n == 1 && wc[0].status == IBV_WC_SUCCESS &&
+	      wc[0].opcode == IBV_WC_RDMA_READ && memcmp(sbuf + 2001, sbuf + 11, 100) == 0, "n %d", n);
+	sw.opcode = IBV_WR_SEND;
 
 	/* errors: bad lkey, too many SGEs, a full queue; the ones before are posted */
 	{
@@ -272,6 +298,59 @@ static void test_rc(void)
 	free(rbuf);
 }
 
+/* Inline sends: the bytes of unregistered memory, copied at post; the
+ * QP's max_inline_data is the limit. */
+static void test_inline(void)
+{
+	struct ibv_cq *cq = ibv_create_cq(ctx, 16, NULL, NULL, 0);
+	struct ibv_qp_init_attr ia = { .send_cq = cq, .recv_cq = cq, .qp_type = IBV_QPT_RC, .sq_sig_all = 1,
+		.cap = { .max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 2, .max_recv_sge = 1, .max_inline_data = 60 } };
+	struct ibv_qp *a = ibv_create_qp(pd, &ia), *b = make_qp(IBV_QPT_RC, cq, cq, NULL, 4, 1);
+	char *rbuf = malloc(4096), msg[200];
+	struct ibv_mr *mr = ibv_reg_mr(pd, rbuf, 4096, IBV_ACCESS_LOCAL_WRITE);
+	struct ibv_sge s[2], r;
+	struct ibv_send_wr sw, *bad;
+	struct ibv_recv_wr rw, *rbad;
+	struct ibv_wc wc[2];
+	int n, limit;
+
+	REQUIRE("inline qp", cq && a && b && mr && ia.cap.max_inline_data >= 60, "errno %d inline %u", errno,
+		ia.cap.max_inline_data);
+	limit = ia.cap.max_inline_data;
+	REQUIRE("inline connect", rc_connect(a, b->qp_num) == 0 && rc_connect(b, a->qp_num) == 0, "errno %d", errno);
+	for (int round = 0; round < 6; round++) { /* more rounds than slots */
+		for (int i = 0; i < limit; i++)
+			msg[i] = (char)(i + round);
+		memset(rbuf, 0, 4096);
+		r = (struct ibv_sge){ .addr = (uintptr_t)rbuf, .length = 4096, .lkey = mr->lkey };
+		memset(&rw, 0, sizeof(rw)); rw.sg_list = &r; rw.num_sge = 1;
+		ibv_post_recv(b, &rw, &rbad);
+		s[0] = (struct ibv_sge){ .addr = (uintptr_t)msg, .length = 10, .lkey = 0 };
+		s[1] = (struct ibv_sge){ .addr = (uintptr_t)(msg + 10), .length = limit - 10, .lkey = 0 };
+		memset(&sw, 0, sizeof(sw)); sw.sg_list = s; sw.num_sge = 2; sw.opcode = IBV_WR_SEND;
+		sw.send_flags = IBV_SEND_INLINE;
+		n = ibv_post_send(a, &sw, &bad);
+		memset(msg, 0xee, limit); /* the bytes were taken at post */
+		if (n == 0)
+			n = poll_n(cq, wc, 2);
+		for (int i = 0; i < limit; i++)
+			msg[i] = (char)(i + round);
+		if (n != 2 || memcmp(rbuf, msg, limit) != 0)
+			break;
+	}
+	CHECK("inline sends at max_inline_data carry their bytes", n == 2 && memcmp(rbuf, msg, limit) == 0, "n %d", n);
+	s[1].length = limit - 10 + 1;
+	CHECK("inline data one past max_inline_data is EINVAL", ibv_post_send(a, &sw, &bad) == EINVAL && bad == &sw, "past");
+	ia.cap.max_inline_data = 513;
+	CHECK("a QP asking more inline data than the drop-in takes is EINVAL", !ibv_create_qp(pd, &ia) && errno == EINVAL,
+	      "errno %d", errno);
+	ibv_destroy_qp(a);
+	ibv_destroy_qp(b);
+	ibv_destroy_cq(cq);
+	ibv_dereg_mr(mr);
+	free(rbuf);
+}
+
 /* The completion channel: poll(2) on its fd, ibv_get_cq_event, ack. */
 static void test_channel(void)
 {
@@ -320,26 +399,23 @@ static void test_channel(void)
 	ibv_req_notify_cq(cq1, 0);
 	r = poll(&pfd, 1, 0);
 	CHECK("an armed empty CQ leaves the fd quiet", r == 0, "poll %d", r);
-	/* armed while holding a completion: the channel reports it at once */
+	/* the armed CQ fires at the next completion: the event consumes the arming */
 	ibv_post_recv(b, &rw, &rbad);
 	ibv_post_send(a, &sw, &bad);
 	poll_n(cq2, wc, 1);
-	{
-		struct timespec t = { 0, 50 * 1000 * 1000 };
-		struct ibv_wc peek;
-		int spins = 0;
-		while (spins++ < 1200) { /* wait until the receive completes (the CQ holds it) */
-			struct ibv_qp_attr qa; struct ibv_qp_init_attr qi;
-			(void)qa; (void)qi; (void)peek;
-			if (ibv_req_notify_cq(cq1, 0) == 0) {
-				r = poll(&pfd, 1, 0);
-				if (r == 1)
-					break;
-			}
-			nanosleep(&t, NULL);
-		}
-	}
-	r = ibv_get_cq_event(ch, &ev, &cqctx);
+	r = poll(&pfd, 1, 60000) == 1 ? ibv_get_cq_event(ch, &ev, &cqctx) : -1;
+	CHECK("the next completion fires the armed CQ", r == 0 && ev == cq1, "r %d", r);
+	ibv_ack_cq_events(cq1, 1);
+	poll_n(cq1, wc, 1);
+	/* not armed when a completion arrives, armed while it is queued: the
+	 * channel reports it at once (its send completes after the receive) */
+	ibv_post_recv(b, &rw, &rbad);
+	ibv_post_send(a, &sw, &bad);
+	poll_n(cq2, wc, 1);
+	r = poll(&pfd, 1, 0);
+	CHECK("an unarmed CQ's completion leaves the fd quiet", r == 0, "poll %d", r);
+	CHECK("req_notify_cq on a CQ holding a completion", ibv_req_notify_cq(cq1, 0) == 0, "arm");
+	r = poll(&pfd, 1, 0) == 1 ? ibv_get_cq_event(ch, &ev, &cqctx) : -1;
 	CHECK("arming a CQ with completions fires at once", r == 0 && ev == cq1, "r %d", r);
 	ibv_ack_cq_events(cq1, 1);
 	poll_n(cq1, wc, 1);
@@ -519,6 +595,32 @@ static int bench(int iters, int batch)
 	return 0;
 }
 
+static volatile sig_atomic_t got_usr1, got_int;
+static void on_usr1(int sig) { (void)sig; got_usr1++; }
+static void on_int(int sig) { (void)sig; got_int++; }
+
+/* The program's own signal handlers run with the Go runtime loaded and
+ * running (its threads up): a signal sent to the process and one raised
+ * in a thread. */
+static void test_signals(void)
+{
+	struct sigaction sa;
+	struct timespec t = { 0, 10 * 1000 * 1000 };
+
+	memset(&sa, 0, sizeof(sa));
+	sa.sa_handler = on_usr1;
+	sa.sa_flags = SA_ONSTACK | SA_RESTART;
+	sigaction(SIGUSR1, &sa, NULL);
+	sa.sa_handler = on_int;
+	sigaction(SIGINT, &sa, NULL);
+	kill(getpid(), SIGUSR1);
+	raise(SIGINT);
+	for (int i = 0; i < 6000 && !got_usr1; i++)
+		nanosleep(&t, NULL);
+	CHECK("a signal sent to the process reaches the program's handler", got_usr1 == 1, "got %d", (int)got_usr1);
+	CHECK("a signal raised in a thread reaches the program's handler", got_int == 1, "got %d", (int)got_int);
+}
+
 int main(int argc, char **argv)
 {
 	int num = 0;
@@ -549,8 +651,10 @@ int main(int argc, char **argv)
 		return bench(atoi(argv[2]), atoi(argv[3]));
 	}
 	test_device();
+	test_signals();
 	test_mr();
 	test_rc();
+	test_inline();
 	test_channel();
 	test_ud();
 	test_srq();

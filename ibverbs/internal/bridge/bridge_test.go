@@ -125,3 +125,30 @@ func TestPollAllocatesNothing(t *testing.T) {
 	allocs := testing.AllocsPerRun(100, func() { _, _ = cq.Poll(32) })
 	assert.Zero(t, allocs)
 }
+
+func TestAsyncEventsComeThroughTheFDWithTheirObjectOrPort(t *testing.T) {
+	c, _ := openModel(t)
+	cq, err := c.CreateCQ(16, nil)
+	require.NoError(t, err)
+	var cstruct [8]byte
+	cq.User = unsafe.Pointer(&cstruct)
+
+	require.NoError(t, c.model.SetPort(false))
+	e, err := c.NextAsyncEvent()
+	require.NoError(t, err)
+	assert.Equal(t, EventPortErr, e.Type)
+	assert.Equal(t, 1, e.Port)
+
+	require.NoError(t, c.model.OverflowCQ(cq.Handle()))
+	e, err = c.NextAsyncEvent()
+	require.NoError(t, err)
+	assert.Equal(t, EventCQErr, e.Type)
+	assert.Equal(t, unsafe.Pointer(&cstruct), e.User, "the event names the CQ's C structure")
+}
+
+func TestANonBlockingAsyncFDWithNoEventIsEAGAIN(t *testing.T) {
+	c, _ := openModel(t)
+	require.NoError(t, syscall.SetNonblock(c.AsyncFD(), true))
+	_, err := c.NextAsyncEvent()
+	assert.Equal(t, syscall.EAGAIN, Errno(err))
+}

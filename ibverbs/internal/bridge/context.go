@@ -43,7 +43,6 @@ type Context struct {
 	qpOf     map[*vfrdma.QP]*QP
 	cqOf     map[*vfrdma.CQ]*CQ
 	srqOf    map[*vfrdma.SRQ]*SRQ
-	keys     keyTable // MR address translation, where the root has no RegisterMRAt
 	closing  atomic.Bool
 	attrOnce sync.Once
 	attr     DeviceAttr

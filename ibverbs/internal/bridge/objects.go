@@ -1,7 +1,6 @@
 package bridge
 
 import (
-	"context"
 	"fmt"
 	"sync/atomic"
 	"unsafe"
@@ -131,16 +130,13 @@ func (m *MR) RKey() uint32 { return m.mr.RKey() }
 // Handle is the device's handle of the MR.
 func (m *MR) Handle() uint32 { return m.mr.Handle() }
 
-// registerAt is the root package's registration of a program's memory at
-// its own address (PD.RegisterMRAt).
-type registerAt interface {
-	RegisterMRAt(ctx context.Context, mem []byte, addr uint64, access vfrdma.Access) (*vfrdma.MR, error)
-}
-
 // RegMR registers length bytes of the program's memory at mem (any
 // alignment), named by iova in SGEs and by peers: ibv_reg_mr passes the
 // memory's own address, ibv_reg_mr_iova its iova. Unknown access bits
-// are EINVAL; the optional-range hints are ignored.
+// are EINVAL; the optional-range hints are ignored. The memory is
+// registered at iova (PD.RegisterMRAt): SGEs and peers name it by the
+// program's addresses, and iova must lie at mem's offset in its page, as
+// the kernel's ibv_reg_mr requires.
 func (pd *PD) RegMR(mem unsafe.Pointer, length int, iova uint64, access int) (*MR, error) {
 	if mem == nil || length <= 0 {
 		return nil, fmt.Errorf("%w: reg_mr of %d bytes at %p", errInvalid, length, mem)
@@ -151,28 +147,11 @@ func (pd *PD) RegMR(mem unsafe.Pointer, length int, iova uint64, access int) (*M
 	}
 	ctx, cancel := cmdCtx()
 	defer cancel()
-	buf := unsafe.Slice((*byte)(mem), length)
-	m := &MR{pd: pd, Addr: uintptr(mem), Length: length, IOVA: iova}
-	if r, ok := any(pd.pd).(registerAt); ok {
-		mr, err := r.RegisterMRAt(ctx, buf, iova, vfrdma.Access(access))
-		if err != nil {
-			return nil, err
-		}
-		m.mr = mr
-	} else {
-		// The page-aligned span around the memory, at the driver's IOVA:
-		// SGEs are translated by key (keyTable).
-		page := uintptr(unix_Getpagesize())
-		start := uintptr(mem) &^ (page - 1)
-		end := (uintptr(mem) + uintptr(length) + page - 1) &^ (page - 1)
-		span := unsafe.Slice((*byte)(unsafe.Add(mem, -int(uintptr(mem)-start))), int(end-start))
-		mr, err := pd.pd.RegisterMR(ctx, span, vfrdma.Access(access))
-		if err != nil {
-			return nil, err
-		}
-		m.mr = mr
-		pd.ctx.keys.add(mr.LKey(), mr.RKey(), int64(mr.Addr())-int64(iova-uint64(uintptr(mem)-start)))
+	mr, err := pd.pd.RegisterMRAt(ctx, unsafe.Slice((*byte)(mem), length), iova, vfrdma.Access(access))
+	if err != nil {
+		return nil, err
 	}
+	m := &MR{pd: pd, mr: mr, Addr: uintptr(mem), Length: length, IOVA: iova}
 	pd.refs.Add(1)
 	m.ID = mrs.put(m)
 	return m, nil
@@ -183,7 +162,6 @@ func (m *MR) Dereg() error {
 	if err := m.mr.Close(); err != nil {
 		return err
 	}
-	m.pd.ctx.keys.remove(m.mr.LKey(), m.mr.RKey())
 	m.pd.refs.Add(-1)
 	mrs.del(m.ID)
 	return nil

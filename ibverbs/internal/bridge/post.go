@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math/bits"
+	"unsafe"
 
 	"github.com/vfrdma/vfrdma"
 )
@@ -104,12 +105,19 @@ func (qp *QP) RecvReqs() []RecvReq { return qp.recvs.reqs }
 func (qp *QP) PostSend(n int) (int, error) {
 	s := &qp.sends
 	ok, err := n, error(nil)
-	keys := &qp.ctx.keys
+	inl := 0
 	for i := range n {
 		r, w := &s.reqs[i], &s.wrs[i]
 		if err = qp.checkSend(r); err != nil {
 			ok = i
 			break
+		}
+		if r.Flags&SendInline != 0 {
+			if err = qp.inline(r, inl); err != nil {
+				ok = i
+				break
+			}
+			inl++
 		}
 		w.WRID = r.WRID
 		w.Opcode = opcodeOf[r.Opcode]
@@ -125,10 +133,7 @@ func (qp *QP) PostSend(n int) (int, error) {
 		}
 		w.Imm = bits.ReverseBytes32(r.ImmBE)
 		w.SGEs = r.SGEs[:r.NumSGE]
-		for j := range w.SGEs {
-			w.SGEs[j].Addr = keys.translate(w.SGEs[j].LKey, w.SGEs[j].Addr)
-		}
-		w.RemoteAddr = keys.translate(r.RKey, r.RemoteAddr)
+		w.RemoteAddr = r.RemoteAddr
 		w.RKey, w.CompareAdd, w.Swap = r.RKey, r.CompareAdd, r.Swap
 		w.AH, w.RemoteQPN, w.RemoteQKey = nil, 0, 0
 		if qp.typ == QPTypeUD {
@@ -144,10 +149,48 @@ func (qp *QP) PostSend(n int) (int, error) {
 		return 0, err
 	}
 	posted, perr := qp.qp.PostSend(s.wrs[:ok], 0)
+	if inl > 0 {
+		for i := range posted {
+			if s.reqs[i].Flags&SendInline != 0 {
+				qp.inlNext++
+			}
+		}
+	}
 	if perr != nil {
 		return posted, perr
 	}
 	return posted, err
+}
+
+// inline copies an inline request's bytes (its SGEs name the program's
+// memory, keys ignored) into its slot of the QP's ring, the k-th of the
+// call, and makes the slot its one SGE. A slot is used again only
+// max_send_wr inline requests later, when its request has left the
+// queue.
+func (qp *QP) inline(r *SendReq, k int) error {
+	total := 0
+	for _, g := range r.SGEs[:r.NumSGE] {
+		total += int(g.Length)
+	}
+	if qp.inl == nil || total > qp.inlSlot {
+		return fmt.Errorf("%w: %d bytes of inline data (the QP takes %d)", errInvalid, total, qp.inlSlot)
+	}
+	if r.Opcode == WRRDMARead || r.Opcode == WRAtomicCmpSwp || r.Opcode == WRAtomicFetchAdd {
+		return fmt.Errorf("%w: inline data on opcode %d", errInvalid, r.Opcode)
+	}
+	slot := (qp.inlNext + k) % qp.cap.MaxSendWR
+	dst := qp.inlMem[slot*qp.inlSlot : (slot+1)*qp.inlSlot]
+	off := 0
+	for _, g := range r.SGEs[:r.NumSGE] {
+		if g.Length == 0 {
+			continue
+		}
+		src := unsafe.Slice((*byte)(*(*unsafe.Pointer)(unsafe.Pointer(&g.Addr))), g.Length)
+		off += copy(dst[off:], src)
+	}
+	r.SGEs[0] = qp.inl.SGE(slot*qp.inlSlot, total)
+	r.NumSGE = 1
+	return nil
 }
 
 func (qp *QP) checkSend(r *SendReq) error {
@@ -156,9 +199,6 @@ func (qp *QP) checkSend(r *SendReq) error {
 	}
 	if int(r.Opcode) >= len(opcodeOf) {
 		return fmt.Errorf("%w: send opcode %d", errInvalid, r.Opcode)
-	}
-	if r.Flags&SendInline != 0 {
-		return fmt.Errorf("%w: IBV_SEND_INLINE (the device has no inline data)", errInvalid)
 	}
 	if qp.typ == QPTypeUD {
 		if r.Opcode != WRSend && r.Opcode != WRSendWithImm {
@@ -177,10 +217,10 @@ func (qp *QP) PostRecv(n int) (int, error) {
 	if qp.srq != nil {
 		return 0, fmt.Errorf("%w: the QP takes its receives from an SRQ", errInvalid)
 	}
-	return postRecv(&qp.recvs, &qp.ctx.keys, n, qp.qp.PostRecv)
+	return postRecv(&qp.recvs, n, qp.qp.PostRecv)
 }
 
-func postRecv(s *recvScratch, keys *keyTable, n int, post func([]vfrdma.RecvWR, vfrdma.PostFlags) (int, error)) (int, error) {
+func postRecv(s *recvScratch, n int, post func([]vfrdma.RecvWR, vfrdma.PostFlags) (int, error)) (int, error) {
 	ok, err := n, error(nil)
 	for i := range n {
 		r, w := &s.reqs[i], &s.wrs[i]
@@ -190,9 +230,6 @@ func postRecv(s *recvScratch, keys *keyTable, n int, post func([]vfrdma.RecvWR, 
 		}
 		w.WRID = r.WRID
 		w.SGEs = r.SGEs[:r.NumSGE]
-		for j := range w.SGEs {
-			w.SGEs[j].Addr = keys.translate(w.SGEs[j].LKey, w.SGEs[j].Addr)
-		}
 	}
 	if ok == 0 {
 		return 0, err

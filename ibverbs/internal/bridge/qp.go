@@ -107,11 +107,23 @@ type QP struct {
 	attr  QPAttr
 	sends sendScratch
 	recvs recvScratch
+
+	// inline data: a registered ring of one slot per send queue entry,
+	// where IBV_SEND_INLINE requests' bytes are copied at post
+	inl     *vfrdma.MR
+	inlMem  []byte
+	inlSlot int // slot size (the QP's max_inline_data)
+	inlNext int // the next slot, counted over the requests posted
 }
 
-// CreateQP makes an RC or UD queue pair. Other types are EOPNOTSUPP; an
-// inline request (max_inline_data) is EINVAL: the device has no inline
-// data.
+// MaxInline is the most inline data a QP takes per send.
+const MaxInline = 512
+
+// CreateQP makes an RC or UD queue pair. Other types are EOPNOTSUPP. The
+// device has no inline data: a QP asking for max_inline_data (up to
+// MaxInline) gets a registered ring of one slot per send queue entry,
+// rounded up to 64 bytes, and an inline send's bytes are copied there at
+// post.
 func (pd *PD) CreateQP(in QPInit) (*QP, error) {
 	var typ vfrdma.QPType
 	switch in.Type {
@@ -125,8 +137,8 @@ func (pd *PD) CreateQP(in QPInit) (*QP, error) {
 	if in.SendCQ == nil || in.RecvCQ == nil {
 		return nil, fmt.Errorf("%w: a QP needs a send and a receive CQ", errInvalid)
 	}
-	if in.Cap.MaxInlineData > 0 {
-		return nil, fmt.Errorf("%w: max_inline_data %d (the device has no inline data)", errInvalid, in.Cap.MaxInlineData)
+	if in.Cap.MaxInlineData < 0 || in.Cap.MaxInlineData > MaxInline {
+		return nil, fmt.Errorf("%w: max_inline_data %d (the drop-in takes up to %d)", errInvalid, in.Cap.MaxInlineData, MaxInline)
 	}
 	caps := pd.ctx.Dev.Caps()
 	c := in.Cap
@@ -152,6 +164,15 @@ func (pd *PD) CreateQP(in QPInit) (*QP, error) {
 	qp.cap = QPCap{MaxSendWR: q.SendDepth(), MaxSendSGE: cfg.SendSGE}
 	if in.SRQ == nil {
 		qp.cap.MaxRecvWR, qp.cap.MaxRecvSGE = q.RecvDepth(), cfg.RecvSGE
+	}
+	if c.MaxInlineData > 0 {
+		qp.inlSlot = (c.MaxInlineData + 63) &^ 63
+		mr, err := pd.pd.AllocMR(ctx, qp.inlSlot*qp.cap.MaxSendWR, vfrdma.AccessLocalWrite)
+		if err != nil {
+			return nil, joinClose(err, q.Close)
+		}
+		qp.inl, qp.inlMem = mr, mr.Bytes()
+		qp.cap.MaxInlineData = qp.inlSlot
 	}
 	qp.attr = QPAttr{State: StateReset, Port: 1, PathMTU: 3, Cap: qp.cap}
 	qp.sends.init(qp.cap.MaxSendWR, qp.cap.MaxSendSGE)
@@ -318,6 +339,9 @@ func (qp *QP) Query() (QPAttr, error) {
 func (qp *QP) Destroy() error {
 	if err := qp.qp.Close(); err != nil {
 		return err
+	}
+	if qp.inl != nil {
+		_ = qp.inl.Close()
 	}
 	qp.pd.refs.Add(-1)
 	qp.send.refs.Add(-1)

@@ -107,7 +107,7 @@ func (s *SRQ) UnlockPost()         { s.post.Unlock() }
 
 // PostRecv posts RecvReqs()[:n], with QP.PostSend's rules.
 func (s *SRQ) PostRecv(n int) (int, error) {
-	return postRecv(&s.recvs, &s.ctx.keys, n, s.srq.PostRecv)
+	return postRecv(&s.recvs, n, s.srq.PostRecv)
 }
 
 // Destroy destroys the SRQ; one QPs use is EBUSY.

@@ -1,9 +1,12 @@
 /*
- * librdmacm stand-in. QEMU imports 19 of these calls, for RDMA live
- * migration only; perftest imports the same 19 plus rdma_create_qp_ex and
- * rdma_reject, for its -R (RDMA CM) mode only. softverbs has no connection
- * manager, so each one fails with ENOSYS (returning -1, or NULL for
- * pointers) without side effects.
+ * librdmacm stand-in, beside each libibverbs.so.1 of the project: the
+ * system's librdmacm imports libibverbs symbols neither library exports
+ * (ibv_query_ece, ibv_set_ece at IBVERBS_1.10), so a program linking it
+ * (perftest, QEMU) loads this one instead. QEMU imports 19 of these
+ * calls, for RDMA live migration only; perftest imports the same 19 plus
+ * rdma_create_qp_ex and rdma_reject, for its -R (RDMA CM) mode only.
+ * There is no connection manager, so each one fails with ENOSYS
+ * (returning -1, or NULL for pointers) without side effects.
  * Opaque pointer types replace the librdmacm structures: nothing here
  * looks inside them.
  */
