@@ -15,17 +15,21 @@ import (
 	"github.com/vfrdma/vfrdma/qemu/proto"
 )
 
-// fakeDropin returns a shared library named as make dropin names the
-// drop-in (a copy of this host's C library: the tests read its name and
-// its libraries, never load it).
+// fakeDropin returns a directory as make dropin leaves build/vfrdma: the
+// drop-in libibverbs.so.1 and the librdmacm.so.1 beside it (copies of this
+// host's C library: the tests read their names and their libraries, never
+// load them), and the header cgo writes.
 func fakeDropin(t *testing.T) string {
 	t.Helper()
 	body, err := os.ReadFile(hostLib(t))
 	require.NoError(t, err)
-	lib := filepath.Join(t.TempDir(), "vfrdma", dropinName)
-	require.NoError(t, os.MkdirAll(filepath.Dir(lib), 0o755))
-	require.NoError(t, os.WriteFile(lib, body, 0o755))
-	return lib
+	dir := filepath.Join(t.TempDir(), "vfrdma")
+	require.NoError(t, os.MkdirAll(dir, 0o755))
+	for _, name := range []string{dropinName, "librdmacm.so.1"} {
+		require.NoError(t, os.WriteFile(filepath.Join(dir, name), body, 0o755))
+	}
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "libibverbs.h"), []byte("/* */\n"), 0o644))
+	return dir
 }
 
 // needProgram skips the test when prog is not on this host's PATH.
@@ -109,8 +113,7 @@ func TestVfrdmaImageRunsHostProgramsWithTheDropinOnTheirLibraryPath(t *testing.T
 		"@0", "sh", "-c", "true", "+", "info", "+", "@1", "retry", "X=1", "sh", "-c", "exit 0",
 	}}
 	require.NoError(t, c.plan())
-	lib := fakeDropin(t)
-	progs, _, err := c.vfPrograms(context.Background(), "/build/pvctl", lib)
+	progs, _, err := c.vfPrograms(context.Background(), "/build/pvctl", fakeDropin(t))
 	require.NoError(t, err)
 	require.Len(t, progs, 3)
 
@@ -141,51 +144,54 @@ func TestVfrdmaImageRunsHostProgramsWithTheDropinOnTheirLibraryPath(t *testing.T
 }
 
 // The vfrdma image carries each host program's shared libraries, the
-// drop-in at /usr/lib/vfrdma/libibverbs.so.1 with its own libraries, and
-// never the host's libibverbs.so.1, rdma-core's providers or their
-// configuration.
+// drop-in's libraries (libibverbs.so.1 and the librdmacm.so.1 beside it)
+// at /usr/lib/vfrdma with their own libraries, and never the host's
+// libraries of those names, rdma-core's providers or their configuration.
 func TestVfrdmaImageCarriesTheDropinInPlaceOfTheHostsLibibverbs(t *testing.T) {
-	bin := needProgram(t, "ibv_rc_pingpong")
+	bin := needProgram(t, "ib_send_bw")
 	ctx := context.Background()
 	hostLibs, err := sharedLibs(ctx, bin)
 	require.NoError(t, err)
-	var hostVerbs string
+	replaced := map[string]string{} // the host's libibverbs.so.1 and librdmacm.so.1
 	for _, l := range hostLibs {
-		if filepath.Base(l) == dropinName {
-			hostVerbs = l
+		if b := filepath.Base(l); b == dropinName || b == "librdmacm.so.1" {
+			replaced[b] = l
 		}
 	}
-	require.NotEmpty(t, hostVerbs, "ibv_rc_pingpong loads the host's libibverbs: %q", hostLibs)
+	require.Len(t, replaced, 2, "ib_send_bw loads the host's libibverbs and librdmacm: %q", hostLibs)
 
-	c := &config{vms: 1, timeout: time.Minute, pvctlArgs: []string{"ibv_rc_pingpong", "-g", "0"}}
+	c := &config{vms: 1, timeout: time.Minute, pvctlArgs: []string{"ib_send_bw", "-x", "0"}}
 	require.NoError(t, c.plan())
-	lib := fakeDropin(t)
-	progs, files, err := c.vfPrograms(ctx, "pvctl", lib)
+	dir := fakeDropin(t)
+	progs, files, err := c.vfPrograms(ctx, "pvctl", dir)
 	require.NoError(t, err)
 	require.Len(t, progs, 1)
-	assert.Equal(t, "dropin1-ibv_rc_pingpong", progs[0].Name)
+	assert.Equal(t, "dropin1-ib_send_bw", progs[0].Name)
 
 	byPath := map[string]string{}
 	for _, f := range files {
 		byPath[f.Path] = f.HostPath
 	}
-	assert.Equal(t, lib, byPath["/usr/lib/vfrdma/libibverbs.so.1"], "the drop-in, in place of the host's")
+	for base := range replaced {
+		assert.Equal(t, filepath.Join(dir, base), byPath["/usr/lib/vfrdma/"+base], "the drop-in's %s", base)
+	}
+	assert.NotContains(t, byPath, "/usr/lib/vfrdma/libibverbs.h", "only the libraries")
 	for path, host := range byPath {
-		if filepath.Base(path) == dropinName {
-			assert.Equal(t, "/usr/lib/vfrdma/libibverbs.so.1", path, "the only libibverbs.so.1 is the drop-in")
-			assert.Equal(t, lib, host)
+		if b := filepath.Base(path); replaced[b] != "" {
+			assert.Equal(t, "/usr/lib/vfrdma/"+b, path, "the only %s is the drop-in's", b)
+			assert.Equal(t, dir, filepath.Dir(host))
 		}
 		assert.NotContains(t, path, "/etc/libibverbs.d", "no provider configuration")
 		assert.NotContains(t, path, "/libibverbs/", "no rdma-core provider")
 	}
-	_, has := byPath[hostVerbs]
-	assert.False(t, has, "the host's %s is not carried", hostVerbs)
 	for _, l := range hostLibs {
-		if filepath.Base(l) != dropinName {
+		if replaced[filepath.Base(l)] == "" {
 			assert.Contains(t, byPath, l, "the program's library %s", l)
+		} else {
+			assert.NotContains(t, byPath, l, "the host's %s is not carried", l)
 		}
 	}
-	dropinLibs, err := sharedLibs(ctx, lib)
+	dropinLibs, err := sharedLibs(ctx, filepath.Join(dir, dropinName))
 	require.NoError(t, err)
 	for _, l := range dropinLibs {
 		assert.Contains(t, byPath, l, "the drop-in's library %s", l)
@@ -211,6 +217,7 @@ func TestVfrdmaImageHoldsUCXsTransportsButNotTheHostsLibibverbs(t *testing.T) {
 		assert.Contains(t, bases, want)
 	}
 	assert.Equal(t, []string{"/usr/lib/vfrdma/libibverbs.so.1"}, bases[dropinName])
+	assert.Equal(t, []string{"/usr/lib/vfrdma/librdmacm.so.1"}, bases["librdmacm.so.1"], "libuct_rdmacm's librdmacm: the drop-in's")
 }
 
 // A run of only pvctl's commands carries no host files and needs no
@@ -226,9 +233,10 @@ func TestVfrdmaImageNeedsTheDropinOnlyForHostPrograms(t *testing.T) {
 
 	c = &config{vms: 1, timeout: time.Minute, pvctlArgs: []string{"sh", "-c", "true"}}
 	require.NoError(t, c.plan())
-	_, _, err = c.vfPrograms(context.Background(), "pvctl", filepath.Join(t.TempDir(), dropinName))
+	_, _, err = c.vfPrograms(context.Background(), "pvctl", t.TempDir())
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "make dropin")
+	assert.ErrorIs(t, err, os.ErrNotExist)
 }
 
 // A host program's output in a vfrdma VM is printed as pvctl's is, and the

@@ -14,9 +14,9 @@
 // the vfrdma VMs, over the drop-in libibverbs.so.1 that `make dropin`
 // builds (pvvm runs it), when aimed at them by @N or unprefixed in a run
 // without reference VMs. The image carries the program and the shared
-// libraries it loads, the drop-in at /usr/lib/vfrdma in place of the
-// host's libibverbs.so.1 (LD_LIBRARY_PATH in the program's environment),
-// and no rdma-core provider.
+// libraries it loads, the drop-in's libraries (build/vfrdma) at
+// /usr/lib/vfrdma in place of the host's of those names (LD_LIBRARY_PATH
+// in the program's environment), and no rdma-core provider.
 //
 // A command's standard output goes to pvvm's, its standard error to pvvm's
 // (so `pvvm -- info --json > info.json` holds the JSON alone). With
@@ -354,14 +354,14 @@ func buildSpec(ctx context.Context, c *config, root, dir string, kernel *guest.K
 		jobs = append(jobs, job{build: func() error {
 			return guest.BuildProgram(ctx, filepath.Join(root, "cmd", "pvctl"), bin)
 		}})
-		lib := ""
+		dir := ""
 		if len(c.dropinCmds()) > 0 {
 			var err error
-			if lib, err = buildDropin(ctx, root); err != nil {
+			if dir, err = buildDropin(ctx, root); err != nil {
 				return spec, err
 			}
 		}
-		progs, files, err := c.vfPrograms(ctx, bin, lib)
+		progs, files, err := c.vfPrograms(ctx, bin, dir)
 		if err != nil {
 			return spec, err
 		}
@@ -420,9 +420,10 @@ func buildSpec(ctx context.Context, c *config, root, dir string, kernel *guest.K
 // vfPrograms returns the vfrdma image's programs for c.cmds, in their
 // order (a VM runs its programs in the image's order), and the files they
 // need: pvctl's commands run pvctl (built at pvctl), host programs run
-// over the drop-in lib (hostFiles, dropinStack; "" when none is asked for).
-func (c *config) vfPrograms(ctx context.Context, pvctl, lib string) ([]guest.Program, []guest.File, error) {
-	st := dropinStack(lib)
+// over the drop-in built in dir (hostFiles, dropinStack; "" when none is
+// asked for).
+func (c *config) vfPrograms(ctx context.Context, pvctl, dir string) ([]guest.Program, []guest.File, error) {
+	st := dropinStack(dir)
 	var progs []guest.Program
 	var hostBins []string
 	npvctl, nhost := 0, 0
@@ -623,7 +624,8 @@ func buildBackend(ctx context.Context, root, dir string) error {
 }
 
 // buildDropin builds the drop-in libibverbs.so.1 with the project's own
-// make target and returns its path; its error carries the build's output.
+// make target and returns the directory it is in; its error carries the
+// build's output.
 func buildDropin(ctx context.Context, root string) (string, error) {
 	cmd := exec.CommandContext(ctx, "make", "-s", "-C", root, "dropin")
 	out, err := cmd.CombinedOutput()
@@ -637,7 +639,7 @@ func buildDropin(ctx context.Context, root string) (string, error) {
 	if _, err := os.Stat(lib); err != nil {
 		return "", fmt.Errorf("make dropin made no %s: %w", dropinBuilt, err)
 	}
-	return lib, nil
+	return filepath.Dir(lib), nil
 }
 
 // dropinBuilt is where make dropin puts the drop-in, under the repository.

@@ -208,9 +208,11 @@ type stack struct {
 	// base is put into the image for every program, each with the shared
 	// libraries it loads.
 	base []guest.File
-	// omit names (by base name) a library of the programs the image does
+	// omit names (by base name) libraries of the programs the image does
 	// not carry: the stack brings its own.
-	omit string
+	omit map[string]bool
+	// err, if set, is why the stack cannot be built (hostFiles returns it).
+	err error
 }
 
 // refStack is the reference guests' stack: rdma-core's libibverbs with its
@@ -223,24 +225,38 @@ func refStack() stack {
 	return st
 }
 
-// Where the vfrdma image holds the drop-in libibverbs.so.1, found by the
-// loader through LD_LIBRARY_PATH in the program's environment.
+// Where the vfrdma image holds the drop-in's libraries (make dropin's
+// directory: libibverbs.so.1, and the librdmacm.so.1 stand-in perftest's
+// libraries load), found by the loader through LD_LIBRARY_PATH in the
+// program's environment.
 const (
 	dropinDir  = "/usr/lib/vfrdma"
 	dropinName = "libibverbs.so.1"
 )
 
-// dropinStack is the vfrdma guests' stack for host programs: the drop-in
-// libibverbs.so.1 (built at lib by make dropin) in place of the host's,
-// which the image does not carry, nor rdma-core's providers or their
-// configuration.
-func dropinStack(lib string) stack {
-	return stack{
-		kind: kindDropin, prefix: "dropin",
-		env:  []string{"LD_LIBRARY_PATH=" + dropinDir},
-		base: []guest.File{{HostPath: lib, Path: dropinDir + "/" + dropinName, Mode: 0o755}},
-		omit: dropinName,
+// dropinStack is the vfrdma guests' stack for host programs: every shared
+// library in dir (make dropin's build/vfrdma: the drop-in libibverbs.so.1
+// and what it puts beside it) at /usr/lib/vfrdma, in place of the host's
+// libraries of those names, which the image does not carry; nor
+// rdma-core's providers or their configuration. dir without
+// libibverbs.so.1 is an error.
+func dropinStack(dir string) stack {
+	st := stack{kind: kindDropin, prefix: "dropin", env: []string{"LD_LIBRARY_PATH=" + dropinDir}, omit: map[string]bool{}}
+	if _, err := os.Stat(filepath.Join(dir, dropinName)); err != nil {
+		st.err = fmt.Errorf("the drop-in: %w (make dropin builds it)", err)
+		return st
 	}
+	libs, err := filepath.Glob(filepath.Join(dir, "lib*.so.*"))
+	if err != nil {
+		st.err = err
+		return st
+	}
+	for _, l := range libs {
+		base := filepath.Base(l)
+		st.base = append(st.base, guest.File{HostPath: l, Path: dropinDir + "/" + base, Mode: 0o755})
+		st.omit[base] = true
+	}
+	return st
 }
 
 // hostPrograms returns an image's programs for cmds, host programs that
@@ -285,13 +301,16 @@ func (c *config) hostProgram(i int, cmd command, st stack) (guest.Program, error
 
 // hostFiles lists the files an image needs for the host programs bins
 // (which go to /bin) on st: st's base files, every shared library the
-// programs and the base files load but st.omit, and the extra files extra
+// programs and the base files load but those st.omit names, and the extra files extra
 // names for the programs (see refExtraFiles) with their own libraries.
 func hostFiles(ctx context.Context, bins []string, extra map[string][]string, st stack) ([]guest.File, error) {
+	if st.err != nil {
+		return nil, st.err
+	}
 	need := map[string]bool{}
 	add := func(paths ...string) {
 		for _, p := range paths {
-			if filepath.Base(p) != st.omit {
+			if !st.omit[filepath.Base(p)] {
 				need[p] = true
 			}
 		}
