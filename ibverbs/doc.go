@@ -23,7 +23,11 @@
 //     no VFIO.
 //   - VFRDMA_DEVICE=<BDF>: of the pvrdma functions bound to vfio-pci, list
 //     only that one. Without it every one is listed, vfrdma0, vfrdma1, ...
-//     in PCI address order; none is an empty list, not an error.
+//     in PCI address order; none is an empty list, not an error. A function
+//     is one context at a time: a second ibv_open_device of it, in this
+//     process or another, is NULL with errno EBUSY. (On the model each
+//     ibv_open_device makes a model of its own: two contexts do not reach
+//     each other.)
 //   - VFRDMA_DEBUG=1: diagnostics (each refused verb's reason, the driver's
 //     debug log) on stderr. Without it the library never prints.
 //   - VFRDMA_SYSFS: the sysfs root the function scan reads (tests).
@@ -55,6 +59,14 @@
 // any alignment, at its own address (PD.RegisterMRAt), or at an iova at
 // the same offset in its page (ibv_reg_mr_iova), as the kernel requires.
 //
+// UCX's uct_ib lists a device only if /dev/infiniband/<dev_name> is a
+// character device (a kernel uverbs node); the drop-in's devices are named
+// uverbs0, uverbs1, ... there, so a machine without the kernel's RDMA
+// stack needs such a node for UCX (any character device will do: UCX only
+// stats it). perftest's -R (RDMA CM) mode is not supported: the
+// librdmacm.so.1 make dropin puts beside the library fails every call
+// with ENOSYS.
+//
 // # Threads
 //
 // The Go runtime starts when the library is loaded, on threads of its own
@@ -62,8 +74,11 @@
 // the driver's goroutines (its notification and event demultiplexers) and
 // one that forwards the device's async events to the context's eventfd;
 // on the model, the model's goroutines too. A program thread that calls a
-// verb runs the Go code itself (a cgo callback); ibv_get_cq_event and
-// ibv_get_async_event block that thread in epoll_wait(2) or read(2).
+// verb runs the Go code itself (a cgo callback, which needs one of the
+// runtime's GOMAXPROCS Ps: where the model's goroutines keep them busy,
+// the crossing waits, which BenchmarkPostPoll shows as its spread);
+// ibv_get_cq_event and ibv_get_async_event block that thread in
+// epoll_wait(2) or read(2).
 //
 // # Signals
 //

@@ -67,7 +67,7 @@ func TestDropin(t *testing.T) {
 		}
 		prog := filepath.Join(t.TempDir(), "dropin_test")
 		b, err := exec.Command("gcc", "-O1", "-g", "-Wall", "-Werror", "-std=gnu11", "-o", prog, "tests/dropin_test.c",
-			"-L"+lib, "-l:libibverbs.so.1").CombinedOutput()
+			"-L"+lib, "-l:libibverbs.so.1", "-pthread").CombinedOutput()
 		require.NoError(t, err, "%s", b)
 		out, err := run(t, lib, []string{"VFRDMA_MODEL=v20"}, prog)
 		for _, line := range strings.Split(out, "\n") {

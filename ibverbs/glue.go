@@ -116,11 +116,6 @@ func vfgoAsyncFD(id C.uint32_t) C.int {
 	return C.int(c.AsyncFD())
 }
 
-//export vfgoNodeGUID
-func vfgoNodeGUID(index C.int) C.uint64_t {
-	return 0
-}
-
 //export vfgoQueryDevice
 func vfgoQueryDevice(id C.uint32_t, a *C.struct_ibv_device_attr) C.int {
 	c := bridge.ContextByID(uint32(id))
@@ -219,13 +214,15 @@ func vfgoQueryGID(id C.uint32_t, port, index C.int, gid *C.union_ibv_gid) C.int 
 	return 0
 }
 
+// vfgoGIDInfo returns 1 for RoCE v2 GIDs, 0 for v1, with the table's length.
+//
 //export vfgoGIDInfo
 func vfgoGIDInfo(id C.uint32_t, tblLen *C.int) C.int {
 	c := bridge.ContextByID(uint32(id))
 	if c == nil {
 		return -C.int(syscall.EINVAL)
 	}
-	*tblLen = C.int(c.DeviceAttr().MaxPKeys*0 + int(c.Dev.Caps().GIDTblLen))
+	*tblLen = C.int(c.Dev.Caps().GIDTblLen)
 	if c.RoCEv2() {
 		return 1
 	}
@@ -395,6 +392,7 @@ func vfgoPollCQ(id C.uint32_t, ne C.int, wc *C.struct_vf_wc) C.int {
 			o.pkey_index, o.slid, o.sl, o.dlid_path_bits = 0, 0, 0, 0
 		}
 		total += len(got)
+		cq.EndPoll()
 		if err != nil {
 			if total > 0 {
 				return C.int(total)
@@ -557,8 +555,8 @@ func vfgoPostSend(id C.uint32_t, wr *C.struct_vf_send_wr, bad **C.struct_vf_send
 		*bad = wr
 		return C.int(syscall.EINVAL)
 	}
-	reqs := qp.SendReqs()
 	for wr != nil {
+		reqs := qp.BeginSend()
 		first := wr
 		n := 0
 		for ; wr != nil && n < len(reqs); wr = wr.next {
@@ -611,7 +609,7 @@ func vfgoPostRecv(id C.uint32_t, wr *C.struct_ibv_recv_wr, bad **C.struct_ibv_re
 		*bad = wr
 		return C.int(syscall.EINVAL)
 	}
-	return postRecvList(qp.RecvReqs(), qp.PostRecv, wr, bad)
+	return postRecvList(qp.BeginRecv, qp.PostRecv, wr, bad)
 }
 
 //export vfgoPostSRQRecv
@@ -621,17 +619,19 @@ func vfgoPostSRQRecv(id C.uint32_t, wr *C.struct_ibv_recv_wr, bad **C.struct_ibv
 		*bad = wr
 		return C.int(syscall.EINVAL)
 	}
-	s.LockPost()
-	defer s.UnlockPost()
-	return postRecvList(s.RecvReqs(), s.PostRecv, wr, bad)
+	return postRecvList(s.BeginRecv, s.PostRecv, wr, bad)
 }
 
-func postRecvList(reqs []bridge.RecvReq, post func(int) (int, error), wr *C.struct_ibv_recv_wr, bad **C.struct_ibv_recv_wr) C.int {
-	if len(reqs) == 0 {
-		*bad = wr
-		return C.int(syscall.EINVAL)
-	}
+// postRecvList posts a receive list in runs of the scratch's length:
+// begin takes the scratch, post posts it and gives it back.
+func postRecvList(begin func() []bridge.RecvReq, post func(int) (int, error), wr *C.struct_ibv_recv_wr, bad **C.struct_ibv_recv_wr) C.int {
 	for wr != nil {
+		reqs := begin()
+		if len(reqs) == 0 { // a QP of an SRQ: PostRecv refuses it
+			_, err := post(0)
+			*bad = wr
+			return -neg(err)
+		}
 		first := wr
 		n := 0
 		for ; wr != nil && n < len(reqs); wr = wr.next {

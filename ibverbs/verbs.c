@@ -51,16 +51,6 @@ ABI_EXPORT struct ibv_device **ibv_get_device_list(int *num_devices)
 	return list;
 }
 
-ABI_EXPORT void ibv_free_device_list(struct ibv_device **list)
-{
-	free(list);
-}
-
-ABI_EXPORT const char *ibv_get_device_name(struct ibv_device *device)
-{
-	return device ? device->name : NULL;
-}
-
 ABI_EXPORT int ibv_get_device_index(struct ibv_device *device)
 {
 	return device ? VF(device, vf_device)->index : -1;
@@ -294,26 +284,6 @@ ABI_EXPORT ssize_t _ibv_query_gid_table(struct ibv_context *context,
 		n++;
 	}
 	return (ssize_t)n;
-}
-
-ABI_EXPORT int ibv_query_pkey(struct ibv_context *context, uint8_t port_num,
-			      int index, __be16 *pkey)
-{
-	if (!context || !pkey || port_num != 1 || index != 0) {
-		errno = EINVAL;
-		return -1;
-	}
-	*pkey = htobe16(0xffff);
-	return 0;
-}
-
-ABI_EXPORT int ibv_get_pkey_index(struct ibv_context *context, uint8_t port_num, __be16 pkey)
-{
-	if (!context || port_num != 1 || (be16toh(pkey) & 0x7fff) != 0x7fff) {
-		errno = EINVAL;
-		return -1;
-	}
-	return 0;
 }
 
 /* ---- protection domains, memory regions, address handles ---- */

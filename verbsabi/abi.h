@@ -3,9 +3,11 @@
  * exports — the drop-in over the Go driver (ibverbs/) and the bench's
  * software HCA (qemu/softverbs/). One home for the symbol map
  * (libibverbs.map), the provider-private interface rdma-core's provider
- * libraries import (private.c), and the parts of the API that need no
+ * libraries import (private.c), the parts of the API that need no
  * device (common.c: names of enum values, rates, fork and sysfs helpers,
- * address handles from a completion). Each library compiles these files
+ * address handles from a completion, the device list's names, the one
+ * port's one P_Key), and the librdmacm stand-in both ship (rdmacm.c,
+ * librdmacm.map). Each library compiles these files
  * beside its own and links with the map.
  */
 #ifndef VERBSABI_ABI_H

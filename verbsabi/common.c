@@ -7,6 +7,7 @@
  */
 #include "abi.h"
 
+#include <endian.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdlib.h>
@@ -277,4 +278,38 @@ ABI_EXPORT int ibv_resolve_eth_l2_from_gid(struct ibv_context *context,
 {
 	(void)context; (void)attr; (void)eth_mac; (void)vid;
 	return EOPNOTSUPP;
+}
+
+/* ---- the device list's and P_Key table's calls: every device of the
+ * project has one port (1) and one P_Key (the default, 0xffff, at index 0) ---- */
+
+ABI_EXPORT void ibv_free_device_list(struct ibv_device **list)
+{
+	free(list);
+}
+
+ABI_EXPORT const char *ibv_get_device_name(struct ibv_device *device)
+{
+	return device ? device->name : NULL;
+}
+
+ABI_EXPORT int ibv_query_pkey(struct ibv_context *context, uint8_t port_num,
+			      int index, __be16 *pkey)
+{
+	if (!context || !pkey || port_num != 1 || index != 0) {
+		errno = EINVAL;
+		return -1;
+	}
+	*pkey = htobe16(0xffff);
+	return 0;
+}
+
+ABI_EXPORT int ibv_get_pkey_index(struct ibv_context *context, uint8_t port_num,
+				  __be16 pkey)
+{
+	if (!context || port_num != 1 || (be16toh(pkey) & 0x7fff) != 0x7fff) {
+		errno = EINVAL;
+		return -1;
+	}
+	return 0;
 }

@@ -283,16 +283,6 @@ SV_EXPORT struct ibv_device **ibv_get_device_list(int *num_devices)
 	return list;
 }
 
-SV_EXPORT void ibv_free_device_list(struct ibv_device **list)
-{
-	free(list);
-}
-
-SV_EXPORT const char *ibv_get_device_name(struct ibv_device *device)
-{
-	return device ? device->name : NULL;
-}
-
 SV_EXPORT int ibv_get_device_index(struct ibv_device *device)
 {
 	return device == &sv_dev.ibv ? 0 : -1;
@@ -602,27 +592,6 @@ SV_EXPORT ssize_t _ibv_query_gid_table(struct ibv_context *context,
 	}
 	sv_unlock();
 	return (ssize_t)n;
-}
-
-SV_EXPORT int ibv_query_pkey(struct ibv_context *context, uint8_t port_num,
-			     int index, __be16 *pkey)
-{
-	if (!context || !pkey || port_num != SV_PORT || index != 0) {
-		errno = EINVAL;
-		return -1;
-	}
-	*pkey = htobe16(0xffff);
-	return 0;
-}
-
-SV_EXPORT int ibv_get_pkey_index(struct ibv_context *context, uint8_t port_num,
-				 __be16 pkey)
-{
-	if (!context || port_num != SV_PORT || (be16toh(pkey) & 0x7fff) != 0x7fff) {
-		errno = EINVAL;
-		return -1;
-	}
-	return 0;
 }
 
 /* ---- asynchronous events ----

@@ -1,8 +1,10 @@
 package bridge
 
 import (
+	"fmt"
 	"syscall"
 	"testing"
+	"time"
 	"unsafe"
 
 	"github.com/stretchr/testify/assert"
@@ -11,6 +13,7 @@ import (
 	"github.com/vfrdma/vfrdma"
 	"github.com/vfrdma/vfrdma/pci"
 	"github.com/vfrdma/vfrdma/pci/pcitest"
+	"github.com/vfrdma/vfrdma/vfio"
 )
 
 func openModel(t *testing.T) (*Context, *PD) {
@@ -38,6 +41,29 @@ func TestWithNoBoundFunctionTheDeviceListIsEmptyNotAnError(t *testing.T) {
 	assert.Empty(t, devs)
 }
 
+func TestTheListHasTheVFIOBoundFunctionsInAddressOrderOrTheOneVFRDMADeviceNames(t *testing.T) {
+	s := pcitest.New(t)
+	s.AddDriver(t, "vfio-pci")
+	s.AddDriver(t, "vmw_pvrdma")
+	for _, f := range []pci.Function{
+		{Addr: pci.Addr{Bus: 0x0b, Slot: 0, Func: 1}, Driver: "vfio-pci", IOMMUGroup: 4},
+		{Addr: pci.Addr{Bus: 0x03, Slot: 0, Func: 1}, Driver: "vfio-pci", IOMMUGroup: 2},
+		{Addr: pci.Addr{Bus: 0x05, Slot: 0, Func: 1}, Driver: "vmw_pvrdma", IOMMUGroup: 3},
+	} {
+		f.Vendor, f.Device = 0x15ad, 0x0820
+		s.AddFunction(t, f)
+	}
+	devs, err := Devices(Env{Sysfs: s.Root})
+	require.NoError(t, err)
+	assert.Equal(t, []DeviceInfo{{Name: "vfrdma0", BDF: "0000:03:00.1"}, {Name: "vfrdma1", BDF: "0000:0b:00.1"}}, devs)
+	devs, err = Devices(Env{Sysfs: s.Root, Device: "0b:00.1"})
+	require.NoError(t, err)
+	assert.Equal(t, []DeviceInfo{{Name: "vfrdma0", BDF: "0000:0b:00.1"}}, devs)
+	devs, err = Devices(Env{Sysfs: s.Root, Device: "0000:05:00.1"})
+	require.NoError(t, err)
+	assert.Empty(t, devs, "a function the kernel driver holds is not listed")
+}
+
 func TestAModelOutsideV17ToV20IsRefused(t *testing.T) {
 	for _, ok := range []string{"v17", "v20", "qemu", "v18,rocev2"} {
 		_, err := ParseModel(ok)
@@ -56,6 +82,7 @@ func TestErrnoIsTheProvidersValue(t *testing.T) {
 	assert.Equal(t, syscall.EINVAL, Errno(vfrdma.ErrPrivileges))
 	assert.Equal(t, syscall.EBUSY, Errno(vfrdma.ErrBusy))
 	assert.Equal(t, syscall.EOPNOTSUPP, Errno(ErrUnsupported))
+	assert.Equal(t, syscall.EBUSY, Errno(fmt.Errorf("open 0000:03:00.1: %w", vfio.ErrBusy)), "a group another process holds")
 }
 
 func rcPair(t *testing.T, c *Context, pd *PD, sge int) (*CQ, *QP, *QP) {
@@ -96,13 +123,13 @@ func TestAPostTakesSGEsUpToTheQPsMaxAndRefusesOnePast(t *testing.T) {
 	buf := make([]byte, 4096)
 	mr, err := pd.RegMR(unsafe.Pointer(&buf[1]), 100, uint64(uintptr(unsafe.Pointer(&buf[1]))), 1)
 	require.NoError(t, err)
-	reqs := a.RecvReqs()
+	require.NoError(t, a.Modify(&QPAttr{State: StateInit, Port: 1}, MaskState|MaskPKeyIndex|MaskPort|MaskAccessFlags))
+	reqs := a.BeginRecv()
 	for i := range 2 {
 		reqs[0].SGEs[i] = vfrdma.SGE{Addr: uint64(uintptr(unsafe.Pointer(&buf[1]))), Length: 8, LKey: mr.LKey()}
 	}
 	reqs[0].NumSGE = 2 // the limit
 	reqs[1] = RecvReq{NumSGE: 3, SGEs: reqs[1].SGEs}
-	require.NoError(t, a.Modify(&QPAttr{State: StateInit, Port: 1}, MaskState|MaskPKeyIndex|MaskPort|MaskAccessFlags))
 	n, err := a.PostRecv(2)
 	assert.Equal(t, 1, n, "the request at the limit is posted")
 	assert.Equal(t, syscall.EINVAL, Errno(err), "one past the limit is EINVAL")
@@ -111,7 +138,7 @@ func TestAPostTakesSGEsUpToTheQPsMaxAndRefusesOnePast(t *testing.T) {
 func TestAPostOnAResetQPIsEINVALAndPostsNothing(t *testing.T) {
 	c, pd := openModel(t)
 	_, a, _ := rcPair(t, c, pd, 1)
-	reqs := a.SendReqs()
+	reqs := a.BeginSend()
 	reqs[0] = SendReq{Opcode: WRSend, SGEs: reqs[0].SGEs}
 	n, err := a.PostSend(1)
 	assert.Equal(t, 0, n)
@@ -122,7 +149,7 @@ func TestPollAllocatesNothing(t *testing.T) {
 	c, _ := openModel(t)
 	cq, err := c.CreateCQ(16, nil)
 	require.NoError(t, err)
-	allocs := testing.AllocsPerRun(100, func() { _, _ = cq.Poll(32) })
+	allocs := testing.AllocsPerRun(100, func() { _, _ = cq.Poll(32); cq.EndPoll() })
 	assert.Zero(t, allocs)
 }
 
@@ -151,4 +178,112 @@ func TestANonBlockingAsyncFDWithNoEventIsEAGAIN(t *testing.T) {
 	require.NoError(t, syscall.SetNonblock(c.AsyncFD(), true))
 	_, err := c.NextAsyncEvent()
 	assert.Equal(t, syscall.EAGAIN, Errno(err))
+}
+
+func TestPostAndPollAllocateNothing(t *testing.T) {
+	c, pd := openModel(t)
+	cq, a, b := rcPair(t, c, pd, 1)
+	gid := c.Dev.GID()
+	for _, p := range [][2]*QP{{a, b}, {b, a}} {
+		require.NoError(t, p[0].Modify(&QPAttr{State: StateInit, Port: 1}, MaskState|MaskPKeyIndex|MaskPort|MaskAccessFlags))
+		full := MaskState | MaskAV | MaskPathMTU | MaskDestQPN | MaskRQPSN | MaskMaxDestRDAtomic | MaskMinRNRTimer
+		require.NoError(t, p[0].Modify(&QPAttr{State: StateRTR, DestQPN: p[1].QPN(), AH: AHAttr{IsGlobal: true, DGID: gid, PortNum: 1}}, full))
+		require.NoError(t, p[0].Modify(&QPAttr{State: StateRTS}, MaskState|MaskSQPSN|MaskTimeout|MaskRetryCnt|MaskRNRRetry|MaskMaxQPRDAtomic))
+	}
+	buf := make([]byte, 4096)
+	addr := uint64(uintptr(unsafe.Pointer(&buf[0])))
+	mr, err := pd.RegMR(unsafe.Pointer(&buf[0]), len(buf), addr, 1)
+	require.NoError(t, err)
+	sge := vfrdma.SGE{Addr: addr, Length: 64, LKey: mr.LKey()}
+	round := func() {
+		r := &b.BeginRecv()[0]
+		r.NumSGE, r.SGEs[0] = 1, sge
+		_, perr := b.PostRecv(1)
+		s := &a.BeginSend()[0]
+		s.Opcode, s.NumSGE, s.SGEs[0] = WRSend, 1, sge
+		_, serr := a.PostSend(1)
+		if perr != nil || serr != nil {
+			panic(fmt.Sprint(perr, serr))
+		}
+		for got := 0; got < 2; {
+			w, err := cq.Poll(2 - got)
+			cq.EndPoll()
+			if err != nil {
+				panic(err)
+			}
+			got += len(w)
+		}
+	}
+	// The same round through the driver alone: what the model's own work
+	// allocates (its goroutine's allocations count too).
+	wcs := make([]vfrdma.WC, 2)
+	rwr := []vfrdma.RecvWR{{SGEs: []vfrdma.SGE{sge}}}
+	swr := []vfrdma.SendWR{{SGEs: []vfrdma.SGE{sge}}}
+	direct := func() {
+		_, perr := b.qp.PostRecv(rwr, 0)
+		_, serr := a.qp.PostSend(swr, 0)
+		if perr != nil || serr != nil {
+			panic(fmt.Sprint(perr, serr))
+		}
+		for got := 0; got < 2; {
+			n, err := cq.cq.Poll(wcs[:2-got])
+			if err != nil {
+				panic(err)
+			}
+			got += n
+		}
+	}
+	round()
+	direct()
+	model := testing.AllocsPerRun(200, direct)
+	layer := testing.AllocsPerRun(200, round)
+	t.Logf("allocations per round: %v through the bridge, %v through the driver alone", layer, model)
+	assert.LessOrEqual(t, layer, model, "the bridge adds no allocation to the driver's round")
+}
+
+// The verbs let many threads post to one QP and poll one CQ: the scratch
+// a post fills is the caller's from BeginRecv to PostRecv (run with -race:
+// without the lock the detector reports the shared scratch).
+func TestPostsFromManyGoroutinesEachTakeTheScratchWhole(t *testing.T) {
+	c, pd := openModel(t)
+	cq, err := c.CreateCQ(256, nil)
+	require.NoError(t, err)
+	qp, err := pd.CreateQP(QPInit{Type: QPTypeRC, SendCQ: cq, RecvCQ: cq,
+		Cap: QPCap{MaxSendWR: 8, MaxRecvWR: 128, MaxSendSGE: 1, MaxRecvSGE: 1}})
+	require.NoError(t, err)
+	require.NoError(t, qp.Modify(&QPAttr{State: StateInit, Port: 1}, MaskState|MaskPKeyIndex|MaskPort|MaskAccessFlags))
+	buf := make([]byte, 4096)
+	addr := uint64(uintptr(unsafe.Pointer(&buf[0])))
+	mr, err := pd.RegMR(unsafe.Pointer(&buf[0]), len(buf), addr, 1)
+	require.NoError(t, err)
+	done := make(chan error, 2)
+	for g := range 2 {
+		go func() {
+			for i := range 64 {
+				reqs := qp.BeginRecv()
+				reqs[0].WRID = uint64(g*64 + i)
+				reqs[0].NumSGE, reqs[0].SGEs[0] = 1, vfrdma.SGE{Addr: addr, Length: 8, LKey: mr.LKey()}
+				if _, err := qp.PostRecv(1); err != nil {
+					done <- err
+					return
+				}
+			}
+			done <- nil
+		}()
+	}
+	require.NoError(t, <-done)
+	require.NoError(t, <-done)
+	require.NoError(t, qp.Modify(&QPAttr{State: StateErr}, MaskState))
+	seen := map[uint64]int{}
+	require.Eventually(t, func() bool {
+		w, err := cq.Poll(64)
+		for _, x := range w {
+			seen[x.WRID]++
+		}
+		cq.EndPoll()
+		return err == nil && len(seen) == 128
+	}, time.Minute, time.Millisecond, "every receive flushes")
+	for id, n := range seen {
+		assert.Equal(t, 1, n, "wr_id %d", id)
+	}
 }

@@ -3,6 +3,7 @@ package bridge
 import (
 	"fmt"
 	"math/bits"
+	"sync"
 	"sync/atomic"
 	"unsafe"
 
@@ -42,6 +43,7 @@ type CQ struct {
 	fd   int // the CQ's own fd in its channel's epoll set, -1 without
 	wcs  []vfrdma.WC
 	out  []WC
+	mu   sync.Mutex   // the scratch's: the verbs let many threads poll one CQ
 	refs atomic.Int32 // QPs and SRQs using it
 
 	// completion events handed out (ibv_get_cq_event) and acknowledged
@@ -82,9 +84,10 @@ func (cq *CQ) Entries() int { return cq.cq.Entries() }
 func (cq *CQ) Handle() uint32 { return cq.cq.Handle() }
 
 // Poll polls at most max completions (at most pollScratch) and returns
-// them, in the CQ's scratch: valid until the next Poll. It allocates
-// nothing.
+// them in the CQ's scratch, which stays locked (the verbs let many threads
+// poll one CQ) until EndPoll, which must follow. It allocates nothing.
 func (cq *CQ) Poll(max int) ([]WC, error) {
+	cq.mu.Lock()
 	if max > len(cq.wcs) {
 		max = len(cq.wcs)
 	}
@@ -109,6 +112,9 @@ func (cq *CQ) Poll(max int) ([]WC, error) {
 	}
 	return cq.out[:n], err
 }
+
+// EndPoll gives the scratch of the last Poll back.
+func (cq *CQ) EndPoll() { cq.mu.Unlock() }
 
 // Capacity is the most one Poll returns.
 func (cq *CQ) Capacity() int { return len(cq.wcs) }

@@ -89,20 +89,31 @@ func (s *recvScratch) init(n, sge int) {
 	}
 }
 
-// SendReqs is the scratch the cgo layer fills before PostSend: at most
-// len of it per call (the send queue's depth, which is the most one post
-// can take).
-func (qp *QP) SendReqs() []SendReq { return qp.sends.reqs }
+// BeginSend takes the QP's send scratch, which the cgo layer fills before
+// PostSend: at most len of it per call (the send queue's depth, the most
+// one post can take). The verbs let many threads post to one QP and the
+// driver takes one poster per queue, so BeginSend locks the scratch and
+// PostSend, which must follow, unlocks it.
+func (qp *QP) BeginSend() []SendReq {
+	qp.sendMu.Lock()
+	return qp.sends.reqs
+}
 
-// RecvReqs is the scratch for PostRecv (nil for a QP of an SRQ).
-func (qp *QP) RecvReqs() []RecvReq { return qp.recvs.reqs }
+// BeginRecv takes the receive scratch for PostRecv likewise (empty for a
+// QP of an SRQ).
+func (qp *QP) BeginRecv() []RecvReq {
+	qp.recvMu.Lock()
+	return qp.recvs.reqs
+}
 
-// PostSend posts SendReqs()[:n] and returns how many were posted: the
+// PostSend posts BeginSend()[:n], unlocks the scratch, and returns how
+// many were posted: the
 // requests before the first refused one. A refusal (too many SGEs, an
 // opcode the QP's type does not run, an AH of another PD, a bad key, the
 // wrong state, a full queue) is the error, with Errno's value. It
 // allocates nothing.
 func (qp *QP) PostSend(n int) (int, error) {
+	defer qp.sendMu.Unlock()
 	s := &qp.sends
 	ok, err := n, error(nil)
 	inl := 0
@@ -212,8 +223,10 @@ func (qp *QP) checkSend(r *SendReq) error {
 	return nil
 }
 
-// PostRecv posts RecvReqs()[:n], with PostSend's rules.
+// PostRecv posts BeginRecv()[:n] with PostSend's rules, and unlocks the
+// scratch.
 func (qp *QP) PostRecv(n int) (int, error) {
+	defer qp.recvMu.Unlock()
 	if qp.srq != nil {
 		return 0, fmt.Errorf("%w: the QP takes its receives from an SRQ", errInvalid)
 	}

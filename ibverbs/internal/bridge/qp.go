@@ -107,6 +107,9 @@ type QP struct {
 	attr  QPAttr
 	sends sendScratch
 	recvs recvScratch
+	// the scratch's locks: the verbs let many threads post to one QP,
+	// the driver takes one poster per queue
+	sendMu, recvMu sync.Mutex
 
 	// inline data: a registered ring of one slot per send queue entry,
 	// where IBV_SEND_INLINE requests' bytes are copied at post

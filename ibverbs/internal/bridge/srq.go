@@ -99,14 +99,17 @@ func (s *SRQ) Query() SRQAttr {
 	return SRQAttr{MaxWR: s.srq.Depth(), MaxSGE: s.sge, Limit: s.limit}
 }
 
-// RecvReqs is the scratch for PostRecv; LockPost and UnlockPost bracket
-// filling it and posting (an SRQ may be posted from many threads).
-func (s *SRQ) RecvReqs() []RecvReq { return s.recvs.reqs }
-func (s *SRQ) LockPost()           { s.post.Lock() }
-func (s *SRQ) UnlockPost()         { s.post.Unlock() }
+// BeginRecv takes the SRQ's scratch for PostRecv, locked (an SRQ may be
+// posted from many threads) until PostRecv.
+func (s *SRQ) BeginRecv() []RecvReq {
+	s.post.Lock()
+	return s.recvs.reqs
+}
 
-// PostRecv posts RecvReqs()[:n], with QP.PostSend's rules.
+// PostRecv posts BeginRecv()[:n] with QP.PostSend's rules, and unlocks
+// the scratch.
 func (s *SRQ) PostRecv(n int) (int, error) {
+	defer s.post.Unlock()
 	return postRecv(&s.recvs, n, s.srq.PostRecv)
 }
 
