@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # Active messages side by side: UCX (ucx_perftest ucp_am_lat / ucp_am_bw,
-# UCX 1.13 over rc_verbs on Linux's vmw_pvrdma, in two reference guests)
-# and vfrdma's am (pvctl am --vm, in two vfrdma guests), on the same bench
+# UCX 1.13 over rc_verbs on Linux's vmw_pvrdma, in two reference guests),
+# the same UCX over vfrdma (the same ucx_perftest in two vfrdma guests
+# through the drop-in libibverbs: make dropin) and vfrdma's am (pvctl am
+# --vm, in two vfrdma guests), on the same bench
 # and the same emulated device, 8 B, 4 KiB, 64 KiB and 1 MiB; and, for the
 # floor the backend sets, UCX between two processes on the host over the
 # backend with no emulator (scripts/ucxhost.sh). Every figure is the
 # median of REPS runs, with the range beside it; the runs are interleaved
-# (round r runs UCX at every size, then am unchecked and checked, then UCX on the host), so the
+# (round r runs UCX at every size, then UCX over vfrdma, then am unchecked and checked, then UCX on the host), so the
 # bench's drift over the invocation falls on all alike. A UCX size that
 # fails shows "failed" in its rows; the script goes on.
 #
@@ -27,6 +29,14 @@ BW=1048576
 . scripts/ucx-env.sh
 ucx_env vmw_pvrdma0
 UCX=("${UCX_ENV[@]}")
+ucx_env vfrdma0 0 # the drop-in's device; vfrdma binds its GID at index 0
+UCXV=("${UCX_ENV[@]}")
+# UCX lists an IB device only if /dev/infiniband/<its dev_name> is a
+# character device; a vfrdma guest has none (no kernel RDMA stack), so
+# the drop-in's uverbs0 is made a link to /dev/vfio/vfio (scripts/test.sh's
+# dropin tier says more).
+UCXV_PRE=(mkdir -p /dev/infiniband + ln -sf /dev/vfio/vfio /dev/infiniband/uverbs0)
+NO_PRE=()
 SERVER=192.168.100.1
 
 # run ARGS...: one two-VM pvvm run; its output in $out; its status returned.
@@ -42,9 +52,17 @@ hostfinal() { echo "$out" | awk -v n="$1" '$1 == "Final:" { print $n }'; }
 # amrow TEST SIZE N: field N of pvctl am's row (the driving task, VM 1).
 amrow() { echo "$out" | awk -v t="$1" -v s="$2" -v n="$3" '$1 == "vm1:" && $2 == t && $3 == s && $4 ~ /^[0-9]+$/ { print $n }'; }
 
-for ((rep = 0; rep < REPS; rep++)); do
-  # UCX: one boot per size, latency then rate (1 MiB: bandwidth only); VM 0
-  # serves, VM 1 is the client and prints the table.
+# ucx_sizes KEY PRE PVVM-FLAGS... -- ENV...: UCX at every size, one boot
+# per size, latency then rate (1 MiB: bandwidth only), after the commands
+# in the array named PRE (in both VMs); VM 0 serves, VM 1 is the client
+# and prints the table. A size that fails is noted in failed[KEY,SIZE].
+ucx_sizes() {
+  local key=$1 flags=() env size t k j all n lat mbs rate
+  local -n pre=$2
+  shift 2
+  while [ "$1" != -- ]; do flags+=("$1"); shift; done
+  shift
+  env=("$@")
   for size in "${SIZES[@]}" "$BW"; do
     tests=(ucp_am_lat ucp_am_bw)
     [ "$size" = "$BW" ] && tests=(ucp_am_bw)
@@ -55,13 +73,14 @@ for ((rep = 0; rep < REPS; rep++)); do
       k=$MSGS
       [ "$t" = ucp_am_lat ] && k=$ITERS
       [ "$size" = "$BW" ] && k=$BWMSGS
-      all+=(+ @0 "${UCX[@]}" ucx_perftest -t "$t" -s "$size" -n "$k" + @1 retry "${UCX[@]}" ucx_perftest "$SERVER" -t "$t" -s "$size" -n "$k")
+      all+=(+ @0 "${env[@]}" ucx_perftest -t "$t" -s "$size" -n "$k" + @1 retry "${env[@]}" ucx_perftest "$SERVER" -t "$t" -s "$size" -n "$k")
       n+=("$t")
     done
     all=("${all[@]:1}")
-    if ! run -ref 2 -- "${all[@]}"; then
-      failed[$size]=1
-      echo "amside: UCX at $size B failed; the last lines:" >&2
+    [ ${#pre[@]} = 0 ] || all=("${pre[@]}" + "${all[@]}")
+    if ! run "${flags[@]}" -- "${all[@]}"; then
+      failed[$key,$size]=1
+      echo "amside: $key at $size B failed; the last lines:" >&2
       echo "$out" | grep -v 'QEMU stack' | tail -8 >&2
     fi
     # The client's Final lines, in the order of its tests: field 5 is the
@@ -72,11 +91,18 @@ for ((rep = 0; rep < REPS; rep++)); do
     for j in "${!n[@]}"; do
       [ -n "${lat[$j]:-}" ] || continue
       case ${n[$j]} in
-      ucp_am_lat) add "ucx,rt,$size" "$(awk -v v="${lat[$j]}" 'BEGIN { printf "%.1f\n", 2 * v }')" ;;
-      ucp_am_bw) add "ucx,rate,$size" "${rate[$j]}"; add "ucx,mbs,$size" "${mbs[$j]}" ;;
+      ucp_am_lat) add "$key,rt,$size" "$(awk -v v="${lat[$j]}" 'BEGIN { printf "%.1f\n", 2 * v }')" ;;
+      ucp_am_bw) add "$key,rate,$size" "${rate[$j]}"; add "$key,mbs,$size" "${mbs[$j]}" ;;
       esac
     done
   done
+}
+
+for ((rep = 0; rep < REPS; rep++)); do
+  # UCX over the kernel stack (two reference guests), then the same over
+  # vfrdma (two vfrdma guests, the drop-in).
+  ucx_sizes ucx NO_PRE -ref 2 -- "${UCX[@]}"
+  ucx_sizes ucxv UCXV_PRE -- "${UCXV[@]}"
 
   # vfrdma: pvctl am between two vfrdma guests (VM 1 drives): as
   # ucx_perftest runs (the bytes untouched: --check=false), then with its
@@ -122,15 +148,15 @@ med() { printf '%s' "${vals[$1]:-}" | median; }
 cell() { # KEY FORMAT: "median (min–max)", or "failed" for a UCX size that failed with no figure
   local m; m=$(med "$1")
   if [ "$m" = - ]; then
-    case $1 in ucx,*) [ -n "${failed[${1##*,}]:-}" ] && { echo failed; return; } ;; esac
+    case $1 in ucx,* | ucxv,*) [ -n "${failed[${1%%,*},${1##*,}]:-}" ] && { echo failed; return; } ;; esac
     echo -; return
   fi
   local r; r=$(printf '%s' "${vals[$1]}" | spread "$2")
   printf "%$2%s" "$m" "${r:+ ($r)}"
 }
 ratio() { awk -v a="$1" -v b="$2" 'BEGIN { if (a != "-" && b != "-" && b > 0) printf "%.2f", a / b; else print "-" }'; }
-row() { printf "| %-8s | %-26s | %-26s | %-26s | %-7s | %-26s | %-26s |\n" "$@"; }
-lrow() { printf "| %-8s | %-27s | %-26s | %-26s | %-7s | %-26s | %-26s |\n" "$@"; } # printf pads bytes: "µ" is two
+row() { printf "| %-8s | %-26s | %-26s | %-26s | %-7s | %-26s | %-26s | %-26s | %-7s |\n" "$@"; }
+lrow() { printf "| %-8s | %-27s | %-26s | %-26s | %-7s | %-26s | %-26s | %-26s | %-7s |\n" "$@"; } # printf pads bytes: "µ" is two
 echo
 echo "Active messages between two guests on the same bench (QEMU 7.2 pvrdma under TCG, the softverbs backend):"
 echo "UCX 1.13 ucp_am (ucx_perftest, rc_verbs on Linux's vmw_pvrdma) beside vfrdma's am (pvctl am --vm)."
@@ -139,13 +165,15 @@ echo "rate run, $BWMSGS for 1 MiB. Round trip: am's mean, and twice ucp_am_lat's
 echo "vfrdma am: pvctl am --check=false, the bytes untouched as ucx_perftest leaves them (am/UCX compares these);"
 echo "checked: pvctl am's default, every message filled with a pattern and every byte checked at its target."
 echo "UCX on the host: two host processes over the backend, no emulator (scripts/ucxhost.sh)."
+echo "UCX over vfrdma: the same ucx_perftest in two vfrdma guests through the drop-in libibverbs (vfrdma0)."
 echo
-row size figure "UCX ucp_am" "vfrdma am" "am/UCX" "vfrdma am, checked" "UCX on the host"
-printf "|%s|%s|%s|%s|%s|%s|%s|\n" ---------- ---------------------------- ---------------------------- ---------------------------- --------- ---------------------------- ----------------------------
+row size figure "UCX ucp_am" "vfrdma am" "am/UCX" "vfrdma am, checked" "UCX on the host" "UCX over vfrdma" "vf/ker"
+printf "|%s|%s|%s|%s|%s|%s|%s|%s|%s|\n" ---------- ---------------------------- ---------------------------- ---------------------------- --------- ---------------------------- ---------------------------- ---------------------------- ---------
 for size in "${SIZES[@]}"; do
-  lrow "$size" "round trip µs (mean)" "$(cell "ucx,rt,$size" .1f)" "$(cell "am,rt,$size" .1f)" "$(ratio "$(med "am,rt,$size")" "$(med "ucx,rt,$size")")" "$(cell "amchk,rt,$size" .1f)" "$(cell "host,rt,$size" .1f)"
-  row "$size" "msg/s" "$(cell "ucx,rate,$size" .0f)" "$(cell "am,rate,$size" .0f)" "$(ratio "$(med "am,rate,$size")" "$(med "ucx,rate,$size")")" "$(cell "amchk,rate,$size" .0f)" "$(cell "host,rate,$size" .0f)"
+  lrow "$size" "round trip µs (mean)" "$(cell "ucx,rt,$size" .1f)" "$(cell "am,rt,$size" .1f)" "$(ratio "$(med "am,rt,$size")" "$(med "ucx,rt,$size")")" "$(cell "amchk,rt,$size" .1f)" "$(cell "host,rt,$size" .1f)" "$(cell "ucxv,rt,$size" .1f)" "$(ratio "$(med "ucxv,rt,$size")" "$(med "ucx,rt,$size")")"
+  row "$size" "msg/s" "$(cell "ucx,rate,$size" .0f)" "$(cell "am,rate,$size" .0f)" "$(ratio "$(med "am,rate,$size")" "$(med "ucx,rate,$size")")" "$(cell "amchk,rate,$size" .0f)" "$(cell "host,rate,$size" .0f)" "$(cell "ucxv,rate,$size" .0f)" "$(ratio "$(med "ucxv,rate,$size")" "$(med "ucx,rate,$size")")"
 done
-row "$BW" "MB/s" "$(cell "ucx,mbs,$BW" .1f)" "$(cell "am,mbs,$BW" .1f)" "$(ratio "$(med "am,mbs,$BW")" "$(med "ucx,mbs,$BW")")" "$(cell "amchk,mbs,$BW" .1f)" "$(cell "host,mbs,$BW" .1f)"
+row "$BW" "MB/s" "$(cell "ucx,mbs,$BW" .1f)" "$(cell "am,mbs,$BW" .1f)" "$(ratio "$(med "am,mbs,$BW")" "$(med "ucx,mbs,$BW")")" "$(cell "amchk,mbs,$BW" .1f)" "$(cell "host,mbs,$BW" .1f)" "$(cell "ucxv,mbs,$BW" .1f)" "$(ratio "$(med "ucxv,mbs,$BW")" "$(med "ucx,mbs,$BW")")"
 echo
-echo "am/UCX: above 1 is am slower for round trips, faster for msg/s and MB/s."
+echo "am/UCX: above 1 is am slower for round trips, faster for msg/s and MB/s;"
+echo "vf/ker: UCX over vfrdma to UCX over the kernel stack, read the same way."

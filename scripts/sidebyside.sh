@@ -15,6 +15,13 @@
 # batch 32, 0.12, at 0.93x: docs/benchmarks.md), so a traced rate favours
 # whichever stack rings less. The doorbell counts and the round trips'
 # breakdown come from one more round, traced.
+#
+# The same perftest binary runs on both stacks: over the kernel stack in
+# the reference guests, and over vfrdma in vfrdma guests through the
+# drop-in libibverbs (pvvm carries it: make dropin), ib_send_bw at batch 1
+# and with its post list of 32 (-l 32: 32 sends a doorbell), and
+# ib_send_lat; those rows compare the stacks with the program's own work
+# the same on both.
 # Usage: scripts/sidebyside.sh [MESSAGES] [ITERS] [REPS]
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -25,6 +32,8 @@ REPS=${3:-5}
 # Messages in flight: ib_send_bw keeps its tx depth (-t, 128 by default) in
 # flight whatever it posts per doorbell; pvctl bench keeps the same.
 WINDOW=128
+# ib_send_bw -l 32 wants its message count a multiple of its post list.
+PLMSGS=$((MSGS / 32 * 32))
 PVVM=($GO run ./cmd/pvvm -vms 2)
 
 # run LABEL ARGS...: one pvvm run; its output in $out (and on failure, stderr).
@@ -79,6 +88,26 @@ declare -A VF_NAME=([vf]="vfrdma, no flags" [ev]="vfrdma --events" [sp]="vfrdma 
 declare -A vals notes
 # add KEY VALUE: one run's figure ("" and "-" are dropped).
 add() { [ -n "$2" ] && [ "$2" != - ] && vals[$1]+="$2"$'\n'; return 0; }
+# perftest_bw KEY SIZE MESSAGES TRACED: an ib_send_bw run's figure: its
+# client's (VM 1) msg/s, or traced its doorbells per message.
+perftest_bw() {
+  if [ "$4" = 1 ]; then
+    add "db,$1,$2" "$(dbpm "$3")"
+    notes[$1,$2]=$(kinds)
+  else
+    add "rate,$1,$2" "$(echo "$out" | awk -v s="$2" '$1 == "vm1:" && $2 == s && NF == 6 { printf "%.0f\n", $6 * 1e6 }')"
+  fi
+}
+# perftest_lat KEY SIZE TRACED: an ib_send_lat run's figures: its client's
+# (VM 1) t_typical and t_avg, or traced its round trip broken down.
+perftest_lat() {
+  if [ "$3" = 1 ]; then
+    spans "rt,$1,$2"
+  else
+    add "lat,$1,$2" "$(echo "$out" | awk -v s="$2" '$1 == "vm1:" && $2 == s && NF >= 10 { print $6 }')"
+    add "mean,$1,$2" "$(echo "$out" | awk -v s="$2" '$1 == "vm1:" && $2 == s && NF >= 10 { print $7 }')"
+  fi
+}
 # round REP TRACED: every configuration once. Untraced (TRACED=0) it adds
 # each run's rate or latency; traced (1: the rate runs with -doorbells, the
 # latency runs with -timeline) each run's doorbells and round-trip spans.
@@ -91,19 +120,20 @@ round() {
     # its CQ) and ib_send_lat (its typical one-way latency), VM 0 the
     # server.
     run "reference ib_send_bw $size B" $db -ref 2 -- @0 ib_send_bw -x 1 -Q 1 -n "$MSGS" -s "$size" + @1 retry ib_send_bw -x 1 -Q 1 -n "$MSGS" -s "$size" 192.168.100.1
-    if [ "$traced" = 1 ]; then
-      add "db,ref,$size" "$(dbpm "$MSGS")"
-      notes[ref,$size]=$(kinds)
-    else
-      add "rate,ref,$size" "$(echo "$out" | awk -v s="$size" '$1 == "vm1:" && $2 == s && NF == 6 { printf "%.0f\n", $6 * 1e6 }')"
-    fi
+    perftest_bw ref "$size" "$MSGS" "$traced"
+    run "reference ib_send_bw -l 32 $size B" $db -ref 2 -- @0 ib_send_bw -x 1 -Q 1 -l 32 -n "$PLMSGS" -s "$size" + @1 retry ib_send_bw -x 1 -Q 1 -l 32 -n "$PLMSGS" -s "$size" 192.168.100.1
+    perftest_bw refl "$size" "$PLMSGS" "$traced"
     run "reference ib_send_lat $size B" $tl -ref 2 -- @0 ib_send_lat -x 1 -n "$ITERS" -s "$size" + @1 retry ib_send_lat -x 1 -n "$ITERS" -s "$size" 192.168.100.1
-    if [ "$traced" = 1 ]; then
-      spans "rt,ref,$size"
-    else
-      add "lat,ref,$size" "$(echo "$out" | awk -v s="$size" '$1 == "vm1:" && $2 == s && NF >= 10 { print $6 }')"
-      add "mean,ref,$size" "$(echo "$out" | awk -v s="$size" '$1 == "vm1:" && $2 == s && NF >= 10 { print $7 }')"
-    fi
+    perftest_lat ref "$size" "$traced"
+
+    # The same perftest over vfrdma: the drop-in in two vfrdma guests
+    # (vfrdma0, its GID at index 0).
+    run "perftest over vfrdma ib_send_bw $size B" $db -- @0 ib_send_bw -x 0 -Q 1 -n "$MSGS" -s "$size" + @1 retry ib_send_bw -x 0 -Q 1 -n "$MSGS" -s "$size" 192.168.100.1
+    perftest_bw pt1 "$size" "$MSGS" "$traced"
+    run "perftest over vfrdma ib_send_bw -l 32 $size B" $db -- @0 ib_send_bw -x 0 -Q 1 -l 32 -n "$PLMSGS" -s "$size" + @1 retry ib_send_bw -x 0 -Q 1 -l 32 -n "$PLMSGS" -s "$size" 192.168.100.1
+    perftest_bw pt32 "$size" "$PLMSGS" "$traced"
+    run "perftest over vfrdma ib_send_lat $size B" $tl -- @0 ib_send_lat -x 0 -n "$ITERS" -s "$size" + @1 retry ib_send_lat -x 0 -n "$ITERS" -s "$size" 192.168.100.1
+    perftest_lat pt "$size" "$traced"
 
     # vfrdma: pvctl bench (VM 1 sends, VM 0 receives and reposts its
     # receives in chains), one doorbell per message (batch 1) and per 32,
@@ -151,13 +181,17 @@ echo
 echo "RC SEND between two guests on the same bench (QEMU 7.2 pvrdma under TCG, the softverbs backend)"
 echo "medians of $REPS interleaved runs (range in brackets): $MSGS messages per rate run, $WINDOW in flight; $ITERS iterations per latency run;"
 echo "one-way latency: half the median round trip (ib_send_lat's t_typical), and half the mean (its t_avg);"
-echo "doorbells: every kind both devices received in the traced round's rate run (QEMU's pvrdma_uar_write), per message"
+echo "doorbells: every kind both devices received in the traced round's rate run (QEMU's pvrdma_uar_write), per message;"
+echo "perftest over vfrdma: the same binaries through the drop-in libibverbs; its -l 32 row's ratio is to the reference's -l 32"
 echo
 row size stack "msg/s" "one-way µs, median" "one-way µs, mean" "doorbells/msg" "vfrdma/ref"
 printf "|%s|%s|%s|%s|%s|%s|%s|\n" -------- ---------------------------------------------- ---------------------------- ------------------------ ------------------------ --------------- ------------
 for size in 64 4096; do
   r=$(med "rate,ref,$size")
   row "$size" "reference: ib_send_bw / ib_send_lat" "$(cell "rate,ref,$size" .0f)" "$(cell "lat,ref,$size" .1f)" "$(cell "mean,ref,$size" .1f)" "$(med "db,ref,$size")" ""
+  row "$size" "reference: ib_send_bw -l 32" "$(cell "rate,refl,$size" .0f)" "" "" "$(med "db,refl,$size")" ""
+  row "$size" "perftest over vfrdma: ib_send_bw / _lat" "$(cell "rate,pt1,$size" .0f)" "$(cell "lat,pt,$size" .1f)" "$(cell "mean,pt,$size" .1f)" "$(med "db,pt1,$size")" "$(ratio "$(med "rate,pt1,$size")" "$r")"
+  row "$size" "perftest over vfrdma: ib_send_bw -l 32" "$(cell "rate,pt32,$size" .0f)" "" "" "$(med "db,pt32,$size")" "$(ratio "$(med "rate,pt32,$size")" "$(med "rate,refl,$size")")"
   for k in "${VF_KEYS[@]}"; do
     row "$size" "${VF_NAME[$k]}: batch 1 / pingpong" "$(cell "rate,${k}1,$size" .0f)" "$(cell "lat,$k,$size" .1f)" "$(cell "mean,$k,$size" .1f)" "$(med "db,${k}1,$size")" "$(ratio "$(med "rate,${k}1,$size")" "$r")"
     row "$size" "${VF_NAME[$k]}: batch 32" "$(cell "rate,${k}32,$size" .0f)" "" "" "$(med "db,${k}32,$size")" "$(ratio "$(med "rate,${k}32,$size")" "$r")"
@@ -172,9 +206,12 @@ brow() { printf "| %-6s | %-30s | %-20s | %-20s | %-20s | %-20s | %-20s |\n" "$@
 brow size stack "transit to server" "server turnaround" "transit to client" "client turnaround" "round trip"
 printf "|%s|%s|%s|%s|%s|%s|%s|\n" -------- -------------------------------- ---------------------- ---------------------- ---------------------- ---------------------- ----------------------
 for size in 64 4096; do
-  for k in ref "${VF_KEYS[@]}"; do
-    name=reference
-    [ "$k" != ref ] && name=${VF_NAME[$k]}
+  for k in ref pt "${VF_KEYS[@]}"; do
+    case $k in
+    ref) name=reference ;;
+    pt) name="perftest over vfrdma" ;;
+    *) name=${VF_NAME[$k]} ;;
+    esac
     brow "$size" "$name" "$(cell "rt,$k,$size,0" .1f)" "$(cell "rt,$k,$size,1" .1f)" "$(cell "rt,$k,$size,2" .1f)" "$(cell "rt,$k,$size,3" .1f)" "$(cell "rt,$k,$size,4" .1f)"
   done
 done
@@ -182,6 +219,9 @@ echo
 echo "Doorbells by kind, both VMs, the traced round's rate runs:"
 for size in 64 4096; do
   echo "  $size B ref: ${notes[ref,$size]}"
+  echo "  $size B ref -l 32: ${notes[refl,$size]}"
+  echo "  $size B perftest over vfrdma: ${notes[pt1,$size]}"
+  echo "  $size B perftest over vfrdma -l 32: ${notes[pt32,$size]}"
   for k in "${VF_KEYS[@]}"; do
     for batch in 1 32; do
       echo "  $size B $k batch $batch: ${notes[$k$batch,$size]}"

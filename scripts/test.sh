@@ -99,6 +99,83 @@ reference_tier() {
   [ "$(echo "$out" | grep -c '^vm1: Final: *1000 ')" = 1 ] || { echo "ucx_perftest's client did not report its 1000 iterations"; return 1; }
 }
 
+# rdma-core's, perftest's and UCX's programs, unmodified, in vfrdma guests
+# over the drop-in libibverbs (make dropin; pvvm carries it and runs the
+# program with LD_LIBRARY_PATH at it): VMs 0 and 1 are vfrdma guests (the
+# device is vfrdma0, its one GID fe80::<MAC> at index 0: -g 0, -x 0), VM 2
+# a reference guest (vmw_pvrdma0). ibv_devinfo -v in both vfrdma guests
+# (port ACTIVE); then, for each of ibv_rc_pingpong, ibv_ud_pingpong,
+# ibv_srq_pingpong, ib_send_lat and ib_send_bw, three pairs in a cycle: A
+# vfrdma↔vfrdma (server VM 1), B vfrdma client against the reference
+# server (VM 2), C reference client against the vfrdma server (VM 0); last
+# ucx_perftest's ucp_am_lat vfrdma↔vfrdma. The cycle keeps one boot of
+# three VMs busy: each pair needs a VM of the one before, and the VM the
+# pair before left idle is the next pair's server, listening by the time
+# its client comes (so a server waits at most one pair, well within
+# CMD_LIMIT; a client retries while its server is not up yet).
+#
+# The reference guest's GIDs: 0 fe80::<MAC> never routes on the bench, 1
+# is its IPv4 address (::ffff:10.10.0.3), which rdma-core's pingpongs use
+# (-g 1) against vfrdma's fe80 GID. perftest refuses a peer whose GID is
+# not of its own kind (IPv4-mapped or not: "Found Incompatibility issue
+# with GID types"), and vfrdma0 has no IPv4 GID (the reference kernel
+# would resolve one by ARP, which no vfrdma guest answers), so the
+# reference guest gets an IPv6 address on its vmxnet3 interface (eth1;
+# nodad: usable at once), whose GID (index 2) perftest uses (-x 2) against
+# vfrdma's fe80 GID, which the kernel resolves without ARP.
+#
+# UCX's uct_ib lists an IB device only if /dev/infiniband/<its dev_name>
+# is a character device the process may read and write; a vfrdma guest
+# has no kernel RDMA stack and so no /dev/infiniband: the drop-in's
+# vfrdma0 names uverbs0, which the tier makes a link to /dev/vfio/vfio (a
+# character device UCX only checks, never opens).
+#
+# Every program must exit 0, each pingpong report its iterations on both
+# sides, each perftest its result row on both sides, UCX's client its 1000
+# iterations. The same cycle with reference guests in all three VMs took
+# 44 s on a quiet machine.
+dropin_tier() {
+  local out rc k
+  local UCX_ENV
+  . scripts/ucx-env.sh
+  ucx_env vfrdma0 0
+  local ucx=("${UCX_ENV[@]}")
+  local -A vf ref
+  vf[rc]="ibv_rc_pingpong -g 0 -n 200 -s 4096"  ref[rc]="ibv_rc_pingpong -g 1 -n 200 -s 4096"
+  vf[ud]="ibv_ud_pingpong -g 0 -n 200 -s 1024"  ref[ud]="ibv_ud_pingpong -g 1 -n 200 -s 1024"
+  vf[srq]="ibv_srq_pingpong -g 0 -q 16 -n 200 -s 4096"  ref[srq]="ibv_srq_pingpong -g 1 -q 16 -n 200 -s 4096"
+  vf[lat]="ib_send_lat -x 0 -n 1000 -s 64"      ref[lat]="ib_send_lat -x 2 -n 1000 -s 64"
+  vf[bw]="ib_send_bw -x 0 -Q 1 -n 1000 -s 64"   ref[bw]="ib_send_bw -x 2 -Q 1 -n 1000 -s 64"
+  local cmds=(@0,1 ibv_devinfo -v + @0,1 mkdir -p /dev/infiniband + @0,1 ln -sf /dev/vfio/vfio /dev/infiniband/uverbs0 +
+              @2 ip -6 addr add fd00:10::3/64 dev eth1 nodad + @2 sleep 6 +)
+  for k in rc ud srq lat bw; do
+    # shellcheck disable=SC2206 # the programs' words
+    cmds+=(@1 ${vf[$k]} + @0 retry ${vf[$k]} 192.168.100.2 +
+           @2 ${ref[$k]} + @1 retry ${vf[$k]} 192.168.100.3 +
+           @0 ${vf[$k]} + @2 retry ${ref[$k]} 192.168.100.1 +)
+  done
+  cmds+=(@1 "${ucx[@]}" ucx_perftest -t ucp_am_lat -s 8 -n 1000 + @0 retry "${ucx[@]}" ucx_perftest 192.168.100.2 -t ucp_am_lat -s 8 -n 1000)
+  out=$($GO run ./cmd/pvvm -vms 3 -ref 1 -timeout $RUN_LIMIT -limit $CMD_LIMIT -counters -- "${cmds[@]}" 2>&1)
+  rc=$?
+  echo "$out" > "$LOGS/dropin-pvvm.log" # the whole run, for a failure's post-mortem
+  echo "$out" | grep -E 'hca_id|PORT_ACTIVE|iters in|^vm.: +(64|4096) +1000 |^vm0: Final:|backend:|^pvvm: +vm'
+  [ $rc = 0 ] || { pvvm_failure "$out"; return $rc; }
+  local vm
+  for vm in 0 1; do
+    grep -q "^vm$vm: hca_id:.*vfrdma0" <<<"$out" || { echo "vm$vm: ibv_devinfo over the drop-in did not list vfrdma0"; return 1; }
+    grep -Eq "^vm$vm:[[:space:]]+state:.*PORT_ACTIVE" <<<"$out" || { echo "vm$vm: the port of vfrdma0 is not ACTIVE"; return 1; }
+  done
+  for vm in 0 1 2; do
+    # rc, ud and srq in two pairs each, the iterations on both sides
+    [ "$(grep -c "^vm$vm: .*iters in" <<<"$out")" = 6 ] || { echo "vm$vm: not every pingpong reported its iterations"; return 1; }
+    # ib_send_lat and ib_send_bw in two pairs each, a result row on both
+    # sides (or the report perftest could not make, see pvvm's
+    # perftestNoReport, after its traffic completed)
+    [ "$(grep -Ec "^vm$vm: +64 +1000 |^vm$vm: .*Can't produce a report" <<<"$out")" = 4 ] || { echo "vm$vm: not every perftest reported its result"; return 1; }
+  done
+  [ "$(grep -c '^vm0: Final: *1000 ' <<<"$out")" = 1 ] || { echo "ucx_perftest's client did not report its 1000 iterations"; return 1; }
+}
+
 # A lost datagram must fail the run within seconds and say where: the
 # backend loses one UD datagram on purpose (its SOFTVERBS_DROP_UD hook) in a
 # vfrdma-to-rdma-core UD ping-pong; pvctl must report the stall with its
@@ -183,6 +260,7 @@ run_tier() {
     guest-3vm) $GO run ./cmd/pvvm -vms 3 -timeout $GUEST_LIMIT -test am -run "$THREE_VM_TESTS" ;;
     reference) reference_tier ;;
     interop)   interop_tier ;;
+    dropin)    dropin_tier ;;
     lossy)     lossy_tier ;;
     job)       job_tier ;;
     *) echo "unknown tier $1" >&2; return 2 ;;
@@ -205,7 +283,7 @@ digest() {
 }
 
 tiers=("$@")
-[ ${#tiers[@]} -gt 0 ] || tiers=(vet host backend job guest guest-2vm guest-3vm reference interop lossy)
+[ ${#tiers[@]} -gt 0 ] || tiers=(vet host backend job guest guest-2vm guest-3vm reference interop dropin lossy)
 passed=0 failed=0 failures=()
 for t in "${tiers[@]}"; do
   echo "=== tier: $t"

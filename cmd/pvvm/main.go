@@ -8,6 +8,16 @@
 //	                              list of package directories, or "all") and
 //	                              run them in the VM(s)
 //
+// A command that names a program on the host's PATH (ibv_devinfo,
+// ib_send_bw, ucx_perftest, ...) runs that program instead of pvctl: in
+// the reference VMs (-ref) when unprefixed in a run that has them, and in
+// the vfrdma VMs, over the drop-in libibverbs.so.1 that `make dropin`
+// builds (pvvm runs it), when aimed at them by @N or unprefixed in a run
+// without reference VMs. The image carries the program and the shared
+// libraries it loads, the drop-in's libraries (build/vfrdma) at
+// /usr/lib/vfrdma in place of the host's of those names (LD_LIBRARY_PATH
+// in the program's environment), and no rdma-core provider.
+//
 // A command's standard output goes to pvvm's, its standard error to pvvm's
 // (so `pvvm -- info --json > info.json` holds the JSON alone). With
 // several VMs each line starts "vmN: " and each VM's lines come as a block
@@ -71,7 +81,8 @@ type config struct {
 	ref       int               // the last ref VMs run the reference stack
 	doorbells bool              // count the doorbells each device received
 	timeline  bool              // break a two-VM ping-pong's round trips down from the devices' timelines
-	cmds      []command         // pvctl commands for the vfrdma VMs
+	cmds      []command         // the vfrdma VMs' commands: pvctl's, and host programs over the drop-in (kinds)
+	kinds     []kind            // each of cmds': kindPvctl or kindDropin
 	refCmds   []command         // programs for the reference VMs
 	progs     map[string]string // a program's name in the image → its command line
 	programs  []program         // the images' programs, in order
@@ -83,7 +94,7 @@ type config struct {
 type program struct {
 	name string // its name in the image (proto.Record.Prog)
 	only []int  // the VMs that run it; none: every VM of its kind
-	ref  bool   // a reference VM's program, not pvctl
+	ref  bool   // a reference VM's program
 }
 
 // runsIn reports whether VM vm runs p.
@@ -103,13 +114,13 @@ func (c *config) commandLine(prog string) string {
 }
 
 // nameProgram records the command line behind a program of the image, as
-// it was given (with its @VM and retry prefixes), for messages; bin is ""
-// for a reference VM's program.
-func (c *config) nameProgram(prog, bin string, cmd command) {
+// it was given (with its @VM and retry prefixes and its environment), for
+// messages; k says what runs it (pvctl's command lines name pvctl).
+func (c *config) nameProgram(prog string, k kind, cmd command) {
 	if c.progs == nil {
 		c.progs = map[string]string{}
 	}
-	c.programs = append(c.programs, program{name: prog, only: cmd.only, ref: bin == ""})
+	c.programs = append(c.programs, program{name: prog, only: cmd.only, ref: k == kindRef})
 	var words []string
 	if len(cmd.only) > 0 {
 		vms := make([]string, len(cmd.only))
@@ -122,8 +133,8 @@ func (c *config) nameProgram(prog, bin string, cmd command) {
 		words = append(words, "retry")
 	}
 	words = append(words, cmd.env...)
-	if bin != "" {
-		words = append(words, bin)
+	if k == kindPvctl {
+		words = append(words, "pvctl")
 	}
 	c.progs[prog] = strings.Join(append(words, cmd.args...), " ")
 }
@@ -145,13 +156,14 @@ func main() {
 	flag.BoolVar(&c.timeline, "timeline", false, "record each device's doorbells and CQEs on the host's clock (QEMU's trace) and break a two-VM ping-pong's round trips down: each transit and each end's turnaround (implies -doorbells; ib_send_bw 64 B ran at 0.25x)")
 	flag.IntVar(&c.ref, "ref", 0, "the last N VMs run the reference stack (Linux vmw_pvrdma + rdma-core) and rdma-core's or perftest's programs instead of pvctl")
 	flag.Usage = func() {
-		fmt.Fprintf(os.Stderr, "usage: pvvm [flags] -- PVCTL-ARGS... [+ PVCTL-ARGS...]\n       pvvm [flags] -test PKGS\n       pvvm -vms 2 -ref 1 -- [@VM] PVCTL-ARGS + [@VM] PROGRAM ARGS...\n\n"+
+		fmt.Fprintf(os.Stderr, "usage: pvvm [flags] -- PVCTL-ARGS... [+ PVCTL-ARGS...]\n       pvvm [flags] -test PKGS\n       pvvm [flags] -- [@VM] PROGRAM ARGS... [+ ...]\n       pvvm -vms 2 -ref 1 -- [@VM] PVCTL-ARGS + [@VM] PROGRAM ARGS...\n\n"+
 			"A command prefixed @N runs only in VM N; one prefixed retry runs again while it fails,\n"+
 			"for up to 30 s (a client whose server in another VM may not be up yet). KEY=value\n"+
-			"words before the program (after @N and retry) are its environment in the guest. With -ref, a\n"+
-			"command that names a program\n"+
-			"on this host's PATH (ibv_devinfo, ibv_rc_pingpong, ib_send_bw, ...) runs in the\n"+
-			"reference VMs; anything else is pvctl in the vfrdma VMs.\n\n")
+			"words before the program (after @N and retry) are its environment in the guest. A command\n"+
+			"that names a program on this host's PATH (ibv_devinfo, ibv_rc_pingpong, ib_send_bw,\n"+
+			"ucx_perftest, ...) runs that program: unprefixed with -ref, in the reference VMs; aimed\n"+
+			"at vfrdma VMs (@N, or unprefixed without -ref), in them over the drop-in libibverbs\n"+
+			"(make dropin; pvvm builds it). Anything else is pvctl in the vfrdma VMs.\n\n")
 		flag.PrintDefaults()
 	}
 	flag.Parse()
@@ -281,17 +293,30 @@ func (c *config) plan() error {
 		return err
 	}
 	for _, cmd := range cmds {
-		ref, err := c.forRef(cmd)
+		k, err := c.kindOf(cmd)
 		if err != nil {
 			return err
 		}
-		if ref {
+		if k == kindRef {
 			c.refCmds = append(c.refCmds, cmd)
 		} else {
 			c.cmds = append(c.cmds, cmd)
+			c.kinds = append(c.kinds, k)
 		}
 	}
 	return nil
+}
+
+// dropinCmds returns the vfrdma VMs' commands that run host programs over
+// the drop-in.
+func (c *config) dropinCmds() []command {
+	var out []command
+	for i, cmd := range c.cmds {
+		if c.kinds[i] == kindDropin {
+			out = append(out, cmd)
+		}
+	}
+	return out
 }
 
 // withMgmt puts the management network into the vfrdma guests' image when
@@ -329,9 +354,21 @@ func buildSpec(ctx context.Context, c *config, root, dir string, kernel *guest.K
 		jobs = append(jobs, job{build: func() error {
 			return guest.BuildProgram(ctx, filepath.Join(root, "cmd", "pvctl"), bin)
 		}})
-		for i, cmd := range c.cmds {
-			jobs = append(jobs, job{prog: c.pvctlProgram(i, cmd, bin)})
+		dir := ""
+		if len(c.dropinCmds()) > 0 {
+			var err error
+			if dir, err = buildDropin(ctx, root); err != nil {
+				return spec, err
+			}
 		}
+		progs, files, err := c.vfPrograms(ctx, bin, dir)
+		if err != nil {
+			return spec, err
+		}
+		for _, p := range progs {
+			jobs = append(jobs, job{prog: p})
+		}
+		spec.Files = files
 	} else {
 		pkgs, err := guestTestPackages(root, c.tests)
 		if err != nil {
@@ -380,6 +417,37 @@ func buildSpec(ctx context.Context, c *config, root, dir string, kernel *guest.K
 	return spec, nil
 }
 
+// vfPrograms returns the vfrdma image's programs for c.cmds, in their
+// order (a VM runs its programs in the image's order), and the files they
+// need: pvctl's commands run pvctl (built at pvctl), host programs run
+// over the drop-in built in dir (hostFiles, dropinStack; "" when none is
+// asked for).
+func (c *config) vfPrograms(ctx context.Context, pvctl, dir string) ([]guest.Program, []guest.File, error) {
+	st := dropinStack(dir)
+	var progs []guest.Program
+	var hostBins []string
+	npvctl, nhost := 0, 0
+	for i, cmd := range c.cmds {
+		if c.kinds[i] != kindDropin {
+			progs = append(progs, c.pvctlProgram(npvctl, cmd, pvctl))
+			npvctl++
+			continue
+		}
+		p, err := c.hostProgram(nhost, cmd, st)
+		if err != nil {
+			return nil, nil, err
+		}
+		nhost++
+		progs = append(progs, p)
+		hostBins = append(hostBins, p.HostPath)
+	}
+	if len(hostBins) == 0 {
+		return progs, nil, nil
+	}
+	files, err := hostFiles(ctx, hostBins, refExtraFiles, st)
+	return progs, files, err
+}
+
 // pvctlProgram is the program of the vfrdma image that runs the i-th
 // pvctl command, bin: "pvctl", then "pvctl-2", ... (the image holds one
 // copy per name; they are a few MB each). It records the command's line
@@ -393,7 +461,7 @@ func (c *config) pvctlProgram(i int, cmd command, bin string) guest.Program {
 	if cmd.retry {
 		p.Retry = retryFor
 	}
-	c.nameProgram(name, "pvctl", cmd)
+	c.nameProgram(name, kindPvctl, cmd)
 	return p
 }
 
@@ -554,6 +622,28 @@ func buildBackend(ctx context.Context, root, dir string) error {
 	}
 	return nil
 }
+
+// buildDropin builds the drop-in libibverbs.so.1 with the project's own
+// make target and returns the directory it is in; its error carries the
+// build's output.
+func buildDropin(ctx context.Context, root string) (string, error) {
+	cmd := exec.CommandContext(ctx, "make", "-s", "-C", root, "dropin")
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		if errors.Is(err, exec.ErrNotFound) {
+			return "", fmt.Errorf("building the drop-in libibverbs needs make and gcc: run `make setup`")
+		}
+		return "", fmt.Errorf("building the drop-in libibverbs (make dropin): %w\n%s", err, out)
+	}
+	lib := filepath.Join(root, dropinBuilt)
+	if _, err := os.Stat(lib); err != nil {
+		return "", fmt.Errorf("make dropin made no %s: %w", dropinBuilt, err)
+	}
+	return filepath.Dir(lib), nil
+}
+
+// dropinBuilt is where make dropin puts the drop-in, under the repository.
+const dropinBuilt = "build/vfrdma/libibverbs.so.1"
 
 func repoRoot() (string, error) {
 	dir, err := os.Getwd()

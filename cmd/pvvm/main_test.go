@@ -110,8 +110,8 @@ func TestGuestPackages(t *testing.T) {
 // retry prefix and its arguments.
 func TestCommandLineNamesTheCommandAsGiven(t *testing.T) {
 	var c config
-	c.nameProgram("pvctl-2", "pvctl", command{args: []string{"pingpong", "--ud"}, only: []int{0}})
-	c.nameProgram("ref1-ibv_ud_pingpong", "", command{args: []string{"ibv_ud_pingpong", "-g", "1"}, only: []int{1, 2}, retry: true})
+	c.nameProgram("pvctl-2", kindPvctl, command{args: []string{"pingpong", "--ud"}, only: []int{0}})
+	c.nameProgram("ref1-ibv_ud_pingpong", kindRef, command{args: []string{"ibv_ud_pingpong", "-g", "1"}, only: []int{1, 2}, retry: true})
 	assert.Equal(t, "@0 pvctl pingpong --ud", c.commandLine("pvctl-2"))
 	assert.Equal(t, "@1,2 retry ibv_ud_pingpong -g 1", c.commandLine("ref1-ibv_ud_pingpong"))
 	assert.Equal(t, "other", c.commandLine("other"), "an unknown program is named as it is")
@@ -130,8 +130,8 @@ func TestCommandLimitIsBoundedByTheRun(t *testing.T) {
 // each command's end, the backend's drops and the console's tail.
 func TestPostMortemShowsEveryVM(t *testing.T) {
 	var c config
-	c.nameProgram("pvctl", "pvctl", command{args: []string{"pingpong"}, only: []int{0}})
-	c.nameProgram("ref1-ibv_ud_pingpong", "", command{args: []string{"ibv_ud_pingpong"}, only: []int{1}})
+	c.nameProgram("pvctl", kindPvctl, command{args: []string{"pingpong"}, only: []int{0}})
+	c.nameProgram("ref1-ibv_ud_pingpong", kindRef, command{args: []string{"ibv_ud_pingpong"}, only: []int{1}})
 	res := &qemu.Result{VMs: []*qemu.VMResult{
 		{Index: 0, Records: []proto.Record{{Event: proto.EventStart, Prog: "pvctl"}, {Event: proto.EventExit, Prog: "pvctl", Code: 1, Elapsed: 7}},
 			Backend: []fabric.Counter{{Name: "drop_injected", Value: 1}}, Tail: []string{"zero-tail"}},

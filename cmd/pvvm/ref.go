@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -118,9 +119,23 @@ func isEnvWord(w string) bool {
 // the run's VMs do.
 func (c *config) isRefVM(vm int) bool { return vm >= c.vms-c.ref }
 
-// kindOf says which image a command is for: a reference VM's (a program
-// from the host, found on PATH) or a vfrdma VM's (pvctl).
-func (c *config) forRef(cmd command) (bool, error) {
+// kind is what runs a command: pvctl in the vfrdma VMs, a host program in
+// the reference VMs, or a host program in the vfrdma VMs over the drop-in.
+type kind int
+
+const (
+	kindPvctl  kind = iota // pvctl in the vfrdma VMs
+	kindRef                // a host program in the reference VMs
+	kindDropin             // a host program in the vfrdma VMs, over the drop-in libibverbs
+)
+
+// kindOf says which image a command is for and what runs it there. A
+// command that names a program on this host's PATH (and is not a pvctl
+// command) is that program: unprefixed in a run with reference VMs it
+// runs in them; aimed at vfrdma VMs (by @N, or unprefixed in a run
+// without reference VMs) it runs there over the drop-in. Anything else
+// is pvctl in the vfrdma VMs.
+func (c *config) kindOf(cmd command) (kind, error) {
 	ref, vf := 0, 0
 	vms := cmd.only
 	if len(vms) == 0 {
@@ -135,16 +150,24 @@ func (c *config) forRef(cmd command) (bool, error) {
 			vf++
 		}
 	}
+	_, err := exec.LookPath(cmd.args[0])
+	host := err == nil && !isPvctlCommand(cmd.args[0])
 	switch {
 	case len(cmd.only) == 0 && c.ref > 0 && c.ref < c.vms:
 		// Unprefixed in a mixed run: a host program runs in the reference
 		// VMs, anything else is pvctl in the vfrdma VMs.
-		_, err := exec.LookPath(cmd.args[0])
-		return err == nil && !isPvctlCommand(cmd.args[0]), nil
+		if host {
+			return kindRef, nil
+		}
+		return kindPvctl, nil
 	case ref > 0 && vf > 0:
-		return false, fmt.Errorf("%q is for vfrdma VMs and reference VMs at once (-ref %d makes the last %d reference VMs)", strings.Join(cmd.args, " "), c.ref, c.ref)
+		return 0, fmt.Errorf("%q is for vfrdma VMs and reference VMs at once (-ref %d makes the last %d reference VMs)", strings.Join(cmd.args, " "), c.ref, c.ref)
+	case ref > 0:
+		return kindRef, nil
+	case host:
+		return kindDropin, nil
 	}
-	return ref > 0, nil
+	return kindPvctl, nil
 }
 
 func isPvctlCommand(name string) bool {
@@ -170,75 +193,178 @@ func refSpec(ctx context.Context, c *config, init string, kernel *guest.Kernel, 
 	if c.vms > 1 {
 		spec.Net = append(spec.Net, proto.NetMgmt)
 	}
-	spec.Programs, spec.Files, err = refPrograms(ctx, c, cmds, refExtraFiles)
+	spec.Programs, spec.Files, err = hostPrograms(ctx, c, cmds, refExtraFiles, refStack())
 	return spec, err
 }
 
-// refPrograms returns the reference image's programs for cmds and the files
-// they need: rdma-core's provider, every shared library the programs and
-// the provider load, and the extra files extra names for them (see
-// refExtraFiles) with their own libraries.
-func refPrograms(ctx context.Context, c *config, cmds []command, extra map[string][]string) ([]guest.Program, []guest.File, error) {
-	var progs []guest.Program
-	var files []guest.File
-	need := map[string]bool{}
+// stack is what a host program runs on in a guest: the files every such
+// program needs beside its own libraries, and the environment it runs in.
+type stack struct {
+	kind kind
+	// prefix names the programs in the image: prefix1-ibv_devinfo, ...
+	prefix string
+	// env goes before the command's own environment.
+	env []string
+	// base is put into the image for every program, each with the shared
+	// libraries it loads.
+	base []guest.File
+	// omit names (by base name) libraries of the programs the image does
+	// not carry: the stack brings its own.
+	omit map[string]bool
+	// err, if set, is why the stack cannot be built (hostFiles returns it).
+	err error
+}
+
+// refStack is the reference guests' stack: rdma-core's libibverbs with its
+// vmw_pvrdma provider, each file at its host path.
+func refStack() stack {
+	st := stack{kind: kindRef, prefix: "ref"}
 	for _, f := range refProvider {
-		need[f] = true
+		st.base = append(st.base, guest.File{HostPath: f, Path: f, Mode: 0o755})
 	}
+	return st
+}
+
+// Where the vfrdma image holds the drop-in's libraries (make dropin's
+// directory: libibverbs.so.1, and the librdmacm.so.1 stand-in perftest's
+// libraries load), found by the loader through LD_LIBRARY_PATH in the
+// program's environment.
+const (
+	dropinDir  = "/usr/lib/vfrdma"
+	dropinName = "libibverbs.so.1"
+)
+
+// dropinStack is the vfrdma guests' stack for host programs: every shared
+// library in dir (make dropin's build/vfrdma: the drop-in libibverbs.so.1
+// and what it puts beside it) at /usr/lib/vfrdma, in place of the host's
+// libraries of those names, which the image does not carry; nor
+// rdma-core's providers or their configuration. dir without
+// libibverbs.so.1 is an error.
+func dropinStack(dir string) stack {
+	st := stack{kind: kindDropin, prefix: "dropin", env: []string{"LD_LIBRARY_PATH=" + dropinDir}, omit: map[string]bool{}}
+	if _, err := os.Stat(filepath.Join(dir, dropinName)); err != nil {
+		st.err = fmt.Errorf("the drop-in: %w (make dropin builds it)", err)
+		return st
+	}
+	libs, err := filepath.Glob(filepath.Join(dir, "lib*.so.*"))
+	if err != nil {
+		st.err = err
+		return st
+	}
+	for _, l := range libs {
+		base := filepath.Base(l)
+		st.base = append(st.base, guest.File{HostPath: l, Path: dropinDir + "/" + base, Mode: 0o755})
+		st.omit[base] = true
+	}
+	return st
+}
+
+// hostPrograms returns an image's programs for cmds, host programs that
+// run on st, and the files they need (hostFiles).
+func hostPrograms(ctx context.Context, c *config, cmds []command, extra map[string][]string, st stack) ([]guest.Program, []guest.File, error) {
+	var progs []guest.Program
+	var bins []string
 	for i, cmd := range cmds {
-		bin, err := exec.LookPath(cmd.args[0])
+		p, err := c.hostProgram(i, cmd, st)
 		if err != nil {
-			return nil, nil, fmt.Errorf("reference program %q: %w (make setup installs ibverbs-utils, perftest and ucx-utils)", cmd.args[0], err)
+			return nil, nil, err
 		}
-		p := guest.Program{
-			Name: fmt.Sprintf("ref%d-%s", i+1, filepath.Base(bin)), HostPath: bin,
-			Args: cmd.args[1:], Env: cmd.env, Kind: guest.KindCmd, Timeout: c.cmdLimit(), Only: cmd.only,
-		}
-		if cmd.retry {
-			p.Retry = retryFor
-		}
-		if strings.HasPrefix(filepath.Base(bin), "ib_") { // perftest
-			p.OKIfOutput = perftestNoReport
-		}
-		c.nameProgram(p.Name, "", cmd)
 		progs = append(progs, p)
-		need[bin] = false // the program itself goes to /bin; its libraries:
+		bins = append(bins, p.HostPath)
+	}
+	files, err := hostFiles(ctx, bins, extra, st)
+	return progs, files, err
+}
+
+// hostProgram is the i-th host program on st, for cmd: named
+// <st.prefix><i+1>-<its base name> in the image, with st's environment
+// before the command's. It records the command's line for messages.
+func (c *config) hostProgram(i int, cmd command, st stack) (guest.Program, error) {
+	bin, err := exec.LookPath(cmd.args[0])
+	if err != nil {
+		return guest.Program{}, fmt.Errorf("program %q: %w (make setup installs ibverbs-utils, perftest and ucx-utils)", cmd.args[0], err)
+	}
+	p := guest.Program{
+		Name: fmt.Sprintf("%s%d-%s", st.prefix, i+1, filepath.Base(bin)), HostPath: bin,
+		Args: cmd.args[1:], Env: append(slices.Clip(st.env), cmd.env...), Kind: guest.KindCmd,
+		Timeout: c.cmdLimit(), Only: cmd.only,
+	}
+	if cmd.retry {
+		p.Retry = retryFor
+	}
+	if strings.HasPrefix(filepath.Base(bin), "ib_") { // perftest
+		p.OKIfOutput = perftestNoReport
+	}
+	c.nameProgram(p.Name, st.kind, cmd)
+	return p, nil
+}
+
+// hostFiles lists the files an image needs for the host programs bins
+// (which go to /bin) on st: st's base files, every shared library the
+// programs and the base files load but those st.omit names, and the extra files extra
+// names for the programs (see refExtraFiles) with their own libraries.
+func hostFiles(ctx context.Context, bins []string, extra map[string][]string, st stack) ([]guest.File, error) {
+	if st.err != nil {
+		return nil, st.err
+	}
+	need := map[string]bool{}
+	add := func(paths ...string) {
+		for _, p := range paths {
+			if !st.omit[filepath.Base(p)] {
+				need[p] = true
+			}
+		}
+	}
+	for _, bin := range bins {
 		libs, err := sharedLibs(ctx, bin)
 		if err != nil {
-			return nil, nil, err
+			return nil, err
 		}
-		for _, l := range libs {
-			need[l] = true
-		}
+		add(libs...)
 		more, err := extraFiles(ctx, filepath.Base(bin), extra)
 		if err != nil {
-			return nil, nil, err
+			return nil, err
 		}
-		for _, f := range more {
-			need[f] = true
+		add(more...)
+	}
+	var files []guest.File
+	for _, f := range st.base {
+		if _, err := os.Stat(f.HostPath); err != nil {
+			return nil, fmt.Errorf("%s stack: %w (%s)", st.prefix, err, st.remedy())
 		}
+		files = append(files, f)
+		if !strings.Contains(filepath.Base(f.HostPath), ".so") {
+			continue // configuration
+		}
+		libs, err := sharedLibs(ctx, f.HostPath)
+		if err != nil {
+			return nil, err
+		}
+		add(libs...)
 	}
-	provLibs, err := sharedLibs(ctx, refProvider[1])
-	if err != nil {
-		return nil, nil, err
-	}
-	for _, l := range provLibs {
-		need[l] = true
+	for _, f := range st.base {
+		delete(need, f.HostPath) // in the image at its own path
 	}
 	var paths []string
-	for p, ok := range need {
-		if ok {
-			paths = append(paths, p)
-		}
+	for p := range need {
+		paths = append(paths, p)
 	}
 	sort.Strings(paths)
 	for _, p := range paths {
 		if _, err := os.Stat(p); err != nil {
-			return nil, nil, fmt.Errorf("reference stack: %w (make setup installs ibverbs-providers)", err)
+			return nil, fmt.Errorf("%s stack: %w (%s)", st.prefix, err, st.remedy())
 		}
 		files = append(files, guest.File{HostPath: p, Path: p, Mode: 0o755})
 	}
-	return progs, files, nil
+	return files, nil
+}
+
+// remedy says what makes a missing file of the stack.
+func (st stack) remedy() string {
+	if st.kind == kindDropin {
+		return "make dropin builds the drop-in; make setup installs the programs"
+	}
+	return "make setup installs ibverbs-providers"
 }
 
 // extraFiles lists the files table names for program prog (glob patterns,

@@ -132,7 +132,7 @@ func TestRefProgramsCarryEnvAndExtraFiles(t *testing.T) {
 	c := &config{vms: 2, ref: 2, timeout: time.Minute}
 	cmds, err := parseCommands([]string{"@1", "retry", "A=1", "B=x y", "sh", "-c", "true"}, 2)
 	require.NoError(t, err)
-	progs, files, err := refPrograms(context.Background(), c, cmds, table)
+	progs, files, err := hostPrograms(context.Background(), c, cmds, table, refStack())
 	require.NoError(t, err)
 	require.Len(t, progs, 1)
 	assert.Equal(t, "ref1-sh", progs[0].Name)

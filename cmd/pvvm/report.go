@@ -251,9 +251,10 @@ func exitText(r proto.Record) string {
 	return fmt.Sprintf("exit %d", r.Code)
 }
 
-// isPvctl reports a command's step: pvctl's, or a reference program's.
+// isPvctl reports a command's step: pvctl's, or a host program's (in a
+// reference VM, or over the drop-in in a vfrdma VM).
 func isPvctl(prog string) bool {
-	return prog == "pvctl" || strings.HasPrefix(prog, "pvctl-") || strings.HasPrefix(prog, "ref")
+	return prog == "pvctl" || strings.HasPrefix(prog, "pvctl-") || strings.HasPrefix(prog, "ref") || strings.HasPrefix(prog, "dropin")
 }
 
 // runTests runs the in-guest test binaries and prints one line per test,

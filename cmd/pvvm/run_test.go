@@ -49,16 +49,19 @@ func fakeBench(t *testing.T, records map[int][]proto.Record) *qemu.Options {
 	}
 }
 
-// planned is a config for args as main makes it, with its pvctl programs
-// named as buildSpec names them, printing into the buffers it returns.
+// planned is a config for args as main makes it, with its vfrdma VMs'
+// programs named as buildSpec names them, printing into the buffers it returns.
 func planned(t *testing.T, vms int, args ...string) (*config, *bytes.Buffer, *bytes.Buffer) {
 	t.Helper()
 	var stdout, stderr bytes.Buffer
 	c := &config{vms: vms, timeout: time.Minute, pvctlArgs: args, stdout: &stdout, stderr: &stderr}
 	require.NoError(t, c.plan())
-	for i, cmd := range c.cmds {
-		c.pvctlProgram(i, cmd, "pvctl")
+	lib := ""
+	if len(c.dropinCmds()) > 0 {
+		lib = fakeDropin(t)
 	}
+	_, _, err := c.vfPrograms(context.Background(), "pvctl", lib)
+	require.NoError(t, err)
 	return c, &stdout, &stderr
 }
 
