@@ -10,8 +10,9 @@
 // names its directory meet there (a Unix socket per process, the GIDs
 // bound named in the directory), so a service of several processes runs
 // its tests on the model with no root and no kernel module. That fabric
-// loses nothing either: while a QP's requests are with a live peer
-// process its ACK timeouts are held (up to 4 s), and a peer process that
+// loses nothing either: a request counts as inside the model until the
+// peer process's device has handled it (a notice comes back), so a slow
+// peer is no loss, a request it dropped is one, and a peer process that
 // died is a cut link (RETRY_EXC_ERR).
 //
 // # What it models

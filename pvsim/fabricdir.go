@@ -24,7 +24,9 @@ import (
 // this process has goes to the node the directory names, over one stream
 // connection per pair of nodes (so each sender's order holds), as a
 // length-prefixed frame of the model's own; answers go back on the
-// connection the request came on. Everything a peer process sends is
+// connection the request came on, and so does a notice once the peer's
+// device has handled a request (its requester's timer counts it inside
+// the model until then, as within one process). Everything a peer process sends is
 // checked as it arrives; a stranger is refused at its first bytes. A node
 // that dies is a peer gone: its packets stop, its connection closes, and
 // RC requesters meet their retry limit as on a cut link.
@@ -89,6 +91,60 @@ type peer struct {
 	wmu  sync.Mutex
 	buf  []byte
 	dead atomic.Bool
+
+	// The requests sent to the peer that its device has not handled yet,
+	// each holding its requester QP's inModel count up (so the requester's
+	// timer knows a slow peer from a loss, as within one process); the
+	// peer's notice (a pktHandled frame) or the connection's end lets it
+	// go.
+	pmu     sync.Mutex
+	pending map[uint64]modelCount
+	token   uint64
+}
+
+// pktHandled is a frame of the fabric across processes only: the peer
+// handled the request whose token it names (ran it, or dropped it).
+const pktHandled = pktAtomicResp + 1
+
+// remoteCount is a request's requester count in another process: the
+// receiving device's handling of the request (its last Add, negative)
+// sends the notice that counts it out there.
+type remoteCount struct {
+	p     *peer
+	token uint64
+	done  atomic.Bool
+}
+
+func (r *remoteCount) Add(delta int64) int64 {
+	if delta < 0 && r.done.CompareAndSwap(false, true) {
+		r.p.notice(r.token)
+	}
+	return 0
+}
+
+// notice tells the peer its request token was handled.
+func (p *peer) notice(token uint64) {
+	p.send(&packet{kind: pktHandled, orig: 0}, token)
+}
+
+// settle counts out the request token names (0: every one pending, as the
+// connection ends).
+func (p *peer) settle(token uint64) {
+	p.pmu.Lock()
+	var out []modelCount
+	if token == 0 {
+		for _, c := range p.pending {
+			out = append(out, c)
+		}
+		p.pending = nil
+	} else if c, ok := p.pending[token]; ok {
+		out = append(out, c)
+		delete(p.pending, token)
+	}
+	p.pmu.Unlock()
+	for _, c := range out {
+		c.Add(-1)
+	}
 }
 
 // JoinFabric returns a fabric whose devices reach, besides each other,
@@ -292,6 +348,7 @@ func (p *peer) close() {
 // gone forgets a connection that closed or broke.
 func (p *peer) gone() {
 	p.close()
+	p.settle(0)
 	n := p.n
 	n.mu.Lock()
 	delete(n.conns, p)
@@ -325,6 +382,13 @@ func (p *peer) read() {
 			return
 		}
 		p.n.framesIn.Add(1)
+		if pkt.kind == pktHandled {
+			p.settle(pkt.token)
+			continue
+		}
+		if pkt.token != 0 {
+			pkt.inModel = &remoteCount{p: p, token: pkt.token}
+		}
 		// Requests name their target's GID; answers the requester's.
 		pkt.from = p
 		if t := p.n.f.Lookup(pkt.dstGID); t == nil || !t.push(event{kind: evPacket, pkt: pkt}) {
@@ -339,8 +403,43 @@ func (p *peer) push(ev event) bool {
 	if ev.pkt == nil || p.dead.Load() {
 		return false
 	}
+	var token uint64
+	if c := ev.pkt.inModel; c != nil && isRequest(ev.pkt) {
+		p.pmu.Lock()
+		p.token++
+		token = p.token
+		if p.pending == nil {
+			p.pending = map[uint64]modelCount{}
+		}
+		p.pending[token] = c
+		p.pmu.Unlock()
+		c.Add(1)
+	}
+	if !p.send(ev.pkt, token) {
+		if token != 0 {
+			p.settle(token)
+		}
+		return false
+	}
+	return true
+}
+
+// isRequest reports an RC request (what a requester's timer waits on).
+func isRequest(pkt *packet) bool {
+	switch pkt.kind {
+	case pktSend, pktWrite, pktRead, pktAtomic:
+		return !pkt.ud
+	}
+	return false
+}
+
+// send writes pkt's frame, with token, to the peer.
+func (p *peer) send(pkt *packet, token uint64) bool {
+	if p.dead.Load() {
+		return false
+	}
 	p.wmu.Lock()
-	p.buf = encodeFrame(p.buf[:0], ev.pkt)
+	p.buf = encodeFrame(p.buf[:0], pkt, token)
 	_ = p.c.SetWriteDeadline(time.Now().Add(peerWriteTimeout))
 	_, err := p.c.Write(p.buf)
 	if cap(p.buf) > 1<<20 {
@@ -365,7 +464,7 @@ const (
 
 // encodeFrame appends p's frame: a little-endian u32 length of what
 // follows, the fixed header, the payload.
-func encodeFrame(b []byte, p *packet) []byte {
+func encodeFrame(b []byte, p *packet, token uint64) []byte {
 	var h [4 + frameHeader]byte
 	le := binary.LittleEndian
 	le.PutUint32(h[0:], uint32(frameHeader+len(p.payload)))
@@ -404,7 +503,7 @@ func encodeFrame(b []byte, p *packet) []byte {
 	x[90] = p.rnrTimer
 	le.PutUint32(x[92:], p.flow)
 	le.PutUint64(x[96:], p.orig)
-	// x[104:112] reserved, zero
+	le.PutUint64(x[104:], token)
 	b = append(b, h[:]...)
 	return append(b, p.payload...)
 }
@@ -456,7 +555,7 @@ func (w *growBuf) Write(p []byte) (int, error) { w.b = append(w.b, p...); return
 func decodeHeader(x []byte) (*packet, error) {
 	le := binary.LittleEndian
 	p := &packet{kind: pktKind(x[0]), gidType: x[2], nak: nakKind(x[3])}
-	if p.kind > pktAtomicResp {
+	if p.kind > pktHandled {
 		return nil, fmt.Errorf("%w: kind %d", ErrFabricFrame, x[0])
 	}
 	fl := x[1]
@@ -497,29 +596,11 @@ func decodeHeader(x []byte) (*packet, error) {
 		return nil, fmt.Errorf("%w: flow label %#x past 20 bits", ErrFabricFrame, p.flow)
 	}
 	p.orig = le.Uint64(x[96:])
-	for _, b := range x[104:112] {
-		if b != 0 {
-			return nil, fmt.Errorf("%w: reserved bytes set", ErrFabricFrame)
-		}
+	p.token = le.Uint64(x[104:])
+	if p.kind == pktHandled && p.token == 0 {
+		return nil, fmt.Errorf("%w: a notice with no token", ErrFabricFrame)
 	}
 	return p, nil
-}
-
-// peerUp reports whether g belongs to a peer process this fabric has an
-// open connection to (the last route it read for g).
-func (f *Fabric) peerUp(g [16]byte) bool {
-	n := f.net
-	if n == nil {
-		return false
-	}
-	n.mu.Lock()
-	defer n.mu.Unlock()
-	r, ok := n.cache[g]
-	if !ok {
-		return false
-	}
-	p := n.peers[r.node]
-	return p != nil && !p.dead.Load()
 }
 
 // FabricNetStats counts a cross-process fabric's traffic.

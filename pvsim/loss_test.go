@@ -112,10 +112,11 @@ func TestATimeoutWhileTheRequestOrItsAnswerIsInsideTheModelIsNoLoss(t *testing.T
 }
 
 // Across processes (two nodes of one fabric directory) a request that
-// waits unread in a descheduled peer process is no loss either: the
-// requester holds its timeouts while the connection is up, and the send
-// completes once the peer runs; a request a live peer dropped (no such
-// QP there) is lost after the hold, and retries end in RETRY_EXC_ERR.
+// waits unread in a descheduled peer process is no loss either: it counts
+// as inside the model until the peer's device handled it (its notice
+// comes back), so the send completes once the peer runs; a request a
+// live peer dropped (no such QP there) is handled, and lost: retries end
+// in RETRY_EXC_ERR.
 func TestATimeoutWhileTheRequestIsWithAPeerProcessIsNoLoss(t *testing.T) {
 	fast := defaultRC()
 	fast.timeout, fast.retry = 1, 2 // 8.192 µs, twice

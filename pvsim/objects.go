@@ -153,7 +153,6 @@ type qp struct {
 	nextPSN     uint32
 	inflight    []*sendOp
 	retries     int
-	remoteHeld  time.Time // since when timeouts are held for a peer process (heldAcrossProcesses)
 	rnrRetries  int
 	rnrWait     bool
 	failing     bool // a WQE failed at fetch behind requests in flight

@@ -2,7 +2,6 @@ package pvsim
 
 import (
 	"encoding/binary"
-	"sync/atomic"
 	"time"
 
 	fw "github.com/vfrdma/vfrdma/firmware"
@@ -74,9 +73,18 @@ type packet struct {
 	nak       nakKind
 	rnrTimer  uint8
 	orig      uint64
+	token     uint64 // a request's or a notice's, across processes only (fabricdir.go)
 	// inModel is the requester QP's count of its packets inside the model
-	// (qp.inModel), on RC requests and their answers; nil on datagrams.
-	inModel *atomic.Int64
+	// (qp.inModel), on RC requests and their answers; nil on datagrams. A
+	// request from another process carries its origin's count by proxy
+	// (fabricdir.go: remoteCount).
+	inModel modelCount
+}
+
+// modelCount counts a QP's packets inside the model: *atomic.Int64, or a
+// peer process's count by proxy.
+type modelCount interface {
+	Add(delta int64) int64
 }
 
 // endpoint is where a packet's answers go: a Device, or a peer process's
@@ -641,7 +649,7 @@ func (d *Device) requesterIn(p *packet) {
 		}
 	}
 	q.inflight = q.inflight[1:]
-	q.retries, q.rnrRetries, q.remoteHeld = 0, 0, time.Time{}
+	q.retries, q.rnrRetries = 0, 0
 	if st != wcSuccess {
 		d.failSend(q, op, st)
 		return
@@ -744,7 +752,7 @@ func (d *Device) ackTimeout(q *qp) {
 	if !d.alive(q) || len(q.inflight) == 0 || q.rnrWait {
 		return
 	}
-	if q.inModel.Load() > 0 || d.heldAcrossProcesses(q) {
+	if q.inModel.Load() > 0 {
 		d.ctr.timeoutsHeld.Add(1)
 		d.armAck(q)
 		return
@@ -758,30 +766,6 @@ func (d *Device) ackTimeout(q *qp) {
 		return
 	}
 	d.retransmit(q)
-}
-
-// remoteHoldFor bounds how long heldAcrossProcesses holds one QP's
-// timeouts: past it a request to a live peer process counts as lost, as
-// one its device dropped (a QP gone, a port down) is.
-const remoteHoldFor = 4 * time.Second
-
-// heldAcrossProcesses reports whether q's timeout comes due while its
-// requests are with a peer process whose connection is up: the fabric
-// between processes loses nothing, and the peer is only slower than the
-// timeout (a loaded host deschedules it), as a device's inbox is within
-// one process (inModel). It holds for up to remoteHoldFor from the first
-// timeout it held, until the next answer; a peer process that died (its
-// connection closed) holds nothing.
-func (d *Device) heldAcrossProcesses(q *qp) bool {
-	g := q.attr.dgid()
-	if d.fab.Lookup(g) != nil || !d.fab.peerUp(g) {
-		return false
-	}
-	now := time.Now()
-	if q.remoteHeld.IsZero() {
-		q.remoteHeld = now
-	}
-	return now.Sub(q.remoteHeld) < remoteHoldFor
 }
 
 // rnrDelay decodes an RNR timer value (the IB table: 1 is 0.01 ms, 12 is
