@@ -33,7 +33,7 @@ func TestAUDMessageMayBeAsLongAsThePortsActiveMTUAndNotAByteLonger(t *testing.T)
 			require.LessOrEqual(t, port.ActiveMTU, uint32(firmware.MTU4096))
 			assert.Equal(t, 128<<port.ActiveMTU, d.UDMaxPayload(), "128 << active_mtu %d", port.ActiveMTU)
 			require.Equal(t, tc.want, d.UDMaxPayload())
-			max := d.UDMaxPayload()
+			limit := d.UDMaxPayload()
 
 			pd, err := d.AllocPD(ctx)
 			require.NoError(t, err)
@@ -50,24 +50,24 @@ func TestAUDMessageMayBeAsLongAsThePortsActiveMTUAndNotAByteLonger(t *testing.T)
 			mr, err := pd.AllocMR(ctx, 3*8192, vfrdma.AccessLocalWrite)
 			require.NoError(t, err)
 			buf := mr.Bytes()
-			for i := range max + 1 {
+			for i := range limit + 1 {
 				buf[i] = byte(i * 7)
 			}
-			_, err = ud[1].PostRecv([]vfrdma.RecvWR{{WRID: 1, SGEs: []vfrdma.SGE{mr.SGE(8192, vfrdma.UDHeaderRoom+max)}}}, 0)
+			_, err = ud[1].PostRecv([]vfrdma.RecvWR{{WRID: 1, SGEs: []vfrdma.SGE{mr.SGE(8192, vfrdma.UDHeaderRoom+limit)}}}, 0)
 			require.NoError(t, err)
 			send := func(n int) error {
 				_, err := ud[0].PostSend([]vfrdma.SendWR{{WRID: uint64(n), SGEs: []vfrdma.SGE{mr.SGE(0, n)}, AH: ah, RemoteQPN: ud[1].QPN(), RemoteQKey: 0x2222}}, 0)
 				return err
 			}
-			require.ErrorIs(t, send(max+1), vfrdma.ErrInvalid, "one byte past the MTU")
-			require.NoError(t, send(max), "exactly the MTU")
+			require.ErrorIs(t, send(limit+1), vfrdma.ErrInvalid, "one byte past the MTU")
+			require.NoError(t, send(limit), "exactly the MTU")
 			for _, wc := range waitWCs(t, ctx, cq, 2) {
 				require.Equal(t, vfrdma.WCSuccess, wc.Status, "%+v", wc)
 				if wc.Opcode == vfrdma.WCRecv {
-					assert.EqualValues(t, vfrdma.UDHeaderRoom+max, wc.ByteLen)
+					assert.EqualValues(t, vfrdma.UDHeaderRoom+limit, wc.ByteLen)
 				}
 			}
-			assert.Equal(t, buf[:max], buf[8192+vfrdma.UDHeaderRoom:8192+vfrdma.UDHeaderRoom+max], "the datagram arrived whole")
+			assert.Equal(t, buf[:limit], buf[8192+vfrdma.UDHeaderRoom:8192+vfrdma.UDHeaderRoom+limit], "the datagram arrived whole")
 		})
 	}
 }
