@@ -246,3 +246,44 @@ func TestWaitNAllocatesNothing(t *testing.T) {
 		})
 	}
 }
+
+// Completions that come over several polls all stay: each poll of WaitN
+// fills the WCs after those it already holds, so a WaitN for n that gets
+// them two at a time returns the n, every one once.
+func TestWaitNKeepsEveryCompletionOfEveryPoll(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		cfg  int // index into models
+	}{{"qemu", 0}, {"v20", 5}} {
+		t.Run(tc.name, func(t *testing.T) {
+			ctx := ctxT(t)
+			d, _ := openModel(t, models[tc.cfg].cfg, nil)
+			p := newRCPair(t, ctx, d, true, vfrdma.AccessLocalWrite)
+			exchangeOn(t, p, 1) // WRIDs 0 and 100
+			type result struct {
+				k   int
+				err error
+			}
+			done := make(chan result, 1)
+			wcs := make([]vfrdma.WC, 4)
+			go func() {
+				k, err := p.cq.WaitN(ctx, wcs, 4)
+				done <- result{k, err}
+			}()
+			require.Eventually(t, func() bool { return p.cq.Stats().CQEs >= 2 }, 10*time.Second, time.Millisecond, "the first two completions were never polled")
+			_, err := p.b.PostRecv([]vfrdma.RecvWR{{WRID: 101, SGEs: []vfrdma.SGE{p.mr.SGE(4096+64, 64)}}}, 0)
+			require.NoError(t, err)
+			_, err = p.a.PostSend([]vfrdma.SendWR{{WRID: 1, SGEs: []vfrdma.SGE{p.mr.SGE(64, 64)}}}, 0)
+			require.NoError(t, err)
+			r := <-done
+			require.NoError(t, r.err)
+			require.Equal(t, 4, r.k)
+			var ids []uint64
+			for _, wc := range wcs[:r.k] {
+				require.Equal(t, vfrdma.WCSuccess, wc.Status, "%+v", wc)
+				ids = append(ids, wc.WRID)
+			}
+			assert.ElementsMatch(t, []uint64{0, 100, 1, 101}, ids)
+		})
+	}
+}

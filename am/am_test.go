@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -309,4 +310,125 @@ func TestLocalExchangersGatherEveryTask(t *testing.T) {
 	defer stop()
 	_, err := LocalExchangers(2)[0].AllGather(short, nil)
 	assert.ErrorIs(t, err, context.DeadlineExceeded)
+}
+
+// A greeting with the job's token but a task index that no other task
+// has (0, task 0's own, or Tasks, one past the last) is closed unanswered,
+// and the job goes on with its real tasks.
+func TestTCPExchangerRefusesAGreetingWithATaskIndexOutOfRange(t *testing.T) {
+	for _, task := range []uint32{0, 2} {
+		t.Run(fmt.Sprint(task), func(t *testing.T) {
+			addr := freeAddr(t)
+			ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // a hang guard
+			defer cancel()
+			x0 := &TCPExchanger{Addr: addr, Tasks: 2, Self: 0, Token: "job"}
+			done := make(chan error, 1)
+			go func() {
+				_, err := x0.AllGather(ctx, []byte{0})
+				done <- err
+			}()
+			bad := dialWhenListening(t, ctx, addr)
+			defer bad.Close()
+			x0.writeHead(bad)
+			require.NoError(t, binary.Write(bad, binary.LittleEndian, task))
+			writeBlob(bad, []byte{99})
+			_ = bad.SetReadDeadline(time.Now().Add(time.Minute)) // a hang guard
+			_, err := bad.Read(make([]byte, 1))
+			require.Error(t, err, "closed unanswered")
+			var ne net.Error
+			assert.False(t, errors.As(err, &ne) && ne.Timeout(), "task 0 closed the connection: %v", err)
+
+			all, err := (&TCPExchanger{Addr: addr, Tasks: 2, Self: 1, Token: "job"}).AllGather(ctx, []byte{1})
+			require.NoError(t, err)
+			assert.Equal(t, [][]byte{{0}, {1}}, all, "the refused greeting's blob is nowhere")
+			require.NoError(t, <-done)
+		})
+	}
+}
+
+// Two greetings for one task index: the first holds the index and the
+// repeat is closed unanswered; it is not counted as another task, so the
+// job waits for its real tasks and gathers every one.
+func TestTCPExchangerKeepsTheFirstGreetingOfATaskAndClosesTheRepeat(t *testing.T) {
+	addr := freeAddr(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // a hang guard
+	defer cancel()
+	x0 := &TCPExchanger{Addr: addr, Tasks: 3, Self: 0, Token: "job"}
+	done := make(chan error, 1)
+	go func() {
+		_, err := x0.AllGather(ctx, []byte{0})
+		done <- err
+	}()
+	// Two connections greet as task 1, with the same blob: whichever task 0
+	// takes first holds the index.
+	answered := make(chan bool, 2)
+	for range 2 {
+		c := dialWhenListening(t, ctx, addr)
+		defer c.Close()
+		x0.writeHead(c)
+		require.NoError(t, binary.Write(c, binary.LittleEndian, uint32(1)))
+		writeBlob(c, []byte{1})
+		go func() {
+			_ = c.SetReadDeadline(time.Now().Add(time.Minute)) // a hang guard
+			n, _ := c.Read(make([]byte, 1))
+			answered <- n > 0
+		}()
+	}
+	all, err := (&TCPExchanger{Addr: addr, Tasks: 3, Self: 2, Token: "job"}).AllGather(ctx, []byte{2})
+	require.NoError(t, err)
+	assert.Equal(t, [][]byte{{0}, {1}, {2}}, all)
+	require.NoError(t, <-done)
+	a, b := <-answered, <-answered
+	assert.True(t, a != b, "one greeting answered, the repeat closed unanswered (answered: %v, %v)", a, b)
+}
+
+// Set wakes a Wait it satisfies, as counting does: the waiter returns
+// with what is left, not when its context ends.
+func TestCounterSetWakesAWaitItSatisfies(t *testing.T) {
+	c := NewCounter()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // a hang guard
+	defer cancel()
+	type result struct {
+		left int64
+		err  error
+	}
+	done := make(chan result, 1)
+	go func() {
+		left, err := c.Wait(ctx, 3)
+		done <- result{left, err}
+	}()
+	require.Eventually(t, func() bool { // the Wait sleeps on the counter
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.changed != nil
+	}, time.Minute, time.Millisecond)
+	c.Set(5)
+	r := <-done
+	require.NoError(t, r.err, "woken by Set, not by its context")
+	assert.EqualValues(t, 2, r.left)
+	assert.EqualValues(t, 2, c.Get())
+}
+
+// A job's Token may be as long as maxToken bytes, and task 0 takes a
+// greeting that carries one; a byte more is refused with ErrInvalid
+// before anything is sent.
+func TestTCPExchangerTakesATokenOfMaxTokenBytesAndNotOneMore(t *testing.T) {
+	addr := freeAddr(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute) // a hang guard
+	defer cancel()
+	token := strings.Repeat("t", maxToken)
+	done := make(chan error, 1)
+	go func() {
+		_, err := (&TCPExchanger{Addr: addr, Tasks: 2, Self: 0, Token: token}).AllGather(ctx, []byte{0})
+		done <- err
+	}()
+	all, err := (&TCPExchanger{Addr: addr, Tasks: 2, Self: 1, Token: token}).AllGather(ctx, []byte{1})
+	require.NoError(t, err)
+	assert.Equal(t, [][]byte{{0}, {1}}, all)
+	require.NoError(t, <-done)
+
+	for self := range 2 {
+		_, err = (&TCPExchanger{Addr: addr, Tasks: 2, Self: self, Token: token + "t"}).AllGather(ctx, nil)
+		assert.ErrorIs(t, err, errInvalid, "task %d, a token of maxToken+1 bytes", self)
+	}
 }

@@ -187,3 +187,21 @@ func TestLookalikeNamesTheStrangersProtocol(t *testing.T) {
 		}
 	}
 }
+
+// What arrived may end anywhere, right after a run of hex digits
+// included: lookalike reads no byte past the end of what it is given
+// (a peer that sends "0000" and stops must get a refusal, not a panic),
+// and a cut address message looks like nothing yet.
+func TestLookalikeReadsNoBytePastWhatArrived(t *testing.T) {
+	for _, whole := range []string{"0000:000011:abcdef:fe80", "0000:0001:000011:abcdef:"} {
+		for n := range len(whole) + 1 {
+			b := []byte(whole[:n])
+			for _, f := range []Format{Native, RDMACore, RDMACoreSRQ} {
+				require.NotPanics(t, func() { lookalike(b, f) }, "%q as %v", b, f)
+			}
+		}
+	}
+	for _, cut := range []string{"0000", "0000:000011", "0000:000011:abcdef"} {
+		assert.Empty(t, lookalike([]byte(cut), Native), "%q", cut)
+	}
+}

@@ -508,3 +508,32 @@ func TestWQEStride(t *testing.T) {
 		}
 	}
 }
+
+// CREATE_QP takes 1 to MaxRingChunks send pages and, without an SRQ, 1 to
+// MaxRingChunks receive pages: exactly MaxRingChunks of each is valid,
+// one more of either is refused with ErrInvalid naming its field.
+func TestCreateQPTakesExactlyMaxRingChunksPagesPerQueueAndNotOneMore(t *testing.T) {
+	ok := CreateQPRequest{PDirDMA: 0x1000, MaxSendWR: 32, MaxRecvWR: 32, MaxSendSGE: 4, MaxRecvSGE: 4, SendChunks: 2, TotalChunks: 4, QPType: QPTypeRC}
+	for _, tc := range []struct {
+		name        string
+		send, total uint16
+		field       string
+	}{
+		{"send pages at the limit", MaxRingChunks, 1 + MaxRingChunks + 1, ""},
+		{"receive pages at the limit", 2, 1 + 2 + MaxRingChunks, ""},
+		{"both at the limit", MaxRingChunks, 1 + 2*MaxRingChunks, ""},
+		{"send pages past it", MaxRingChunks + 1, 1 + MaxRingChunks + 1 + 1, "send_chunks"},
+		{"receive pages past it", 2, 1 + 2 + MaxRingChunks + 1, "total_chunks"},
+	} {
+		r := ok
+		r.SendChunks, r.TotalChunks = tc.send, tc.total
+		err := r.Validate()
+		if tc.field == "" {
+			assert.NoError(t, err, tc.name)
+			continue
+		}
+		if assert.ErrorIs(t, err, ErrInvalid, tc.name) {
+			assert.Contains(t, err.Error(), tc.field, tc.name)
+		}
+	}
+}

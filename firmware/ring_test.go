@@ -244,3 +244,24 @@ func TestAsyncRingPendingCountsWithoutConsuming(t *testing.T) {
 	_, err = a.Pending()
 	assert.ErrorIs(t, err, ErrDeviceFault, "one past a full ring")
 }
+
+// A CQ handle has 24 bits: a notification naming HandleMask itself is a
+// handle like any other, HandleMask+1 a device fault (consumed, with the
+// handles before it returned).
+func TestACQNotificationOfHandleMaskIsTakenAndOneMoreIsAFault(t *testing.T) {
+	tr := newTestRing(t, 1)
+	c, err := NewCQNotifyRing(tr.regs, tr.data)
+	require.NoError(t, err)
+	buf := make([]uint32, 8)
+	elem := func(h uint32) []byte { return le.AppendUint32(nil, h) }
+	tr.produce(1024, elem(HandleMask))
+	tr.produce(1024, elem(HandleMask+1))
+	tr.produce(1024, elem(5))
+	k, err := c.Poll(buf)
+	require.ErrorIs(t, err, ErrDeviceFault, "HandleMask+1")
+	require.Equal(t, 1, k)
+	assert.Equal(t, uint32(HandleMask), buf[0])
+	k, err = c.Poll(buf)
+	require.NoError(t, err)
+	assert.Equal(t, []uint32{5}, buf[:k], "the fault was consumed")
+}
