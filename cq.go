@@ -381,7 +381,7 @@ func (cq *CQ) poll(wcs []WC) (int, error) {
 	if err != nil {
 		return 0, cq.d.opErr("poll CQ", err)
 	}
-	if ready == 0 && cq.d.pollDB.Load() {
+	if ready == 0 && cq.d.pollsWithDoorbell() {
 		if ready, err = cq.pollDoorbell(); err != nil {
 			return 0, err
 		}
@@ -654,7 +654,7 @@ func (cq *CQ) pollDoorbell() (int, error) {
 	d := cq.d
 	d.pollRinging.Add(1)
 	defer d.pollRinging.Add(-1)
-	if !d.pollDB.Load() || !cq.pollDue() {
+	if !d.pollsWithDoorbell() || !cq.pollDue() {
 		return 0, nil
 	}
 	cq.stats.Doorbells++

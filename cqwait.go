@@ -135,7 +135,11 @@ func (cq *CQ) readyOrArm() (bool, error) {
 // the big lock: a POLL doorbell beside any armed CQ can deadlock the VM.
 // rdma-core's provider polls with that doorbell and its programs never
 // arm unless asked to (-e).
-func (cq *CQ) pollOnly() bool { return cq.d.emulated && cq.d.pollDB.Load() }
+func (cq *CQ) pollOnly() bool { return cq.d.emulated && cq.d.pollsWithDoorbell() }
+
+// pollsWithDoorbell reports whether an empty poll rings the POLL
+// doorbell: Options.PollDoorbell, until StopPollDoorbell.
+func (d *Device) pollsWithDoorbell() bool { return d.opt.PollDoorbell && !d.pollStopped.Load() }
 
 // StopPollDoorbell ends Options.PollDoorbell for the device, for good:
 // once it returns no empty poll rings the POLL doorbell (it waits for
@@ -144,7 +148,7 @@ func (cq *CQ) pollOnly() bool { return cq.d.emulated && cq.d.pollDB.Load() }
 // interrupt, as the libibverbs drop-in's programs do: the doorbell until
 // ibv_req_notify_cq, interrupts after. Safe for concurrent use.
 func (d *Device) StopPollDoorbell() {
-	d.pollDB.Store(false)
+	d.pollStopped.Store(true)
 	for d.pollRinging.Load() != 0 {
 		runtime.Gosched()
 	}

@@ -128,9 +128,9 @@ type Device struct {
 	emulated bool
 	waitSpin time.Duration // CQ.Wait's spin: Options.Spin, or its default for the device (0: none)
 	pollPace time.Duration // the POLL doorbell's pace: Options.PollPace, or its default (0: none)
-	// pollDB is Options.PollDoorbell until StopPollDoorbell; pollRinging
-	// counts the empty polls that may be ringing it now.
-	pollDB      atomic.Bool
+	// pollStopped is StopPollDoorbell's; pollRinging counts the empty
+	// polls that may be ringing the POLL doorbell now.
+	pollStopped atomic.Bool
 	pollRinging atomic.Int64
 	// drainSends: before it destroys a QP, wait for the device to have
 	// completed the QP's sends (QEMU 7.2, see QP.awaitSends).
@@ -448,7 +448,6 @@ func (d *Device) start(ctx context.Context) error {
 		d.pollPace = DefaultPollPace
 	}
 	d.pollPace = max(d.pollPace, 0)
-	d.pollDB.Store(d.opt.PollDoorbell)
 	d.cqArm = [2]uint32{q.CQArm(false), q.CQArm(true)}
 	return nil
 }

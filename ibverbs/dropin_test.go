@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -129,6 +130,24 @@ func listening(port int) bool {
 	return false
 }
 
+// lockedBuffer is a buffer one goroutine writes while another reads it.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
 // freePort returns a TCP port nothing listens on now.
 func freePort(t *testing.T) int {
 	t.Helper()
@@ -171,7 +190,7 @@ func TestVerbsProgramsRunBetweenTwoProcessesOnTheModelsFabric(t *testing.T) {
 			args := append(append([]string(nil), tc.args...), "-p", fmt.Sprint(port))
 			srv := exec.Command(tc.prog, args...)
 			srv.Env = append(append(os.Environ(), "LD_LIBRARY_PATH="+lib), env...)
-			var srvOut strings.Builder
+			var srvOut lockedBuffer // written by exec's copier, read here
 			srv.Stdout, srv.Stderr = &srvOut, &srvOut
 			require.NoError(t, srv.Start())
 			done := make(chan error, 1)
