@@ -4,6 +4,8 @@ import (
 	"crypto/rand"
 	"encoding/binary"
 	"fmt"
+	"strconv"
+	"strings"
 	"time"
 
 	"github.com/vfrdma/vfrdma/firmware"
@@ -350,4 +352,42 @@ func encodeQEMUCaps(b []byte, c *firmware.Caps) {
 	p[199] = c.PhysPortCnt
 	p[200] = c.Mode
 	p[203] |= c.GIDTypes
+}
+
+// SpecError is ParseSpec's error: the spec, and what is wrong with it.
+type SpecError struct {
+	Spec, Reason string
+}
+
+func (e *SpecError) Error() string { return fmt.Sprintf("pvsim: model spec %q: %s", e.Spec, e.Reason) }
+
+// ParseSpec reads a model spec, as pvctl's --model and the libibverbs
+// drop-in's VFRDMA_MODEL take it: v17..v20 (VMware's device at that
+// interface version; vmware is v20) or qemu (QEMU 7.2's device), with
+// ",rocev2" for RoCE v2 GIDs. Case does not matter. A spec it does not
+// take is a *SpecError.
+func ParseSpec(spec string) (Config, error) {
+	var cfg Config
+	parts := strings.Split(strings.ToLower(spec), ",")
+	switch v := parts[0]; {
+	case v == "qemu":
+		cfg.QEMU = true
+	case v == "vmware":
+		cfg.Version = VersionQPHandle
+	case strings.HasPrefix(v, "v"):
+		n, err := strconv.Atoi(v[1:])
+		if err != nil || n < int(VersionRoCEv1) || n > int(VersionQPHandle) {
+			return cfg, &SpecError{spec, "the version is v17 to v20"}
+		}
+		cfg.Version = uint32(n)
+	default:
+		return cfg, &SpecError{spec, "want v17..v20, vmware or qemu, with ,rocev2 optional"}
+	}
+	for _, opt := range parts[1:] {
+		if opt != "rocev2" {
+			return cfg, &SpecError{spec, fmt.Sprintf("unknown option %q (rocev2 is the one)", opt)}
+		}
+		cfg.RoCEv2 = true
+	}
+	return cfg, nil
 }

@@ -3,8 +3,6 @@ package main
 import (
 	"errors"
 	"fmt"
-	"strconv"
-	"strings"
 
 	"github.com/vfrdma/vfrdma"
 	"github.com/vfrdma/vfrdma/pvsim"
@@ -15,33 +13,14 @@ const modelHelp = "run on the device model (package pvsim) instead of a device: 
 	"(VMware's device at that interface version; vmware is v20) or qemu (QEMU 7.2's device), " +
 	"with ,rocev2 for RoCE v2 GIDs (v18+); no root, VFIO or VM needed, the two ends of pingpong, bench and am run in this process (or, with --fabric, in two)"
 
-// parseModel parses a --model value.
+// parseModel parses a --model value (pvsim.ParseSpec).
 func parseModel(spec string) (pvsim.Config, error) {
-	var cfg pvsim.Config
-	parts := strings.Split(strings.ToLower(spec), ",")
-	switch v := parts[0]; {
-	case v == "qemu":
-		cfg.QEMU = true
-	case v == "vmware":
-		cfg.Version = pvsim.VersionQPHandle
-	case strings.HasPrefix(v, "v"):
-		n, err := strconv.Atoi(v[1:])
-		if err != nil || n < int(pvsim.VersionRoCEv1) || n > int(pvsim.VersionQPHandle) {
-			return cfg, usageErrorf("--model %q: the version is v17 to v20", spec)
-		}
-		cfg.Version = uint32(n)
-	default:
-		return cfg, usageErrorf("--model %q: want v17..v20, vmware or qemu, with ,rocev2 optional", spec)
+	cfg, err := pvsim.ParseSpec(spec)
+	var se *pvsim.SpecError
+	if errors.As(err, &se) {
+		return cfg, usageErrorf("--model %q: %s", spec, se.Reason)
 	}
-	for _, opt := range parts[1:] {
-		switch opt {
-		case "rocev2":
-			cfg.RoCEv2 = true
-		default:
-			return cfg, usageErrorf("--model %q: unknown option %q (rocev2 is the one)", spec, opt)
-		}
-	}
-	return cfg, nil
+	return cfg, err
 }
 
 // errModel refuses a command that needs a machine's PCI functions (list,

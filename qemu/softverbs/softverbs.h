@@ -19,23 +19,16 @@
 #ifndef SOFTVERBS_H
 #define SOFTVERBS_H
 
-#ifndef _GNU_SOURCE
-#define _GNU_SOURCE
-#endif
+/* the ABI every libibverbs.so.1 of the project exports: verbs.h, its
+ * macros undone, ABI_EXPORT */
+#include "../../verbsabi/abi.h"
 
-#include <infiniband/verbs.h>
 #include <pthread.h>
 #include <stddef.h>
 #include <stdint.h>
 #include <stdio.h>
 
-/* verbs.h turns some exported names into macros; we define the real ones. */
-#undef ibv_get_device_list
-#undef ibv_query_port
-#undef ibv_reg_mr
-#undef ibv_reg_mr_iova
-
-#define SV_EXPORT __attribute__((visibility("default")))
+#define SV_EXPORT ABI_EXPORT
 
 /* ---- device limits (what ibv_query_device/ibv_query_port report) ---- */
 

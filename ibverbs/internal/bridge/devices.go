@@ -1,6 +1,7 @@
 package bridge
 
 import (
+	"errors"
 	"fmt"
 	"io"
 	"slices"
@@ -97,30 +98,12 @@ func sameBDF(user, bdf string) bool {
 	return user == bdf || "0000:"+user == bdf
 }
 
-// ParseModel parses VFRDMA_MODEL: v17..v20 (vmware is v20) or qemu, with
-// ",rocev2" for RoCE v2 GIDs.
+// ParseModel parses VFRDMA_MODEL (pvsim.ParseSpec).
 func ParseModel(spec string) (pvsim.Config, error) {
-	var cfg pvsim.Config
-	parts := strings.Split(strings.ToLower(spec), ",")
-	switch v := parts[0]; {
-	case v == "qemu":
-		cfg.QEMU = true
-	case v == "vmware":
-		cfg.Version = pvsim.VersionQPHandle
-	case strings.HasPrefix(v, "v"):
-		n, err := strconv.Atoi(v[1:])
-		if err != nil || n < int(pvsim.VersionRoCEv1) || n > int(pvsim.VersionQPHandle) {
-			return cfg, fmt.Errorf("%w: %s=%q: the version is v17 to v20", errInvalid, EnvModel, spec)
-		}
-		cfg.Version = uint32(n)
-	default:
-		return cfg, fmt.Errorf("%w: %s=%q: want v17..v20, vmware or qemu, with ,rocev2 optional", errInvalid, EnvModel, spec)
+	cfg, err := pvsim.ParseSpec(spec)
+	var se *pvsim.SpecError
+	if errors.As(err, &se) {
+		return cfg, fmt.Errorf("%w: %s=%q: %s", errInvalid, EnvModel, spec, se.Reason)
 	}
-	for _, opt := range parts[1:] {
-		if opt != "rocev2" {
-			return cfg, fmt.Errorf("%w: %s=%q: unknown option %q (rocev2 is the one)", errInvalid, EnvModel, spec, opt)
-		}
-		cfg.RoCEv2 = true
-	}
-	return cfg, nil
+	return cfg, err
 }
