@@ -210,7 +210,10 @@ ucxhost_check() {
   grep -q '^Final: *1000 ' <<<"$out" || { echo "UCX on the host: the client did not report its 1000 iterations"; return 1; }
 }
 
-# Open MPI's mpirun starts am jobs on the host, each task a pvctl process
+# The model's fabric across processes (pvsim.JoinFabric): two pvctl
+# processes on one --fabric directory run a ping-pong and the one-sided
+# benches (RDMA WRITE, READ, atomics: version 20). Then Open MPI's mpirun
+# starts am jobs on the host, each task a pvctl process
 # with its own device model, the models meeting on one fabric directory
 # (pvsim.JoinFabric): 8 tasks run an all-to-all (pvctl am --launcher, the
 # job's rank and size from mpirun's own variables), every byte checked and
@@ -219,9 +222,26 @@ ucxhost_check() {
 # messages past --stall), say so naming it, and end; nothing waits for
 # ever (mpirun's recovery mode keeps the others running to report).
 job_tier() {
-  local pv=$PWD/build/pvctl-job dir out rc port=$((20000 + RANDOM % 20000)) i p mp
+  local pv=$PWD/build/pvctl-job dir out rc port=$((20000 + RANDOM % 20000)) i p mp args
   local mpi=(mpirun --allow-run-as-root --oversubscribe)
   $GO build -o "$pv" ./cmd/pvctl || return 1
+
+  # Two pvctl processes, each its own model (v20) on one fabric directory:
+  # a ping-pong with every byte checked, then the one-sided benches.
+  dir=$(mktemp -d /tmp/vfrdma-job.XXXXXX)
+  for args in "pingpong --rc --size 4096 --iters 300" "bench --write --messages 2000 --batches 1,32" \
+              "bench --read --messages 2000 --batches 1,32" "bench --atomic --messages 1000 --batches 1,32"; do
+    port=$((port + 1))
+    # shellcheck disable=SC2086 # the command's words
+    "$pv" --model v20 --fabric "$dir" $args --listen 127.0.0.1:$port >"$dir/srv" 2>&1 &
+    p=$!
+    # shellcheck disable=SC2086
+    out=$(timeout 120 "$pv" --model v20 --fabric "$dir" $args --connect 127.0.0.1:$port 2>&1); rc=$?
+    wait $p; i=$?
+    echo "$out" | grep -E 'round trips|every byte|^ +(1|32) ' | head -4
+    [ $rc = 0 ] && [ $i = 0 ] || { echo "$out"; cat "$dir/srv"; echo "pvctl $args between two processes failed ($rc, server $i)"; rm -rf "$dir"; return 1; }
+  done
+  rm -rf "$dir"
   dir=$(mktemp -d /tmp/vfrdma-job.XXXXXX)
   out=$(timeout 300 "${mpi[@]}" -n 8 -x VFRDMA_AM_ADDR=127.0.0.1:$port \
     "$pv" --model v20 --fabric "$dir" am --launcher --sizes 8,4096,70000 --messages 50 2>&1)
