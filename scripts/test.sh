@@ -238,7 +238,7 @@ job_tier() {
     # shellcheck disable=SC2086
     out=$(timeout 120 "$pv" --model v20 --fabric "$dir" $args --connect 127.0.0.1:$port 2>&1); rc=$?
     wait $p; i=$?
-    echo "$out" | grep -E 'round trips|every byte|^ +(1|32) ' | head -4
+    grep -E 'round trips|every byte|^ +(1|32) ' <<<"$out"
     [ $rc = 0 ] && [ $i = 0 ] || { echo "$out"; cat "$dir/srv"; echo "pvctl $args between two processes failed ($rc, server $i)"; rm -rf "$dir"; return 1; }
   done
   rm -rf "$dir"
