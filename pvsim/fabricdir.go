@@ -393,6 +393,9 @@ func (p *peer) read() {
 		pkt.from = p
 		if t := p.n.f.Lookup(pkt.dstGID); t == nil || !t.push(event{kind: evPacket, pkt: pkt}) {
 			p.n.undelivered.Add(1)
+			if pkt.inModel != nil {
+				pkt.inModel.Add(-1) // dropped here: the requester's notice
+			}
 		}
 	}
 }

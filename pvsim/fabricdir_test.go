@@ -304,3 +304,36 @@ func TestAPeerProcessThatDiesIsAPeerGone(t *testing.T) {
 	assert.Equal(t, vfrdma.WCStatus(rings.WCRetryExcErr), got[0].Status)
 	assert.Zero(t, fab.NetStats().Refused, "a peer that died is no stranger")
 }
+
+// A request to a GID no device of the peer process has any more (its
+// model closed, the process and its fabric alive) is dropped there and
+// the requester is told: its retries end in RETRY_EXC_ERR, nothing waits
+// for ever.
+func TestARequestToAModelThatClosedInALiveProcessIsLost(t *testing.T) {
+	fa, fb := twoFabrics(t, "dir")
+	cfg := pvsim.Config{Version: 20}
+	a, b := newNode(t, cfg, fa, 1), newNode(t, cfg, fb, 2)
+	qa, qb := a.qp(t, vfrdma.RC, nil), b.qp(t, vfrdma.RC, nil)
+	connect(t, a, qa, b, qb)
+	_, err := qb.PostRecv([]vfrdma.RecvWR{{WRID: 1, SGEs: []vfrdma.SGE{b.mr.SGE(0, 64)}}}, 0)
+	require.NoError(t, err)
+	_, err = qa.PostSend([]vfrdma.SendWR{{WRID: 2, Flags: signaled, SGEs: []vfrdma.SGE{a.mr.SGE(0, 8)}}}, 0)
+	require.NoError(t, err)
+	require.Equal(t, vfrdma.WCSuccess, poll(t, a.cq, 1)[0].Status)
+	require.NoError(t, b.d.Close())
+	require.NoError(t, b.m.Close())
+	_, err = qa.PostSend([]vfrdma.SendWR{{WRID: 3, Flags: signaled, SGEs: []vfrdma.SGE{a.mr.SGE(0, 8)}}}, 0)
+	require.NoError(t, err)
+	wcs := make([]vfrdma.WC, 4)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	var got []vfrdma.WC
+	for len(got) == 0 {
+		require.NoError(t, a.cq.Wait(ctx), "the send to a closed model never completed")
+		n, err := a.cq.Poll(wcs)
+		require.NoError(t, err)
+		got = append(got, wcs[:n]...)
+	}
+	assert.Equal(t, vfrdma.WCStatus(rings.WCRetryExcErr), got[0].Status)
+	assert.NotZero(t, fb.NetStats().Undelivered)
+}
