@@ -24,7 +24,7 @@ func buildDropin(t *testing.T) string {
 		t.Skip("builds the c-shared library (-short)")
 	}
 	if _, err := exec.LookPath("gcc"); err != nil {
-		t.Skip("no gcc")
+		t.Fatal("no gcc: make setup installs it")
 	}
 	_, file, _, _ := runtime.Caller(0)
 	root := filepath.Dir(filepath.Dir(file))
@@ -67,7 +67,7 @@ func TestDropin(t *testing.T) {
 
 	t.Run("TheConformanceProgramPassesOnTheModel", func(t *testing.T) {
 		if _, err := exec.LookPath("gcc"); err != nil {
-			t.Skip("no gcc")
+			t.Fatal("no gcc: make setup installs it")
 		}
 		prog := filepath.Join(t.TempDir(), "dropin_test")
 		b, err := exec.Command("gcc", "-O1", "-g", "-Wall", "-Werror", "-std=gnu11", "-o", prog, "tests/dropin_test.c",
@@ -85,7 +85,7 @@ func TestDropin(t *testing.T) {
 
 	t.Run("IbvDevinfoListsTheModelWithItsPortActive", func(t *testing.T) {
 		if _, err := exec.LookPath("ibv_devinfo"); err != nil {
-			t.Skip("no ibv_devinfo (ibverbs-utils)")
+			t.Fatal("no ibv_devinfo: make setup installs ibverbs-utils")
 		}
 		out, err := run(t, lib, []string{"VFRDMA_MODEL=v20"}, "ibv_devinfo", "-v")
 		require.NoError(t, err, "%s", out)
@@ -96,7 +96,7 @@ func TestDropin(t *testing.T) {
 
 	t.Run("WithNoModelAndNoBoundFunctionTheListIsEmpty", func(t *testing.T) {
 		if _, err := exec.LookPath("ibv_devinfo"); err != nil {
-			t.Skip("no ibv_devinfo (ibverbs-utils)")
+			t.Fatal("no ibv_devinfo: make setup installs ibverbs-utils")
 		}
 		out, _ := run(t, lib, []string{"VFRDMA_MODEL=", "VFRDMA_SYSFS=" + t.TempDir()}, "ibv_devinfo")
 		assert.Contains(t, out, "No IB devices found")
