@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/vfrdma/vfrdma"
+	"github.com/vfrdma/vfrdma/connect"
 	"github.com/vfrdma/vfrdma/event"
 	"github.com/vfrdma/vfrdma/vfio"
 )
@@ -201,6 +202,7 @@ type Context struct {
 	repostBatch int
 	qps         []*vfrdma.QP
 	byQPN       map[uint32]*conn
+	psn         uint32 // the first send PSN of its QPs (random, 24 bits)
 
 	handlers [MaxHandlers]atomic.Pointer[HeaderHandler]
 	arrival  Arrival   // the header handler's, progress goroutine only
@@ -310,8 +312,9 @@ const probeEvery = 250 * time.Millisecond
 // QP to that task; for itself, the QP its own requests arrive on.
 func (c *Context) address() []byte {
 	gid := c.d.GID()
-	b := make([]byte, addrQPNs, addressLen(len(c.conns)))
+	b := make([]byte, addrPSN, addressLen(len(c.conns)))
 	copy(b, gid[:])
+	b = binary.LittleEndian.AppendUint32(b, c.psn)
 	for _, cn := range c.conns {
 		b = binary.LittleEndian.AppendUint32(b, cn.in.QPN())
 	}
@@ -336,7 +339,7 @@ func newContext(ctx context.Context, d *vfrdma.Device, cfg Config, hold time.Dur
 	if err := cfg.fill(); err != nil {
 		return nil, err
 	}
-	c := &Context{cfg: cfg, d: d, byQPN: map[uint32]*conn{}, arrived: map[uint64]int{}, done: make(chan struct{})}
+	c := &Context{cfg: cfg, d: d, byQPN: map[uint32]*conn{}, arrived: map[uint64]int{}, done: make(chan struct{}), psn: connect.RandomPSN()}
 	c.slotSize = cfg.PacketSize
 	c.maxAcks = (cfg.PacketSize - headerSize) / ackSize
 	defer func() {
@@ -432,15 +435,19 @@ func newContext(ctx context.Context, d *vfrdma.Device, cfg Config, hold time.Dur
 			return nil, fmt.Errorf("%w: task %d's address is %d bytes, not %d", errProtocol, t, len(b), addressLen(n))
 		}
 		var gid vfrdma.GID
-		copy(gid[:], b[:addrQPNs])
+		copy(gid[:], b[:addrPSN])
+		psn := addressPSN(b)
+		if psn > 0xffffff {
+			return nil, fmt.Errorf("%w: task %d's first PSN %#x is not 24 bits", errProtocol, t, psn)
+		}
 		qpn := addressQPN(b, cfg.Self)
 		if t == cfg.Self {
 			// Our requests go from out to in, acknowledgements back.
-			if err = cn.out.Connect(ctx, vfrdma.Remote{QPN: cn.in.QPN(), GID: gid}, 0); err == nil {
-				err = cn.in.Connect(ctx, vfrdma.Remote{QPN: cn.out.QPN(), GID: gid}, 0)
+			if err = cn.out.Connect(ctx, vfrdma.Remote{QPN: cn.in.QPN(), GID: gid, PSN: psn}, c.psn); err == nil {
+				err = cn.in.Connect(ctx, vfrdma.Remote{QPN: cn.out.QPN(), GID: gid, PSN: psn}, c.psn)
 			}
 		} else {
-			err = cn.out.Connect(ctx, vfrdma.Remote{QPN: qpn, GID: gid}, 0)
+			err = cn.out.Connect(ctx, vfrdma.Remote{QPN: qpn, GID: gid, PSN: psn}, c.psn)
 		}
 		if err != nil {
 			return nil, fmt.Errorf("am: connecting to task %d: %w", t, err)

@@ -96,7 +96,8 @@ func TestConfigWhoseBuffersFillTheSRQIsTakenAndOneMoreRefused(t *testing.T) {
 func allAddresses(n int) [][]byte {
 	all := make([][]byte, n)
 	for i := range all {
-		b := make([]byte, 16, 16+4*n)
+		b := make([]byte, 16, 20+4*n)
+		b = binary.LittleEndian.AppendUint32(b, uint32(0x10000+i)) // its first PSN
 		for j := range n {
 			b = binary.LittleEndian.AppendUint32(b, uint32(0xf00000+i*n+j))
 		}
@@ -201,4 +202,50 @@ func TestPurgeTakesTasks0ToTasksLessOne(t *testing.T) {
 	}
 	require.NoError(t, c.Purge(ctx, 1), "the last task")
 	assert.ErrorIs(t, c.Amsend(1, 1, nil, nil, Counters{}), ErrPurged)
+}
+
+// A task's first PSN is 24 bits: New connects to a task that gives
+// 0xFFFFFF and refuses, allocating nothing, a job where one gives
+// 0x1000000.
+func TestNewTakesA24BitFirstPSNAndRefusesOneBitMore(t *testing.T) {
+	d, m := openModel(t, pvsim.Config{QEMU: true})
+	ctx := withTimeout(t, time.Minute) // a hang guard
+	for _, tc := range []struct {
+		psn uint32
+		ok  bool
+	}{{0xffffff, true}, {0x1000000, false}} {
+		all := allAddresses(2)
+		binary.LittleEndian.PutUint32(all[1][addrPSN:], tc.psn)
+		before := m.Objects()
+		c, err := New(ctx, d, Config{Tasks: 2, PacketSize: 256, Exchange: &fixedExchanger{all: all}})
+		if tc.ok {
+			require.NoError(t, err, "PSN %#x", tc.psn)
+			require.NoError(t, c.Close())
+			continue
+		}
+		require.ErrorIs(t, err, errProtocol, "PSN %#x", tc.psn)
+		assert.Contains(t, err.Error(), "not 24 bits")
+		assert.Equal(t, before, m.Objects(), "New undid what it made")
+	}
+}
+
+// Each context sends from a random first PSN, and publishes it: QPNs are
+// reused at once, and a packet of an earlier job still on the fabric must
+// not fit a new job's sequence (a fixed PSN let a stale atomic answer
+// complete a new QP's fetch-and-add with the old job's value).
+func TestEachContextSendsFromARandomFirstPSNItPublishes(t *testing.T) {
+	d, _ := openModel(t, pvsim.Config{QEMU: true})
+	ctx := withTimeout(t, time.Minute) // a hang guard
+	seen := map[uint32]bool{}
+	for range 4 {
+		x := &fixedExchanger{all: allAddresses(2)}
+		c, err := New(ctx, d, Config{Tasks: 2, PacketSize: 256, Exchange: x})
+		require.NoError(t, err)
+		psn := addressPSN(x.mine)
+		assert.Equal(t, c.psn, psn, "the address carries the context's PSN")
+		assert.LessOrEqual(t, psn, uint32(0xffffff))
+		seen[psn] = true
+		require.NoError(t, c.Close())
+	}
+	assert.Len(t, seen, 4, "four contexts, four first PSNs")
 }

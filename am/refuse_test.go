@@ -47,6 +47,9 @@ type rawPeer struct {
 // context's control packets (acknowledgements, credits).
 const rawRecvs = 16
 
+// rawPSN is the raw peer's first send PSN.
+const rawPSN = 0x5a5a5a
+
 // newRawPeer makes task 0's context of cfg (Tasks, Self and Exchange set
 // here) and the raw peer as its task 1.
 func newRawPeer(t *testing.T, cfg Config) *rawPeer {
@@ -73,6 +76,7 @@ func newRawPeer(t *testing.T, cfg Config) *rawPeer {
 
 	gid := d.GID()
 	addr := append([]byte(nil), gid[:]...)
+	addr = binary.LittleEndian.AppendUint32(addr, rawPSN)     // its first PSN
 	addr = binary.LittleEndian.AppendUint32(addr, p.qp.QPN()) // its QP for task 0
 	addr = binary.LittleEndian.AppendUint32(addr, 0)          // for itself: none
 	x := &fixedExchanger{all: [][]byte{nil, addr}}
@@ -80,7 +84,7 @@ func newRawPeer(t *testing.T, cfg Config) *rawPeer {
 	p.c, err = New(ctx, d, cfg)
 	require.NoError(t, err)
 	t.Cleanup(func() { p.c.Close() })
-	require.NoError(t, p.qp.Connect(ctx, vfrdma.Remote{QPN: binary.LittleEndian.Uint32(x.mine[16+4:]), GID: gid}, 0))
+	require.NoError(t, p.qp.Connect(ctx, vfrdma.Remote{QPN: addressQPN(x.mine, 1), GID: gid, PSN: addressPSN(x.mine)}, rawPSN))
 	wrs := make([]vfrdma.RecvWR, rawRecvs)
 	for i := range wrs {
 		wrs[i] = vfrdma.RecvWR{WRID: uint64(1 + i), SGEs: []vfrdma.SGE{p.mr.SGE((2+i)*size, size)}}

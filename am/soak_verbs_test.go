@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/vfrdma/vfrdma"
+	"github.com/vfrdma/vfrdma/connect"
 	"github.com/vfrdma/vfrdma/firmware"
 )
 
@@ -377,11 +378,16 @@ func (c *cell) setup(ctx context.Context, rng *rand.Rand, ds []*vfrdma.Device) e
 	return nil
 }
 
+// connect connects x and y, each sending from a random first PSN, as a
+// driver's user should: QPNs are reused at once, and a packet of an
+// earlier connection still on the fabric must not fit the new one's
+// sequence.
 func (c *cell) connect(ctx context.Context, x, y *cqp) error {
-	if err := x.qp.Connect(ctx, vfrdma.Remote{QPN: y.qp.QPN(), GID: y.sd.d.GID()}, 0); err != nil {
+	px, py := connect.RandomPSN(), connect.RandomPSN()
+	if err := x.qp.Connect(ctx, vfrdma.Remote{QPN: y.qp.QPN(), GID: y.sd.d.GID(), PSN: py}, px); err != nil {
 		return err
 	}
-	return y.qp.Connect(ctx, vfrdma.Remote{QPN: x.qp.QPN(), GID: x.sd.d.GID()}, 0)
+	return y.qp.Connect(ctx, vfrdma.Remote{QPN: x.qp.QPN(), GID: x.sd.d.GID(), PSN: px}, py)
 }
 
 // run posts from a goroutine per QP (and two on the SRQ) until life is

@@ -183,18 +183,24 @@ func rideAckBytes(b []byte, k int) []byte { return b[offRideAcks : offRideAcks+a
 // A task's address, what it publishes through the Exchanger:
 //
 //	0        16 bytes: its GID
-//	16+4×t   u32: the QPN of its QP to task t; for itself, of the QP its
+//	16       u32: the first PSN of every QP it sends on (24 bits, random
+//	         per context: a stale packet of an earlier job on a reused
+//	         QPN does not fit the sequence)
+//	20+4×t   u32: the QPN of its QP to task t; for itself, of the QP its
 //	         own requests arrive on
 //
 // Little endian.
 const (
-	addrQPNs = len(vfrdma.GID{}) // where the QPNs begin
+	addrPSN  = len(vfrdma.GID{}) // where the PSN is
+	addrQPNs = addrPSN + 4       // where the QPNs begin
 	qpnSize  = 4
 )
 
 // addressLen is the length of a task's address in a job of tasks tasks.
 func addressLen(tasks int) int { return addrQPNs + qpnSize*tasks }
 
-// addressQPN returns the QPN address b gives for task t (b is
-// addressLen long).
+// addressPSN returns the first PSN address b gives (b is addressLen
+// long); above 24 bits, the address is not one of ours.
+func addressPSN(b []byte) uint32 { return binary.LittleEndian.Uint32(b[addrPSN:]) }
+
 func addressQPN(b []byte, t int) uint32 { return binary.LittleEndian.Uint32(b[addrQPNs+qpnSize*t:]) }

@@ -145,15 +145,16 @@ func TestRidingAcksAreReadAsTheyWerePut(t *testing.T) {
 	}
 }
 
-// A task's address is its GID, then a QPN per task: 16 bytes and four
-// per task, task t's QPN at 16+4t.
-func TestAnAddressIsTheGIDThenAQPNPerTask(t *testing.T) {
-	assert.Equal(t, 16, addressLen(0))
-	assert.Equal(t, 16+4*3, addressLen(3))
+// A task's address is its GID, its first PSN, then a QPN per task: 20
+// bytes and four per task, task t's QPN at 20+4t.
+func TestAnAddressIsTheGIDThePSNThenAQPNPerTask(t *testing.T) {
+	assert.Equal(t, 20, addressLen(0))
+	assert.Equal(t, 20+4*3, addressLen(3))
 	b := make([]byte, addressLen(3))
 	for i := range b {
 		b[i] = byte(i)
 	}
-	assert.Equal(t, binary.LittleEndian.Uint32(b[16:]), addressQPN(b, 0))
-	assert.Equal(t, binary.LittleEndian.Uint32(b[24:]), addressQPN(b, 2))
+	assert.Equal(t, binary.LittleEndian.Uint32(b[16:]), addressPSN(b))
+	assert.Equal(t, binary.LittleEndian.Uint32(b[20:]), addressQPN(b, 0))
+	assert.Equal(t, binary.LittleEndian.Uint32(b[28:]), addressQPN(b, 2))
 }

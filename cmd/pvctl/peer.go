@@ -394,6 +394,9 @@ type endpoint struct {
 	ah      *vfrdma.AH
 	peer    connect.Endpoint // the other end's QP
 	qkey    uint32
+	// psn is this end's first send PSN, random: a stale packet of an
+	// earlier connection on a reused QPN does not fit the sequence.
+	psn uint32
 	// rwrs and rsges hold the chain repost builds (one SGE per WR).
 	rwrs  []vfrdma.RecvWR
 	rsges []vfrdma.SGE
@@ -409,7 +412,7 @@ const testQKey = 0x1ee7
 // newEndpoint makes an endpoint: with a one-sided mode (sided), its
 // receive MR is the target region and grants the mode's remote rights.
 func newEndpoint(ctx context.Context, d *vfrdma.Device, pd *vfrdma.PD, typ vfrdma.QPType, depth, size int, qkey uint32, sided string) (*endpoint, error) {
-	e := &endpoint{pd: pd, depth: depth, slot: size, qkey: qkey, sided: sided}
+	e := &endpoint{pd: pd, depth: depth, slot: size, qkey: qkey, sided: sided, psn: connect.RandomPSN()}
 	if typ == vfrdma.UD {
 		e.slot += vfrdma.UDHeaderRoom
 	}
@@ -436,7 +439,7 @@ func newEndpoint(ctx context.Context, d *vfrdma.Device, pd *vfrdma.PD, typ vfrdm
 // info is what the other end needs of e: its QP, and with a one-sided
 // mode its target region and the terms (the mode, the slot size).
 func (e *endpoint) info(d *vfrdma.Device) connect.Info {
-	in := connect.Info{Endpoints: []connect.Endpoint{{QPN: e.qp.QPN(), GID: d.GID(), QKey: e.qkey}}}
+	in := connect.Info{Endpoints: []connect.Endpoint{{QPN: e.qp.QPN(), GID: d.GID(), QKey: e.qkey, PSN: e.psn}}}
 	if e.sided != "" {
 		in.Regions = []connect.Region{connect.RegionOf(e.recv)}
 		in.Data = terms{OneSided: e.sided, Slot: e.slot}.encode()
@@ -460,7 +463,7 @@ func (e *endpoint) connect(ctx context.Context, peer connect.Info) error {
 		e.ah = ah
 		return e.qp.Connect(ctx, vfrdma.Remote{}, 0)
 	}
-	return e.qp.Connect(ctx, e.peer.Remote(), 0)
+	return e.qp.Connect(ctx, e.peer.Remote(), e.psn)
 }
 
 // postRecv posts a receive into slot.
