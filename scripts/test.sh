@@ -145,7 +145,7 @@ dropin_tier() {
   vf[ud]="ibv_ud_pingpong -g 0 -n 200 -s 1024"  ref[ud]="ibv_ud_pingpong -g 1 -n 200 -s 1024"
   vf[srq]="ibv_srq_pingpong -g 0 -q 16 -n 200 -s 4096"  ref[srq]="ibv_srq_pingpong -g 1 -q 16 -n 200 -s 4096"
   vf[lat]="ib_send_lat -x 0 -n 1000 -s 64"      ref[lat]="ib_send_lat -x 2 -n 1000 -s 64"
-  vf[bw]="ib_send_bw -x 0 -Q 1 -n 1000 -s 64"   ref[bw]="ib_send_bw -x 2 -Q 1 -n 1000 -s 64"
+  vf[bw]="ib_send_bw -x 0 -n 1000 -s 64"        ref[bw]="ib_send_bw -x 2 -Q 1 -n 1000 -s 64"
   local cmds=(@0,1 ibv_devinfo -v + @0,1 mkdir -p /dev/infiniband + @0,1 ln -sf /dev/vfio/vfio /dev/infiniband/uverbs0 +
               @2 ip -6 addr add fd00:10::3/64 dev eth1 nodad + @2 sleep 6 +)
   for k in rc ud srq lat bw; do

@@ -49,6 +49,10 @@ type CQ struct {
 	// completion events handed out (ibv_get_cq_event) and acknowledged
 	// (ibv_ack_cq_events)
 	events, acked atomic.Uint32
+
+	// sig holds the selective QPs whose send CQ this is, on a device
+	// that completes every send (signal.go); nil when there are none.
+	sig atomic.Pointer[sigRings]
 }
 
 // CreateCQ makes a CQ of at least cqe entries, with its events on ch if
@@ -95,6 +99,13 @@ func (cq *CQ) Poll(max int) ([]WC, error) {
 		return cq.out[:0], nil
 	}
 	n, err := cq.cq.Poll(cq.wcs[:max])
+	for err == nil && n > 0 {
+		got := n
+		if n = cq.filterSig(cq.wcs[:n]); n > 0 || got < max {
+			break
+		}
+		n, err = cq.cq.Poll(cq.wcs[:max]) // every one hidden: more may wait
+	}
 	for i := range n {
 		w, o := &cq.wcs[i], &cq.out[i]
 		o.WRID = w.WRID

@@ -136,6 +136,9 @@ func (qp *QP) PostSend(n int) (int, error) {
 		if r.Flags&SendSignaled != 0 {
 			w.Flags |= vfrdma.SendSignaled
 		}
+		if qp.sig != nil {
+			qp.sig.push(i, r.WRID, r.Flags&SendSignaled != 0)
+		}
 		if r.Flags&SendSolicited != 0 {
 			w.Flags |= vfrdma.SendSolicited
 		}
@@ -159,7 +162,13 @@ func (qp *QP) PostSend(n int) (int, error) {
 	if ok == 0 {
 		return 0, err
 	}
+	if qp.sig != nil {
+		qp.sig.publish(ok) // before the device can complete them
+	}
 	posted, perr := qp.qp.PostSend(s.wrs[:ok], 0)
+	if qp.sig != nil && posted < ok {
+		qp.sig.tail.Add(^uint32(ok - posted - 1)) // the refused ones: never completed
+	}
 	if inl > 0 {
 		for i := range posted {
 			if s.reqs[i].Flags&SendInline != 0 {

@@ -117,6 +117,10 @@ type QP struct {
 	inlMem  []byte
 	inlSlot int // slot size (the QP's max_inline_data)
 	inlNext int // the next slot, counted over the requests posted
+
+	// sig records the sends in flight where the device completes every
+	// send and the QP signals selectively (signal.go); nil otherwise.
+	sig *sigRing
 }
 
 // MaxInline is the most inline data a QP takes per send.
@@ -190,6 +194,10 @@ func (pd *PD) CreateQP(in QPInit) (*QP, error) {
 	}
 	pd.ctx.objMu.Lock()
 	pd.ctx.qpOf[q] = qp
+	if !in.SignalAll && pd.ctx.Dev.Quirks().Emulated {
+		qp.sig = newSigRing(q.QPN(), qp.cap.MaxSendWR)
+		in.SendCQ.addSig(qp.sig)
+	}
 	pd.ctx.objMu.Unlock()
 	qp.ID = qps.put(qp)
 	return qp, nil
@@ -359,6 +367,9 @@ func (qp *QP) Destroy() error {
 	}
 	qp.ctx.objMu.Lock()
 	delete(qp.ctx.qpOf, qp.qp)
+	if qp.sig != nil {
+		qp.send.dropSig(qp.sig.qpn)
+	}
 	qp.ctx.objMu.Unlock()
 	qp.ctx.purgeAsync(qp.User)
 	qps.del(qp.ID)
