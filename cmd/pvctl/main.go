@@ -112,6 +112,9 @@ type env struct {
 	// function looked up, or a model made. Flag errors come before it
 	// (the tests check it stays 0).
 	reached int
+	// models are the device models the command made (--model), whose
+	// figures run reports on stderr when the command ends.
+	models []*pvsim.Device
 }
 
 type command struct {
@@ -297,6 +300,7 @@ func run(e *env, args []string) int {
 		return e.usageFailed("", usageErrorf("unknown command %q", rest[0]))
 	}
 	err := c.run(e, rest[1:])
+	e.reportModels()
 	switch {
 	case err == nil:
 		return 0

@@ -3,6 +3,7 @@ package main
 import (
 	"errors"
 	"fmt"
+	"os"
 
 	"github.com/vfrdma/vfrdma"
 	"github.com/vfrdma/vfrdma/pvsim"
@@ -36,7 +37,28 @@ func (e *env) newModel() (*pvsim.Device, error) {
 		return nil, err
 	}
 	cfg.Fabric = e.fabric
-	return pvsim.New(cfg)
+	m, err := pvsim.New(cfg)
+	if err == nil {
+		e.models = append(e.models, m)
+	}
+	return m, err
+}
+
+// reportModels tells, on stderr, the figures of the models this process
+// made (with --fabric, each process tells its own): what each device
+// model moved and lost, and what crossed the fabric's directory. A
+// retransmission or a drop on a loss-free run is a finding.
+func (e *env) reportModels() {
+	for _, m := range e.models {
+		s := m.Stats()
+		fmt.Fprintf(e.stderr(), "pvctl: model %s %s (pid %d): %d commands, %d doorbells, %d send and %d receive WQEs, %d CQEs; %d packets, %d dropped, %d retransmitted, %d ACK timeouts, %d RNR NAKs\n",
+			e.model, m.Name(), os.Getpid(), s.Commands, s.Doorbells, s.SendWQEs, s.RecvWQEs, s.CQEs, s.Packets, s.Dropped, s.Retransmits, s.Timeouts, s.RNRNaks)
+	}
+	if e.fabric != nil && e.fabricDir != "" && len(e.models) > 0 {
+		n := e.fabric.NetStats()
+		fmt.Fprintf(e.stderr(), "pvctl: fabric %s (pid %d): %d frames out, %d in, %d refused, %d undelivered, %d peers at the end\n",
+			e.fabricDir, os.Getpid(), n.FramesOut, n.FramesIn, n.Refused, n.Undelivered, n.Peers)
+	}
 }
 
 // open opens the device the command targets: the model's with --model,

@@ -7,6 +7,7 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -353,6 +354,11 @@ func TestOneSidedEndTakesAPeerRegionThatHoldsItsSlots(t *testing.T) {
 	assert.NoError(t, send.checkPeer(connect.Info{Endpoints: []connect.Endpoint{{QPN: 1}}}), "SEND: no terms, no region")
 }
 
+var (
+	modelFigures  = regexp.MustCompile(`(?m)^pvctl: model v20 \S* ?\(pid \d+\): .* (\d+) packets, \d+ dropped, \d+ retransmitted`)
+	fabricFigures = regexp.MustCompile(`(?m)^pvctl: fabric \S+ \(pid \d+\): (\d+) frames out, \d+ in`)
+)
+
 // --fabric puts each process's model on the fabric of one directory: two
 // pvctl runs, each joining it on its own (two nodes, as two processes
 // are), run a ping-pong and the RDMA WRITE bench over --listen/--connect,
@@ -379,6 +385,14 @@ func TestTwoPvctlRunsOnOneFabricDirectoryTalk(t *testing.T) {
 			wg.Wait()
 			for i := range codes {
 				require.Equal(t, 0, codes[i], "end %d: %s%s", i, outs[i].String(), errOuts[i].String())
+				// Each process tells its own model's figures and its
+				// fabric's.
+				m := modelFigures.FindStringSubmatch(errOuts[i].String())
+				require.NotNil(t, m, "end %d's model figures: %s", i, errOuts[i].String())
+				assert.NotEqual(t, "0", m[1], "end %d's model moved packets", i)
+				f := fabricFigures.FindStringSubmatch(errOuts[i].String())
+				require.NotNil(t, f, "end %d's fabric figures: %s", i, errOuts[i].String())
+				assert.NotEqual(t, "0", f[1], "end %d sent frames to the other process", i)
 			}
 			socks, err := filepath.Glob(filepath.Join(dir, "node", "*.sock"))
 			require.NoError(t, err)
