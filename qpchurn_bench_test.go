@@ -101,3 +101,114 @@ func cpuTime(b *testing.B) time.Duration {
 	}
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
+
+// BenchmarkQPScale is a server's life at n QPs on one version-20 model
+// device: it creates n RC QPs, connects them in pairs (each to the next),
+// moves one 64-byte SEND each way on every pair, and closes them all; it
+// reports the cost per QP of each phase (wall and CPU time, as
+// BenchmarkQPCreateClose). The cost per QP must stay flat from 256 to
+// 4 096 QPs (docs/benchmarks.md, "One device at 4 096 QPs").
+func BenchmarkQPScale(b *testing.B) {
+	for _, n := range []int{256, 1024, 4096} {
+		b.Run(strconv.Itoa(n), func(b *testing.B) { benchQPScale(b, n) })
+	}
+}
+
+func benchQPScale(b *testing.B, n int) {
+	m, err := pvsim.New(pvsim.Config{Version: 20, Seed: 1})
+	require.NoError(b, err)
+	d, err := vfrdma.OpenFunction(m, &vfrdma.Options{})
+	if err != nil {
+		m.Close()
+		require.NoError(b, err)
+	}
+	defer d.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	pd, err := d.AllocPD(ctx)
+	require.NoError(b, err)
+	scq, err := d.CreateCQ(ctx, n) // the device's largest CQ is 4 096
+	require.NoError(b, err)
+	rcq, err := d.CreateCQ(ctx, n)
+	require.NoError(b, err)
+	mr, err := pd.AllocMR(ctx, 64*n, vfrdma.AccessLocalWrite)
+	require.NoError(b, err)
+	cfg := &vfrdma.QPConfig{Type: vfrdma.RC, SendCQ: scq, RecvCQ: rcq, SendDepth: 1, RecvDepth: 1, SignalAll: true}
+	qps := make([]*vfrdma.QP, n)
+	wcs := make([]vfrdma.WC, 256)
+	gid := d.GID()
+	var phase [4]time.Duration // create, connect, traffic, close
+	var cpu [4]time.Duration
+	b.ResetTimer()
+	for range b.N {
+		mark := func(k int, run func()) {
+			c0, t0 := cpuTime(b), time.Now()
+			run()
+			phase[k] += time.Since(t0)
+			cpu[k] += cpuTime(b) - c0
+		}
+		mark(0, func() {
+			for i := range qps {
+				if qps[i], err = pd.CreateQP(ctx, cfg); err != nil {
+					b.Fatalf("QP %d of %d: %v", i, n, err)
+				}
+			}
+		})
+		mark(1, func() {
+			for i := 0; i < n; i += 2 {
+				x, y := qps[i], qps[i+1]
+				if err := x.Connect(ctx, vfrdma.Remote{QPN: y.QPN(), GID: gid, PSN: 0x100}, 0x200); err != nil {
+					b.Fatal(err)
+				}
+				if err := y.Connect(ctx, vfrdma.Remote{QPN: x.QPN(), GID: gid, PSN: 0x200}, 0x100); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+		mark(2, func() {
+			for i, qp := range qps {
+				if _, err := qp.PostRecv([]vfrdma.RecvWR{{WRID: uint64(i), SGEs: []vfrdma.SGE{mr.SGE(64*i, 64)}}}, 0); err != nil {
+					b.Fatal(err)
+				}
+			}
+			for i, qp := range qps {
+				if _, err := qp.PostSend([]vfrdma.SendWR{{WRID: uint64(i), Flags: vfrdma.SendSignaled, SGEs: []vfrdma.SGE{mr.SGE(64*i, 64)}}}, 0); err != nil {
+					b.Fatal(err)
+				}
+			}
+			for _, cq := range []*vfrdma.CQ{scq, rcq} {
+				for got := 0; got < n; {
+					k, err := cq.Poll(wcs)
+					if err != nil {
+						b.Fatal(err)
+					}
+					for _, w := range wcs[:k] {
+						if w.Status != vfrdma.WCSuccess {
+							b.Fatalf("wr_id %d on QP %d: %v", w.WRID, w.QPN, w.Status)
+						}
+					}
+					got += k
+				}
+			}
+		})
+		mark(3, func() {
+			for _, qp := range qps {
+				if err := qp.Close(); err != nil {
+					b.Fatal(err)
+				}
+			}
+			for _, cq := range []*vfrdma.CQ{scq, rcq} {
+				if _, err := cq.Poll(wcs); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+	b.StopTimer()
+	per := float64(b.N * n)
+	for k, name := range []string{"create", "connect", "traffic", "close"} {
+		b.ReportMetric(float64(phase[k].Nanoseconds())/per, "ns/"+name)
+		b.ReportMetric(float64(cpu[k].Nanoseconds())/per, "cpu-ns/"+name)
+	}
+	b.ReportMetric(0, "ns/op")
+}
