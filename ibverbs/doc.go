@@ -33,6 +33,11 @@
 //   - VFRDMA_FABRIC=DIR, with VFRDMA_MODEL: the model joins the fabric of
 //     directory DIR (pvsim.JoinFabric), which the models of other
 //     processes naming it share: two programs on one host talk RDMA.
+//   - VFRDMA_POLL_PACE=D: on QEMU's device, ring the POLL doorbell on an
+//     empty ibv_poll_cq at most once per D (a Go duration, vfrdma's
+//     Options.PollPace); "every" rings it on every empty poll, as
+//     rdma-core's provider does. Unset: the driver's default. Another
+//     value fails ibv_open_device with EINVAL.
 //   - VFRDMA_SYSFS: the sysfs root the function scan reads (tests).
 //
 // # Errors

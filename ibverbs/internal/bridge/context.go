@@ -54,6 +54,26 @@ var contexts table[Context]
 // ContextByID returns the open context of id, or nil.
 func ContextByID(id uint32) *Context { return contexts.get(id) }
 
+// ParsePollPace reads EnvPollPace's value: "" is the driver's default (0),
+// "every" every empty poll (-1); else a Go duration, where a negative one
+// is every empty poll too.
+func ParsePollPace(v string) (time.Duration, error) {
+	switch v {
+	case "":
+		return 0, nil
+	case "every":
+		return -1, nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		return 0, fmt.Errorf("%w: %s=%q is not a duration (say 50us, or every)", errInvalid, EnvPollPace, v)
+	}
+	if d == 0 {
+		return 0, fmt.Errorf("%w: %s=0: give a pace (say 50us), or every, or leave it unset for the default", errInvalid, EnvPollPace)
+	}
+	return d, nil
+}
+
 // Open opens the device of info: a model in the process (Info.Model), or
 // the PCI function through VFIO. A function another process holds is an
 // error with Errno EBUSY.
@@ -64,6 +84,11 @@ func Open(info DeviceInfo, env Env) (*Context, error) {
 	// device (t_typical 2.1 ms against 126 µs, ib_send_lat 64 B). The
 	// program's first ibv_req_notify_cq stops it (CQ.ReqNotify).
 	opts := &vfrdma.Options{SysfsRoot: env.Sysfs, PollDoorbell: true}
+	pace, err := ParsePollPace(env.PollPace)
+	if err != nil {
+		return nil, err
+	}
+	opts.PollPace = pace
 	if env.Debug {
 		opts.Logger = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	}

@@ -22,6 +22,11 @@ const (
 	// directory that the models of other processes naming it share
 	// (pvsim.JoinFabric): two programs on the host then talk RDMA.
 	EnvFabric = "VFRDMA_FABRIC"
+	// EnvPollPace sets the POLL doorbell's pace on an empty poll
+	// (vfrdma.Options.PollPace): a Go duration, "every" (or any negative
+	// duration) for every empty poll, as rdma-core's provider rings it;
+	// unset, the driver's default.
+	EnvPollPace = "VFRDMA_POLL_PACE"
 )
 
 // Env is what the library reads from its environment.
@@ -31,17 +36,20 @@ type Env struct {
 	Debug  bool
 	Sysfs  string
 	Fabric string
+	// PollPace is EnvPollPace's value, checked at Open.
+	PollPace string
 }
 
 // EnvFrom reads the environment through getenv (os.Getenv).
 func EnvFrom(getenv func(string) string) Env {
 	d := getenv(EnvDebug)
 	return Env{
-		Model:  strings.TrimSpace(getenv(EnvModel)),
-		Device: strings.TrimSpace(getenv(EnvDevice)),
-		Debug:  d != "" && d != "0",
-		Sysfs:  getenv(EnvSysfs),
-		Fabric: strings.TrimSpace(getenv(EnvFabric)),
+		Model:    strings.TrimSpace(getenv(EnvModel)),
+		Device:   strings.TrimSpace(getenv(EnvDevice)),
+		Debug:    d != "" && d != "0",
+		Sysfs:    getenv(EnvSysfs),
+		Fabric:   strings.TrimSpace(getenv(EnvFabric)),
+		PollPace: strings.TrimSpace(getenv(EnvPollPace)),
 	}
 }
 

@@ -217,3 +217,21 @@ func TestTheSignaledRecordAllocatesNothing(t *testing.T) {
 	})
 	assert.Zero(t, allocs)
 }
+
+// VFRDMA_POLL_PACE takes a Go duration or "every"; anything else, or 0,
+// is refused at open with the variable named.
+func TestThePollPaceVariableTakesADurationOrEvery(t *testing.T) {
+	for v, want := range map[string]time.Duration{"": 0, "every": -1, "50us": 50 * time.Microsecond, "-1ns": -1} {
+		got, err := ParsePollPace(v)
+		require.NoError(t, err, "%q", v)
+		assert.Equal(t, want, got, "%q", v)
+	}
+	for _, v := range []string{"0", "fast", "50"} {
+		_, err := ParsePollPace(v)
+		require.Error(t, err, "%q", v)
+		assert.ErrorIs(t, err, errInvalid)
+		assert.Contains(t, err.Error(), EnvPollPace)
+	}
+	_, err := Open(DeviceInfo{Model: "qemu"}, Env{Model: "qemu", PollPace: "fast"})
+	assert.ErrorIs(t, err, errInvalid, "Open refuses it")
+}
