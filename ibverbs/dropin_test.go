@@ -84,6 +84,22 @@ func TestDropin(t *testing.T) {
 		assert.Contains(t, out, "0 failures")
 	})
 
+	t.Run("PollcostMeasuresAVerbsCostThroughTheDropin", func(t *testing.T) {
+		if _, err := exec.LookPath("gcc"); err != nil {
+			t.Fatal("no gcc: make setup installs it")
+		}
+		prog := filepath.Join(t.TempDir(), "pollcost")
+		b, err := exec.Command("gcc", "-O2", "-Wall", "-Werror", "-std=gnu11", "-o", prog, "tests/pollcost.c",
+			"-L"+lib, "-l:libibverbs.so.1").CombinedOutput()
+		require.NoError(t, err, "%s", b)
+		out, err := run(t, lib, []string{"VFRDMA_MODEL=qemu", "VFRDMA_POLL_PACE=every"}, prog, "1000")
+		require.NoError(t, err, "%s", out)
+		assert.Regexp(t, `^pollcost vfrdma0: empty ibv_poll_cq \d+ ns, ibv_ack_cq_events \d+ ns \(best of 5 rounds of 1000\)\n$`, out)
+		out, err = run(t, lib, []string{"VFRDMA_MODEL=qemu", "VFRDMA_POLL_PACE=fast"}, prog, "1000")
+		require.Error(t, err, "a pace that is no duration fails the open")
+		assert.Contains(t, out, "cannot open vfrdma0")
+	})
+
 	t.Run("IbvDevinfoListsTheModelWithItsPortActive", func(t *testing.T) {
 		if _, err := exec.LookPath("ibv_devinfo"); err != nil {
 			t.Fatal("no ibv_devinfo: make setup installs ibverbs-utils")
