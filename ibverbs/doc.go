@@ -38,6 +38,10 @@
 //     Options.PollPace); "every" rings it on every empty poll, as
 //     rdma-core's provider does. Unset: the driver's default. Another
 //     value fails ibv_open_device with EINVAL.
+//   - VFRDMA_CALLS=1: count the data path's calls per context (post_send
+//     and post_recv with their work requests, poll_cq with the empty ones
+//     and the completions: each one a crossing into Go) and tell them on
+//     stderr at ibv_close_device. Without it nothing is counted.
 //   - VFRDMA_SYSFS: the sysfs root the function scan reads (tests).
 //
 // # Errors

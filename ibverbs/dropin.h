@@ -24,9 +24,16 @@ struct vf_device {
 	int index;
 };
 
+/* What VFRDMA_CALLS=1 counts per context, told on stderr at close: the
+ * data path's calls, each one crossing into Go. */
+struct vf_calls {
+	unsigned long post_send, send_wrs, post_recv, recv_wrs, poll, empty_polls, completions;
+};
+
 struct vf_context {
 	struct verbs_context v; /* ends with struct ibv_context */
 	uint32_t id;
+	struct vf_calls *calls; /* NULL unless VFRDMA_CALLS=1 */
 };
 
 struct vf_pd { struct ibv_pd ibv; uint32_t id; };

@@ -95,6 +95,12 @@ func TestDropin(t *testing.T) {
 		out, err := run(t, lib, []string{"VFRDMA_MODEL=qemu", "VFRDMA_POLL_PACE=every"}, prog, "1000")
 		require.NoError(t, err, "%s", out)
 		assert.Regexp(t, `^pollcost vfrdma0: empty ibv_poll_cq \d+ ns, ibv_ack_cq_events \d+ ns \(best of 5 rounds of 1000\)\n$`, out)
+		assert.NotContains(t, out, "calls:", "no counts unasked")
+		// VFRDMA_CALLS=1 counts the data path's calls: five rounds of
+		// 1000 empty polls.
+		out, err = run(t, lib, []string{"VFRDMA_MODEL=qemu", "VFRDMA_CALLS=1"}, prog, "1000")
+		require.NoError(t, err, "%s", out)
+		assert.Contains(t, out, "vfrdma: vfrdma0: calls: post_send 0 (0 WRs), post_recv 0 (0 WRs), poll_cq 5000 (5000 empty, 0 completions)\n")
 		out, err = run(t, lib, []string{"VFRDMA_MODEL=qemu", "VFRDMA_POLL_PACE=fast"}, prog, "1000")
 		require.Error(t, err, "a pace that is no duration fails the open")
 		assert.Contains(t, out, "cannot open vfrdma0")

@@ -10,6 +10,7 @@
 #include <endian.h>
 #include <errno.h>
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -84,6 +85,49 @@ static int vf_poll_cq(struct ibv_cq *cq, int ne, struct ibv_wc *wc)
 	return vfgoPollCQ(VF(cq, vf_cq)->id, ne, (struct vf_wc *)wc);
 }
 
+/* The counting data path of VFRDMA_CALLS=1: the same calls, counted with
+ * relaxed atomics (threads may share a context). */
+#define VF_COUNT(field, n) __atomic_fetch_add(&field, (unsigned long)(n), __ATOMIC_RELAXED)
+
+static struct vf_context *to_vctx(struct ibv_context *c);
+
+static int vf_post_send_counted(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad)
+{
+	struct vf_calls *k = to_vctx(qp->context)->calls;
+	unsigned long n = 0;
+
+	for (struct ibv_send_wr *w = wr; w; w = w->next)
+		n++;
+	VF_COUNT(k->post_send, 1);
+	VF_COUNT(k->send_wrs, n);
+	return vf_post_send(qp, wr, bad);
+}
+
+static int vf_post_recv_counted(struct ibv_qp *qp, struct ibv_recv_wr *wr, struct ibv_recv_wr **bad)
+{
+	struct vf_calls *k = to_vctx(qp->context)->calls;
+	unsigned long n = 0;
+
+	for (struct ibv_recv_wr *w = wr; w; w = w->next)
+		n++;
+	VF_COUNT(k->post_recv, 1);
+	VF_COUNT(k->recv_wrs, n);
+	return vf_post_recv(qp, wr, bad);
+}
+
+static int vf_poll_cq_counted(struct ibv_cq *cq, int ne, struct ibv_wc *wc)
+{
+	struct vf_calls *k = to_vctx(cq->context)->calls;
+	int r = vf_poll_cq(cq, ne, wc);
+
+	VF_COUNT(k->poll, 1);
+	if (r == 0)
+		VF_COUNT(k->empty_polls, 1);
+	else if (r > 0)
+		VF_COUNT(k->completions, r);
+	return r;
+}
+
 static int vf_req_notify_cq(struct ibv_cq *cq, int solicited_only)
 {
 	return vfgoReqNotify(VF(cq, vf_cq)->id, solicited_only);
@@ -152,6 +196,15 @@ ABI_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 	c->v.context.ops.post_send = vf_post_send;
 	c->v.context.ops.post_recv = vf_post_recv;
 	c->v.context.ops.post_srq_recv = vf_post_srq_recv;
+	{
+		const char *v = getenv("VFRDMA_CALLS");
+
+		if (v && *v && strcmp(v, "0") != 0 && (c->calls = calloc(1, sizeof(*c->calls)))) {
+			c->v.context.ops.poll_cq = vf_poll_cq_counted;
+			c->v.context.ops.post_send = vf_post_send_counted;
+			c->v.context.ops.post_recv = vf_post_recv_counted;
+		}
+	}
 	return &c->v.context;
 }
 
@@ -163,6 +216,14 @@ ABI_EXPORT int ibv_close_device(struct ibv_context *context)
 	if (!context)
 		return EINVAL;
 	c = to_vctx(context);
+	if (c->calls) {
+		struct vf_calls *k = c->calls;
+
+		fprintf(stderr, "vfrdma: %s: calls: post_send %lu (%lu WRs), post_recv %lu (%lu WRs), "
+			"poll_cq %lu (%lu empty, %lu completions)\n", ibv_get_device_name(context->device),
+			k->post_send, k->send_wrs, k->post_recv, k->recv_wrs, k->poll, k->empty_polls, k->completions);
+		free(k);
+	}
 	r = vfgoClose(c->id);
 	pthread_mutex_destroy(&context->mutex);
 	free(c);
