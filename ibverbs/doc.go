@@ -40,7 +40,7 @@
 //     value fails ibv_open_device with EINVAL.
 //   - VFRDMA_CALLS=1: count the data path's calls per context (post_send
 //     and post_recv with their work requests, poll_cq with the empty ones
-//     and the completions: each one a crossing into Go) and tell them on
+//     and the completions, req_notify_cq: each one a crossing into Go) and tell them on
 //     stderr at ibv_close_device. Without it nothing is counted.
 //   - VFRDMA_SYSFS: the sysfs root the function scan reads (tests).
 //

@@ -27,7 +27,7 @@ struct vf_device {
 /* What VFRDMA_CALLS=1 counts per context, told on stderr at close: the
  * data path's calls, each one crossing into Go. */
 struct vf_calls {
-	unsigned long post_send, send_wrs, post_recv, recv_wrs, poll, empty_polls, completions;
+	unsigned long post_send, send_wrs, post_recv, recv_wrs, poll, empty_polls, completions, arms;
 };
 
 struct vf_context {

@@ -100,7 +100,7 @@ func TestDropin(t *testing.T) {
 		// 1000 empty polls.
 		out, err = run(t, lib, []string{"VFRDMA_MODEL=qemu", "VFRDMA_CALLS=1"}, prog, "1000")
 		require.NoError(t, err, "%s", out)
-		assert.Contains(t, out, "vfrdma: vfrdma0: calls: post_send 0 (0 WRs), post_recv 0 (0 WRs), poll_cq 5000 (5000 empty, 0 completions)\n")
+		assert.Contains(t, out, "vfrdma: vfrdma0: calls: post_send 0 (0 WRs), post_recv 0 (0 WRs), poll_cq 5000 (5000 empty, 0 completions), req_notify_cq 0\n")
 		out, err = run(t, lib, []string{"VFRDMA_MODEL=qemu", "VFRDMA_POLL_PACE=fast"}, prog, "1000")
 		require.Error(t, err, "a pace that is no duration fails the open")
 		assert.Contains(t, out, "cannot open vfrdma0")

@@ -133,6 +133,12 @@ static int vf_req_notify_cq(struct ibv_cq *cq, int solicited_only)
 	return vfgoReqNotify(VF(cq, vf_cq)->id, solicited_only);
 }
 
+static int vf_req_notify_cq_counted(struct ibv_cq *cq, int solicited_only)
+{
+	VF_COUNT(to_vctx(cq->context)->calls->arms, 1);
+	return vf_req_notify_cq(cq, solicited_only);
+}
+
 static struct vf_context *to_vctx(struct ibv_context *c)
 {
 	return (struct vf_context *)((char *)c - offsetof(struct vf_context, v.context));
@@ -203,6 +209,7 @@ ABI_EXPORT struct ibv_context *ibv_open_device(struct ibv_device *device)
 			c->v.context.ops.poll_cq = vf_poll_cq_counted;
 			c->v.context.ops.post_send = vf_post_send_counted;
 			c->v.context.ops.post_recv = vf_post_recv_counted;
+			c->v.context.ops.req_notify_cq = vf_req_notify_cq_counted;
 		}
 	}
 	return &c->v.context;
@@ -220,8 +227,8 @@ ABI_EXPORT int ibv_close_device(struct ibv_context *context)
 		struct vf_calls *k = c->calls;
 
 		fprintf(stderr, "vfrdma: %s: calls: post_send %lu (%lu WRs), post_recv %lu (%lu WRs), "
-			"poll_cq %lu (%lu empty, %lu completions)\n", ibv_get_device_name(context->device),
-			k->post_send, k->send_wrs, k->post_recv, k->recv_wrs, k->poll, k->empty_polls, k->completions);
+			"poll_cq %lu (%lu empty, %lu completions), req_notify_cq %lu\n", ibv_get_device_name(context->device),
+			k->post_send, k->send_wrs, k->post_recv, k->recv_wrs, k->poll, k->empty_polls, k->completions, k->arms);
 		free(k);
 	}
 	r = vfgoClose(c->id);
