@@ -65,16 +65,21 @@ type CQ struct {
 	// arm doorbell, cleared when the device names the CQ), who watches
 	// it, who takes its completions (mode), and CQSource.Progress's
 	// scratch for counted CQs (pmu also orders SetMode after Progress).
-	armed      atomic.Bool
-	arms       atomic.Uint64
-	interrupts atomic.Uint64 // Wait's wake-ups (Stats), counted outside the gate
-	spun       atomic.Uint64 // Waits the spin answered (Stats)
-	lastPoll   time.Time     // the last POLL doorbell of Poll (Options.PollPace); Poll's own
-	watchers   event.Watchers
-	mode       atomic.Uint32 // CQMode
-	pmu        sync.Mutex
-	scratch    [32]WC
-	sinceSync  int // CQEs since Poll last looked at the notification ring
+	armed atomic.Bool
+	arms  atomic.Uint64
+	// devArmed and armProd (under d.armedMu, ArmBesidePollDoorbell): the
+	// CQ is armed on the device until its producer index moves past
+	// armProd, read after the arm doorbell; armProdSet once it is read.
+	devArmed, armProdSet bool
+	armProd              uint32
+	interrupts           atomic.Uint64 // Wait's wake-ups (Stats), counted outside the gate
+	spun                 atomic.Uint64 // Waits the spin answered (Stats)
+	lastPoll             time.Time     // the last POLL doorbell of Poll (Options.PollPace); Poll's own
+	watchers             event.Watchers
+	mode                 atomic.Uint32 // CQMode
+	pmu                  sync.Mutex
+	scratch              [32]WC
+	sinceSync            int // CQEs since Poll last looked at the notification ring
 
 	flushPending atomic.Bool
 	failErr      atomic.Pointer[error] // set by a CQ_ERR or DEVICE_FATAL event: every Poll returns it
@@ -215,6 +220,7 @@ func (cq *CQ) destroy(ctx context.Context, force bool) error {
 	if err := cq.d.ch.DestroyCQ(ctx, cq.handle); err != nil {
 		return err
 	}
+	cq.d.disarmed(cq) // the device has forgotten it, and its arm
 	// The device has forgotten the ring: refuse the calls, wait out those
 	// inside, then let the memory go.
 	cq.shut()
@@ -654,7 +660,7 @@ func (cq *CQ) pollDoorbell() (int, error) {
 	d := cq.d
 	d.pollRinging.Add(1)
 	defer d.pollRinging.Add(-1)
-	if !d.pollsWithDoorbell() || !cq.pollDue() {
+	if !d.pollsWithDoorbell() || d.nArmed.Load() != 0 && !d.noneArmedOnDevice() || !cq.pollDue() {
 		return 0, nil
 	}
 	cq.stats.Doorbells++

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"slices"
 	"time"
 
 	"github.com/vfrdma/vfrdma/doorbell"
@@ -31,6 +32,9 @@ func (cq *CQ) Arm(solicitedOnly bool) error {
 
 // arm is Arm inside the gate.
 func (cq *CQ) arm(solicitedOnly bool) error {
+	if cq.d.armBesidePoll() {
+		return cq.armBesidePoll(solicitedOnly)
+	}
 	if cq.pollOnly() {
 		return cq.d.opErr("arm CQ", fmt.Errorf("%w: Options.PollDoorbell on QEMU 7.2: its POLL doorbell deadlocks the VM against the completion thread notifying an armed CQ (each holds the lock the other wants), so CQs are not armed; Wait polls instead", ErrNotSupported))
 	}
@@ -135,7 +139,90 @@ func (cq *CQ) readyOrArm() (bool, error) {
 // the big lock: a POLL doorbell beside any armed CQ can deadlock the VM.
 // rdma-core's provider polls with that doorbell and its programs never
 // arm unless asked to (-e).
-func (cq *CQ) pollOnly() bool { return cq.d.emulated && cq.d.pollsWithDoorbell() }
+func (cq *CQ) pollOnly() bool {
+	return cq.d.emulated && cq.d.pollsWithDoorbell() && !cq.d.opt.ArmBesidePollDoorbell
+}
+
+// armBesidePoll reports whether arms and POLL doorbells take turns
+// (Options.ArmBesidePollDoorbell on QEMU, the doorbell not stopped).
+func (d *Device) armBesidePoll() bool {
+	return d.emulated && d.opt.ArmBesidePollDoorbell && d.pollsWithDoorbell()
+}
+
+// armBesidePoll is arm with Options.ArmBesidePollDoorbell: the CQ joins
+// the device's armed CQs before its arm doorbell, the POLL doorbells
+// ringing are waited out (an empty poll that starts later sees the CQ
+// armed and rings none), and the producer index read after the arm
+// doorbell marks where the arm ends: the device disarms the CQ when it
+// writes a CQE after the arm, so a later index says the arm is spent. A
+// CQE written between the arm doorbell and that read keeps the CQ counted
+// armed until the next one: the safe side.
+func (cq *CQ) armBesidePoll(solicitedOnly bool) error {
+	d := cq.d
+	if err := d.notify.Sync(); err != nil {
+		return d.opErr("arm CQ", err)
+	}
+	d.armedMu.Lock()
+	if !cq.devArmed {
+		cq.devArmed = true
+		d.armedCQs = append(d.armedCQs, cq)
+		d.nArmed.Add(1)
+	}
+	cq.armProdSet = false
+	d.armedMu.Unlock()
+	for d.pollRinging.Load() != 0 {
+		runtime.Gosched()
+	}
+	cq.arms.Add(1)
+	cq.armed.Store(true)
+	bits := d.cqArm[0]
+	if solicitedOnly {
+		bits = d.cqArm[1]
+	}
+	if err := doorbell.Ring(d.uar, doorbell.OffsetCQ, bits|cq.handle); err != nil {
+		d.disarmed(cq)
+		return d.opErr("arm CQ", err)
+	}
+	d.armedMu.Lock()
+	if cq.devArmed {
+		cq.armProd, cq.armProdSet = cq.st.ProdTail(), true
+	}
+	d.armedMu.Unlock()
+	return nil
+}
+
+// noneArmedOnDevice drops from the armed CQs those whose arm the device
+// has spent (a CQE written since) and reports whether none is left. An
+// empty poll calls it while some CQ is counted armed.
+func (d *Device) noneArmedOnDevice() bool {
+	d.armedMu.Lock()
+	defer d.armedMu.Unlock()
+	kept := d.armedCQs[:0]
+	for _, c := range d.armedCQs {
+		if c.armProdSet && c.st.ProdTail() != c.armProd {
+			c.devArmed = false
+			continue
+		}
+		kept = append(kept, c)
+	}
+	clear(d.armedCQs[len(kept):])
+	d.armedCQs = kept
+	d.nArmed.Store(int32(len(kept)))
+	return len(kept) == 0
+}
+
+// disarmed forgets cq's arm on the device: its destroy (the device
+// forgets the CQ), or an arm doorbell that failed.
+func (d *Device) disarmed(cq *CQ) {
+	d.armedMu.Lock()
+	defer d.armedMu.Unlock()
+	if !cq.devArmed {
+		return
+	}
+	cq.devArmed = false
+	d.armedCQs = slices.DeleteFunc(d.armedCQs, func(c *CQ) bool { return c == cq })
+	d.nArmed.Store(int32(len(d.armedCQs)))
+}
 
 // pollsWithDoorbell reports whether an empty poll rings the POLL
 // doorbell: Options.PollDoorbell, until StopPollDoorbell.

@@ -132,6 +132,12 @@ type Device struct {
 	// polls that may be ringing the POLL doorbell now.
 	pollStopped atomic.Bool
 	pollRinging atomic.Int64
+	// The CQs armed in the device's sense with ArmBesidePollDoorbell
+	// (cqwait.go, armedOnDevice): no POLL doorbell rings while there is
+	// one. nArmed is their count, read by empty polls without the lock.
+	armedMu  sync.Mutex
+	armedCQs []*CQ
+	nArmed   atomic.Int32
 	// drainSends: before it destroys a QP, wait for the device to have
 	// completed the QP's sends (QEMU 7.2, see QP.awaitSends).
 	drainSends bool

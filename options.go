@@ -50,6 +50,16 @@ type Options struct {
 	// never armed (CQ.Arm returns ErrNotSupported, CQ.Wait polls, wait sets
 	// cannot sleep on the device's CQs).
 	PollDoorbell bool
+	// ArmBesidePollDoorbell, with PollDoorbell on QEMU's device, lets its
+	// CQs be armed after all: an empty poll then rings the POLL doorbell
+	// only while no CQ of the device is armed in the device's sense
+	// (armed, and no CQE written to it since the arm), when the deadlock
+	// above cannot happen, and an arm first waits out the POLL doorbells
+	// ringing. CQs are then Armable, and Wait sleeps on the interrupt. For
+	// programs that poll with the doorbell and sometimes ask for an
+	// interrupt: the libibverbs drop-in sets it (UCX arms its CQs as it
+	// goes idle, and polls between).
+	ArmBesidePollDoorbell bool
 	// PollPace, with PollDoorbell, rings the POLL doorbell on an empty
 	// poll at most once per PollPace per CQ: a spinning poller then pays
 	// one exit per PollPace instead of one per look. Zero means the

@@ -44,3 +44,55 @@ func TestStopPollDoorbellEndsTheDoorbellAndLetsCQsArm(t *testing.T) {
 	}
 	assert.NotZero(t, p.cq.Stats().Interrupts+p.cq.Stats().Spun, "Wait armed the CQ (or its spin found the completion)")
 }
+
+// With ArmBesidePollDoorbell, CQs on QEMU's device arm beside the POLL
+// doorbell, and the two take turns: while a CQ is armed on the device (no
+// CQE since its arm) an empty poll rings no POLL doorbell, which would
+// risk QEMU 7.2's deadlock (the model records it as a hazard); once the
+// armed CQ's completion comes, empty polls ring it again.
+func TestArmBesidePollDoorbellRingsNoPollWhileACQIsArmed(t *testing.T) {
+	ctx := ctxT(t)
+	d, m := openModel(t, pvsim.Config{QEMU: true}, &vfrdma.Options{PollDoorbell: true, PollPace: -1, ArmBesidePollDoorbell: true})
+	p := newRCPair(t, ctx, d, true, vfrdma.AccessLocalWrite)
+	other, err := d.CreateCQ(ctx, 16)
+	require.NoError(t, err)
+	t.Cleanup(func() { other.Close() })
+	wcs := make([]vfrdma.WC, 4)
+	emptyPoll := func(cq *vfrdma.CQ) {
+		n, err := cq.Poll(wcs)
+		require.NoError(t, err)
+		require.Zero(t, n)
+	}
+	emptyPoll(other)
+	rung := other.Stats().Doorbells
+	require.NotZero(t, rung, "an empty poll rings the POLL doorbell")
+
+	assert.True(t, p.cq.Armable())
+	require.NoError(t, p.cq.Arm(false))
+	for range 10 {
+		emptyPoll(other)
+		emptyPoll(p.cq)
+	}
+	assert.Equal(t, rung, other.Stats().Doorbells, "no POLL doorbell while a CQ is armed")
+	assert.Empty(t, m.Hazards())
+
+	// The armed CQ's completions spend its arm; the POLL doorbell rings
+	// again.
+	_, err = p.b.PostRecv([]vfrdma.RecvWR{{WRID: 1, SGEs: []vfrdma.SGE{p.mr.SGE(4096, 64)}}}, 0)
+	require.NoError(t, err)
+	_, err = p.a.PostSend([]vfrdma.SendWR{{WRID: 2, Flags: vfrdma.SendSignaled, SGEs: []vfrdma.SGE{p.mr.SGE(0, 8)}}}, 0)
+	require.NoError(t, err)
+	waitWCs(t, ctx, p.cq, 2)
+	emptyPoll(other)
+	assert.Equal(t, rung+1, other.Stats().Doorbells, "the POLL doorbell once the arm is spent")
+	assert.Empty(t, m.Hazards())
+
+	// A CQ destroyed while armed no longer holds the doorbell back.
+	require.NoError(t, other.Arm(false))
+	emptyPoll(p.cq)
+	polls := p.cq.Stats().Doorbells
+	require.NoError(t, other.Close())
+	emptyPoll(p.cq)
+	assert.Greater(t, p.cq.Stats().Doorbells, polls, "the POLL doorbell once the armed CQ is gone")
+	assert.Empty(t, m.Hazards())
+}

@@ -37,7 +37,10 @@
 //     empty ibv_poll_cq at most once per D (a Go duration, vfrdma's
 //     Options.PollPace); "every" rings it on every empty poll, as
 //     rdma-core's provider does. Unset: the driver's default. Another
-//     value fails ibv_open_device with EINVAL.
+//     value fails ibv_open_device with EINVAL. ibv_req_notify_cq arms
+//     beside the doorbell: while one of the context's CQs is armed on
+//     the device (no completion since its arm) empty polls ring no POLL
+//     doorbell, which QEMU 7.2 could deadlock on; after, they ring again.
 //   - VFRDMA_CALLS=1: count the data path's calls per context (post_send
 //     and post_recv with their work requests, poll_cq with the empty ones
 //     and the completions, req_notify_cq: each one a crossing into Go) and tell them on

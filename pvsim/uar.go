@@ -74,6 +74,9 @@ func (d *Device) doorbell(off int, v uint32) {
 			// QEMU harvests its backend CQ here; the model writes CQEs as
 			// they happen, so there is nothing to harvest.
 			d.ctr.cqPolls.Add(1)
+			if d.s.qemu {
+				d.pollBesideArm(h)
+			}
 		}
 		d.armCQ(c, v)
 	case 0x8:
@@ -88,6 +91,20 @@ func (d *Device) doorbell(off int, v uint32) {
 		}
 	default:
 		d.ctr.badDoorbells.Add(1)
+	}
+}
+
+// pollBesideArm records the hazard of a POLL doorbell (on CQ h) while a
+// CQ of the device is armed: QEMU 7.2 takes its RDMA backend's lock for
+// the POLL inside the MMIO write, under the big lock, while its
+// completion thread holds the backend's lock as it raises an armed CQ's
+// interrupt, which wants the big lock: the VM can deadlock.
+func (d *Device) pollBesideArm(h uint32) {
+	for _, c := range d.w.cqs {
+		if c.arm != armNone {
+			d.hazard("POLL doorbell on CQ %d while CQ %d is armed: QEMU 7.2 can deadlock (its POLL takes the backend's lock under the big lock; its completion thread raises the armed CQ's interrupt holding the backend's lock)", h, c.handle)
+			return
+		}
 	}
 }
 

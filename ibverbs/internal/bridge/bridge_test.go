@@ -289,27 +289,40 @@ func TestPostsFromManyGoroutinesEachTakeTheScratchWhole(t *testing.T) {
 }
 
 // On QEMU's device a context polls with the POLL doorbell (an empty poll
-// rings it, as rdma-core's provider does) until the program first asks
-// for an interrupt: ibv_req_notify_cq then stops the doorbell and arms
-// the CQ, where the driver alone refuses to arm beside the doorbell.
-func TestTheFirstReqNotifyOnQEMUStopsThePollDoorbellAndArms(t *testing.T) {
-	env := Env{Model: "qemu"}
-	devs, err := Devices(env)
+// rings it, as rdma-core's provider does), and ibv_req_notify_cq arms
+// beside it: while the CQ is armed on the device no POLL doorbell rings
+// (QEMU 7.2 can deadlock on the two; the model records it as a hazard),
+// and once a completion spends the arm the doorbell rings again.
+func TestReqNotifyOnQEMUArmsAndThePollDoorbellWaitsForTheArmToBeSpent(t *testing.T) {
+	c, pd := openQEMUModel(t)
+	scq, rcq, a, b, sge := selectivePair(t, c, pd, 8)
+	poll := func(cq *CQ) int {
+		w, err := cq.Poll(4)
+		n := len(w)
+		cq.EndPoll()
+		require.NoError(t, err)
+		return n
+	}
+	require.Zero(t, poll(rcq))
+	assert.NotZero(t, rcq.cq.Stats().Doorbells, "an empty poll rang the POLL doorbell")
+	require.NoError(t, rcq.ReqNotify(false))
+	assert.True(t, rcq.cq.Armable())
+	rung := scq.cq.Stats().Doorbells
+	for range 5 {
+		require.Zero(t, poll(scq))
+	}
+	assert.Equal(t, rung, scq.cq.Stats().Doorbells, "no POLL doorbell while a CQ is armed")
+	assert.Empty(t, c.model.Hazards())
+
+	reqs := b.BeginRecv()
+	reqs[0].WRID, reqs[0].NumSGE, reqs[0].SGEs[0] = 1, 1, sge
+	_, err := b.PostRecv(1)
 	require.NoError(t, err)
-	c, err := Open(devs[0], env)
+	_, err = postSends(t, a, sge, 1, 1, func(int) bool { return true })
 	require.NoError(t, err)
-	t.Cleanup(func() { _ = c.Close() })
-	cq, err := c.CreateCQ(16, nil)
-	require.NoError(t, err)
-	_, err = cq.Poll(4)
-	require.NoError(t, err)
-	cq.EndPoll()
-	assert.NotZero(t, cq.cq.Stats().Doorbells, "an empty poll rang the POLL doorbell")
-	require.NoError(t, cq.ReqNotify(false))
-	assert.True(t, cq.cq.Armable())
-	rung := cq.cq.Stats().Doorbells
-	_, err = cq.Poll(4)
-	require.NoError(t, err)
-	cq.EndPoll()
-	assert.Equal(t, rung, cq.cq.Stats().Doorbells, "no POLL doorbell after it")
+	pollUntil(t, rcq, 1)
+	pollUntil(t, scq, 1)
+	require.Zero(t, poll(scq))
+	assert.Greater(t, scq.cq.Stats().Doorbells, rung, "the POLL doorbell once the arm is spent")
+	assert.Empty(t, c.model.Hazards())
 }

@@ -130,18 +130,13 @@ func (cq *CQ) EndPoll() { cq.mu.Unlock() }
 // Capacity is the most one Poll returns.
 func (cq *CQ) Capacity() int { return len(cq.wcs) }
 
-// ReqNotify arms the CQ (ibv_req_notify_cq); the first one on QEMU's
-// device ends the POLL doorbell for the context (Device.StopPollDoorbell).
-// On a CQ with a channel the
+// ReqNotify arms the CQ (ibv_req_notify_cq); on QEMU's device the POLL
+// doorbell then waits until the arm is spent
+// (Options.ArmBesidePollDoorbell). On a CQ with a channel the
 // channel's next event for it comes with the next completion, or at once
 // if completions are queued already; solicitedOnly then wakes for any
 // completion (a spurious event, which the verbs allow).
 func (cq *CQ) ReqNotify(solicitedOnly bool) error {
-	if !cq.cq.Armable() {
-		// The program wants interrupts: the device stops the POLL
-		// doorbell it polled with (Open), which on QEMU excludes them.
-		cq.ctx.Dev.StopPollDoorbell()
-	}
 	if cq.ch != nil {
 		return cq.ch.arm(cq)
 	}
