@@ -20,8 +20,8 @@ type Path string
 // The paths (Options.Path).
 const (
 	// PathAuto takes the device cdev where the kernel offers it (the
-	// function has a vfio-dev node in sysfs and /dev/iommu exists) and the
-	// group otherwise.
+	// function has a vfio-dev node in sysfs and /dev/iommu exists and
+	// opens) and the group otherwise.
 	PathAuto Path = ""
 	// PathCDev takes the device through its cdev (/dev/vfio/devices/vfioN,
 	// Linux 6.6+) with DMA mapped through iommufd (/dev/iommu).
@@ -244,8 +244,9 @@ func (c *Container) closeIOASLocked() error {
 }
 
 // choosePath resolves Options.Path for f: PathAuto takes the cdev when f
-// has a vfio-dev node and iommufd opens, the group otherwise. It returns
-// the container for the path chosen.
+// has a vfio-dev node and iommufd opens (it is there and this process may
+// open it), the group otherwise. It returns the container for the path
+// chosen.
 func choosePath(o *Options, f pci.Function) (*Container, error) {
 	want := o.Path
 	if want == PathAuto {
@@ -276,7 +277,7 @@ func choosePath(o *Options, f pci.Function) (*Container, error) {
 			return OpenContainer(o)
 		}
 		c, err := OpenIOMMUFD(o)
-		if errors.Is(err, ErrNoIOMMUFD) {
+		if errors.Is(err, ErrNoIOMMUFD) || errors.Is(err, fs.ErrPermission) {
 			return OpenContainer(o)
 		}
 		return c, err
