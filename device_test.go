@@ -37,3 +37,20 @@ func TestOpenBadInput(t *testing.T) {
 		}
 	}
 }
+
+// Open refuses a VFIO path other than auto, cdev and group before it
+// touches sysfs or the device; either path still needs the function on
+// vfio-pci.
+func TestOpenRefusesAVFIOPathOtherThanAutoCDevOrGroup(t *testing.T) {
+	fs := pcitest.VMwareSlot(t)
+	_, err := Open("0000:00:10.1", &Options{SysfsRoot: fs.Root, StateDir: "-", VFIO: "iommufd"})
+	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), `Options.VFIO "iommufd"`) {
+		t.Errorf("Open with VFIO iommufd = %v; want ErrInvalid naming Options.VFIO", err)
+	}
+	for _, p := range []vfio.Path{vfio.PathCDev, vfio.PathGroup} {
+		_, err := Open("0000:00:10.1", &Options{SysfsRoot: fs.Root, StateDir: "-", VFIO: p})
+		if !errors.Is(err, vfio.ErrNotBound) {
+			t.Errorf("Open of an unbound function with VFIO %v = %v; want vfio.ErrNotBound", p, err)
+		}
+	}
+}
