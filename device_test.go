@@ -53,4 +53,14 @@ func TestOpenRefusesAVFIOPathOtherThanAutoCDevOrGroup(t *testing.T) {
 			t.Errorf("Open of an unbound function with VFIO %v = %v; want vfio.ErrNotBound", p, err)
 		}
 	}
+	// Options.VFIO reaches vfio: the cdev forced on a function sysfs shows
+	// no vfio-dev node for fails there, before any VFIO node is opened.
+	_, err = fs.Bus().BindGroup(pci.Addr{Slot: 0x10, Func: 1}, "vfio-pci")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = Open("0000:00:10.1", &Options{SysfsRoot: fs.Root, StateDir: "-", VFIO: vfio.PathCDev})
+	if !errors.Is(err, vfio.ErrNoCDev) {
+		t.Errorf("Open with VFIO cdev of a function without a vfio-dev node = %v; want vfio.ErrNoCDev", err)
+	}
 }
