@@ -119,7 +119,7 @@ func errNoCDev(name string, group int) error {
 		name, name, group)
 }
 
-// openCDev opens the device called name of group g through its cdev, binds
+// openCDevLocked opens the device called name of group g through its cdev, binds
 // it to the container's iommufd and attaches it to the IOAS; c.mu is held.
 func (g *Group) openCDevLocked(name string) (*Device, error) {
 	c := g.c
