@@ -75,7 +75,7 @@ type Device struct {
 	boundPrev map[pci.Addr]string // set when Open bound the group
 	fn        hw.Function         // the function: VFIO's (Open) or another (OpenFunction)
 	vdev      *vfio.Device        // the VFIO device under fn, when Open opened it
-	ethDev    *vfio.Device        // function 0 of the slot, through the same group
+	ethDev    *vfio.Device        // function 0 of the slot, through the same group (on the cdev path: the same IOAS)
 	eth       *vmxnet3.NIC        // its NIC, while open
 	regs      hw.Registers
 	uar       doorbell.Register // the UAR page (an *mmio.Region; the host tests intercept it)
@@ -167,7 +167,7 @@ func Open(bdf string, opts *Options) (_ *Device, err error) {
 	if err := d.takeFunction(); err != nil {
 		return nil, err
 	}
-	vdev, err := vfio.Open(d.addr, &vfio.Options{SysfsRoot: d.opt.SysfsRoot})
+	vdev, err := vfio.Open(d.addr, &vfio.Options{SysfsRoot: d.opt.SysfsRoot, Path: d.opt.VFIO})
 	if err != nil {
 		return nil, err
 	}
@@ -266,7 +266,8 @@ func (d *Device) bringUp() error {
 }
 
 // openEthernet opens the slot's vmxnet3 function (function 0) through the
-// group the pvrdma function opened, and brings it up.
+// group the pvrdma function opened (on the cdev path: through its own
+// cdev, into the same iommufd and IOAS), and brings it up.
 func (d *Device) openEthernet() error {
 	fn0 := d.addr
 	fn0.Func = 0
@@ -279,6 +280,16 @@ func (d *Device) openEthernet() error {
 		return err
 	}
 	return nil
+}
+
+// VFIOPath says how Open took the function: "cdev" (the device cdev and
+// iommufd) or "group" (the IOMMU group and a type1 container); "" for a
+// Device from OpenFunction, which has no VFIO.
+func (d *Device) VFIOPath() string {
+	if d.vdev == nil {
+		return ""
+	}
+	return string(d.vdev.Path())
 }
 
 // Ethernet returns the slot's vmxnet3 NIC, or nil with Options.Ethernet.Off.

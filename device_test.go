@@ -37,3 +37,30 @@ func TestOpenBadInput(t *testing.T) {
 		}
 	}
 }
+
+// Open refuses a VFIO path other than auto, cdev and group before it
+// touches sysfs or the device; either path still needs the function on
+// vfio-pci.
+func TestOpenRefusesAVFIOPathOtherThanAutoCDevOrGroup(t *testing.T) {
+	fs := pcitest.VMwareSlot(t)
+	_, err := Open("0000:00:10.1", &Options{SysfsRoot: fs.Root, StateDir: "-", VFIO: "iommufd"})
+	if !errors.Is(err, ErrInvalid) || !strings.Contains(err.Error(), `Options.VFIO "iommufd"`) {
+		t.Errorf("Open with VFIO iommufd = %v; want ErrInvalid naming Options.VFIO", err)
+	}
+	for _, p := range []vfio.Path{vfio.PathCDev, vfio.PathGroup} {
+		_, err := Open("0000:00:10.1", &Options{SysfsRoot: fs.Root, StateDir: "-", VFIO: p})
+		if !errors.Is(err, vfio.ErrNotBound) {
+			t.Errorf("Open of an unbound function with VFIO %v = %v; want vfio.ErrNotBound", p, err)
+		}
+	}
+	// Options.VFIO reaches vfio: the cdev forced on a function sysfs shows
+	// no vfio-dev node for fails there, before any VFIO node is opened.
+	_, err = fs.Bus().BindGroup(pci.Addr{Slot: 0x10, Func: 1}, "vfio-pci")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, err = Open("0000:00:10.1", &Options{SysfsRoot: fs.Root, StateDir: "-", VFIO: vfio.PathCDev})
+	if !errors.Is(err, vfio.ErrNoCDev) {
+		t.Errorf("Open with VFIO cdev of a function without a vfio-dev node = %v; want vfio.ErrNoCDev", err)
+	}
+}

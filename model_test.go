@@ -411,3 +411,9 @@ func TestModelCloseEndsTheAsyncEvents(t *testing.T) {
 		require.FailNow(t, "the range did not end at Close")
 	}
 }
+
+// A device on the model has no VFIO: VFIOPath is empty.
+func TestVFIOPathOfAModelDeviceIsEmpty(t *testing.T) {
+	d, _ := openModel(t, vmware(19), nil)
+	assert.Empty(t, d.VFIOPath())
+}

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/vfrdma/vfrdma/event"
+	"github.com/vfrdma/vfrdma/vfio"
 	"github.com/vfrdma/vfrdma/vmxnet3"
 )
 
@@ -31,6 +32,17 @@ type Options struct {
 	// bound yet, and gives it back to its drivers on Close. Without it the
 	// group must already be bound (pvctl bind).
 	BindGroup bool
+	// VFIO chooses the kernel interface Open takes the function through
+	// (package vfio's Options.Path): the zero value (vfio.PathAuto) takes
+	// the device cdev with iommufd where the kernel offers them (Linux 6.6+
+	// with CONFIG_VFIO_DEVICE_CDEV and CONFIG_IOMMUFD) and the IOMMU group
+	// with a type1 container otherwise; vfio.PathCDev and vfio.PathGroup
+	// insist. Device.VFIOPath says which was taken. Both need the group
+	// bound to vfio-pci: on the cdev path each function Open uses (the
+	// pvrdma function, and the vmxnet3 function unless Ethernet.Off) is
+	// opened and bound alone, but the kernel still refuses it while
+	// another member of the group is on a kernel driver.
+	VFIO vfio.Path
 	// StateDir holds the journal of live objects ("" means DefaultStateDir;
 	// "-" disables the journal and with it the clean-up after a crash).
 	StateDir string
@@ -84,7 +96,9 @@ type Options struct {
 	// default (the zero value) it brings it up beside the RDMA function
 	// (Device.Ethernet): QEMU reports the RDMA port's state only while the
 	// vmxnet3 function is active, DOWN otherwise, and it shares the IOMMU
-	// group anyway.
+	// group anyway (on the group path it comes from the same group fd; on
+	// the cdev path through its own cdev, bound to the same iommufd and
+	// attached to the same IOAS).
 	Ethernet EthernetOptions
 }
 
@@ -106,6 +120,9 @@ func (o *Options) check() error {
 	}
 	if o.CommandTimeout < 0 {
 		return invalidf("Options.CommandTimeout %v is negative", o.CommandTimeout)
+	}
+	if _, err := vfio.ParsePath(string(o.VFIO)); err != nil {
+		return invalidf("Options.VFIO %q: want vfio.PathAuto, vfio.PathCDev or vfio.PathGroup (auto, cdev or group)", string(o.VFIO))
 	}
 	return nil
 }

@@ -34,6 +34,8 @@ func (t IOMMUType) String() string {
 		return "type1"
 	case Type1v2:
 		return "type1v2"
+	case IOMMUFD:
+		return "iommufd"
 	}
 	return "iommu type " + strconv.Itoa(int(t))
 }
@@ -41,8 +43,15 @@ func (t IOMMUType) String() string {
 // Options configure OpenContainer and Open. The zero value (or nil) means
 // defaults.
 type Options struct {
-	// DevDir holds the VFIO device nodes; "" means "/dev/vfio".
+	// DevDir holds the VFIO device nodes (the device cdevs under its
+	// devices/); "" means "/dev/vfio".
 	DevDir string
+	// IOMMUDev is iommufd's node; "" means "/dev/iommu".
+	IOMMUDev string
+	// Path chooses how Open takes the device: PathAuto (the zero value)
+	// takes its cdev where the kernel offers it and its group otherwise;
+	// PathCDev and PathGroup insist.
+	Path Path
 	// SysfsRoot is the sysfs tree used to find a function's IOMMU group
 	// and to name the members of a group that is not viable; "" means
 	// "/sys".
@@ -80,6 +89,9 @@ func (o *Options) withDefaults() Options {
 	}
 	if r.DevDir == "" {
 		r.DevDir = "/dev/vfio"
+	}
+	if r.IOMMUDev == "" {
+		r.IOMMUDev = defaultIOMMUDev
 	}
 	if r.SysfsRoot == "" {
 		r.SysfsRoot = "/sys"
@@ -122,12 +134,15 @@ type Mapping struct {
 	Vaddr uint64
 }
 
-// Container is a VFIO container: an IOMMU context holding groups and DMA
-// mappings. It is safe for concurrent use.
+// Container is an IOMMU context holding groups and DMA mappings: on the
+// group path a VFIO container (/dev/vfio/vfio, type1), on the cdev path an
+// iommufd IOAS (/dev/iommu). It is safe for concurrent use.
 type Container struct {
-	k    uapi.Kernel
-	opts Options
-	fd   int
+	k       uapi.Kernel
+	opts    Options
+	fd      int    // the container's fd, or the iommufd's
+	iommufd bool   // the cdev path: fd is an iommufd, ioas the IOAS
+	ioas    uint32 // the IOAS's ID
 
 	mu     sync.Mutex
 	closed bool
@@ -204,10 +219,13 @@ func (c *Container) IOMMUInfo() (IOMMUInfo, error) {
 	return i, nil
 }
 
-var errNoIOMMU = fmt.Errorf("%w: no IOMMU yet (it is set when the first group is attached)", ErrNotSupported)
+var errNoIOMMU = fmt.Errorf("%w: no IOMMU yet (it is set when the first group is attached, or on the cdev path the first device)", ErrNotSupported)
 
 // OpenGroup opens IOMMU group n (/dev/vfio/N), checks that it is viable,
 // attaches it to the container and, for the first group, sets the IOMMU.
+// On the cdev path (OpenIOMMUFD) the group has no node and nothing is
+// opened: the Group names the IOMMU group, and its OpenDevice opens, binds
+// and attaches each device alone.
 func (c *Container) OpenGroup(n int) (*Group, error) {
 	dev := "group " + strconv.Itoa(n)
 	c.mu.Lock()
@@ -219,6 +237,11 @@ func (c *Container) OpenGroup(n int) (*Group, error) {
 		if g.n == n {
 			return nil, opErr("open", dev, wrapf(ErrBusy, nil, "group %d is already open in this container", n))
 		}
+	}
+	if c.iommufd {
+		g := &Group{c: c, n: n, fd: -1, dev: dev, cdev: true}
+		c.groups = append(c.groups, g)
+		return g, nil
 	}
 	path := filepath.Join(c.opts.DevDir, strconv.Itoa(n))
 	fd, err := c.k.Open(path)
@@ -369,14 +392,18 @@ func (c *Container) mapLocked(mem []byte, iova uint64) error {
 	if rs := c.info.Ranges; len(rs) > 0 && !slices.ContainsFunc(rs, func(r IOVARange) bool {
 		return iova >= r.Start && iova+size-1 <= r.End
 	}) {
-		return wrapf(ErrRange, nil, "IOVA range %#x-%#x is not inside one of the IOMMU's valid ranges %s", iova, iova+size-1, fmtRanges(rs))
+		return wrapf(ErrRange, nil, "IOVA range %#x-%#x is not inside one of the IOMMU's valid ranges %s (what the kernel reports; take IOVAs from AllocIOVA, or narrow Options.IOVABase and IOVALimit into a range)", iova, iova+size-1, fmtRanges(rs))
 	}
 	for _, m := range c.maps {
 		if iova < m.IOVA+m.Size && m.IOVA < iova+size {
 			return wrapf(ErrRange, unix.EEXIST, "IOVA range %#x-%#x overlaps the mapping at %#x-%#x", iova, iova+size-1, m.IOVA, m.IOVA+m.Size-1)
 		}
 	}
-	if err := uapi.IOMMUMapDMA(c.k, c.fd, mem, iova, uapi.DMAMapFlagRead|uapi.DMAMapFlagWrite); err != nil {
+	if c.iommufd {
+		if err := c.ioasMapLocked(mem, iova); err != nil {
+			return err
+		}
+	} else if err := uapi.IOMMUMapDMA(c.k, c.fd, mem, iova, uapi.DMAMapFlagRead|uapi.DMAMapFlagWrite); err != nil {
 		switch {
 		case errors.Is(err, unix.ENOMEM):
 			return memlockError("the IOMMU could not pin", int(size), err)
@@ -420,12 +447,19 @@ func (c *Container) unmapLocked(m Mapping) error {
 	if c.info.DMAAvail >= 0 {
 		c.info.DMAAvail++
 	}
-	n, err := uapi.IOMMUUnmapDMA(c.k, c.fd, m.IOVA, m.Size)
+	req, unmap := "VFIO_IOMMU_UNMAP_DMA", uapi.IOMMUUnmapDMA
+	if c.iommufd {
+		req = "IOMMU_IOAS_UNMAP"
+		unmap = func(k uapi.Kernel, fd int, iova, size uint64) (uint64, error) {
+			return uapi.IOASUnmapRange(k, fd, c.ioas, iova, size)
+		}
+	}
+	n, err := unmap(c.k, c.fd, m.IOVA, m.Size)
 	if err != nil {
-		return fmt.Errorf("VFIO_IOMMU_UNMAP_DMA at IOVA %#x: %w", m.IOVA, err)
+		return fmt.Errorf("%s at IOVA %#x: %w", req, m.IOVA, err)
 	}
 	if n != m.Size {
-		return fmt.Errorf("VFIO_IOMMU_UNMAP_DMA at IOVA %#x unmapped %#x bytes, not %#x", m.IOVA, n, m.Size)
+		return fmt.Errorf("%s at IOVA %#x unmapped %#x bytes, not %#x", req, m.IOVA, n, m.Size)
 	}
 	return nil
 }
@@ -492,8 +526,9 @@ func (c *Container) FreeIOVA(iova, size uint64) error {
 // Close closes the container and everything in it, in order: every device
 // of every group (interrupts off, regions unmapped, device fd closed), then
 // every DMA mapping still in the IOMMU (DMA buffers still open are unmapped
-// and freed: their Mem must no longer be used), then the groups, then the
-// container fd. It is idempotent; errors from all steps are joined.
+// and freed: their Mem must no longer be used), then the groups, then (on
+// the cdev path) the IOAS, then the container fd (or the iommufd). It is
+// idempotent; errors from all steps are joined.
 func (c *Container) Close() error {
 	c.mu.Lock()
 	if c.closed {
@@ -534,15 +569,21 @@ func (c *Container) Close() error {
 	for _, g := range groups {
 		errs = append(errs, g.closeFD())
 	}
+	if c.iommufd {
+		c.mu.Lock()
+		errs = append(errs, c.closeIOASLocked())
+		c.mu.Unlock()
+	}
 	errs = append(errs, c.k.Close(c.fd))
 	return opErr("close", "container", errors.Join(errs...))
 }
 
 // groupClosed is called by Group.Close with c.mu held. When the last group
-// leaves, the kernel drops the IOMMU and all its mappings with it.
+// leaves a type1 container, the kernel drops the IOMMU and all its mappings
+// with it; an IOAS keeps its mappings until it is destroyed.
 func (c *Container) groupClosedLocked(g *Group) {
 	c.groups = slices.DeleteFunc(c.groups, func(x *Group) bool { return x == g })
-	if len(c.groups) == 0 && !c.closed {
+	if len(c.groups) == 0 && !c.closed && !c.iommufd {
 		c.iommu = 0
 		clear(c.maps)
 	}

@@ -105,6 +105,7 @@ type Device struct {
 	g    *Group
 	name string
 	fd   int
+	cdev string // the cdev node ("vfio3") on the cdev path, "" on the group path
 
 	info    DeviceInfo
 	regions map[int]RegionInfo
@@ -117,11 +118,15 @@ type Device struct {
 	owns    bool              // Open made the group and container for this device
 }
 
-// Open opens the PCI function at addr through VFIO: it finds the function's
-// IOMMU group in sysfs, opens a container and the group, and opens the
-// device. The function's group must already be bound to vfio-pci
-// (pci.Bus.BindGroup). The returned Device owns the container and group:
-// its Close closes them too.
+// Open opens the PCI function at addr through VFIO, on the path
+// Options.Path chooses (PathAuto: the cdev where the kernel offers it, the
+// group otherwise). It finds the function's IOMMU group in sysfs; on the
+// group path it opens a container and the group and gets the device from
+// the group; on the cdev path it opens iommufd and an IOAS, and opens,
+// binds and attaches the device through its cdev. The function must
+// already be bound to vfio-pci (pci.Bus.BindGroup). Either way it returns
+// the same Device, which owns its container and group: its Close closes
+// them too.
 func Open(addr pci.Addr, opts *Options) (*Device, error) {
 	o := opts.withDefaults()
 	f, err := pci.NewBus(o.SysfsRoot).Lookup(addr)
@@ -139,7 +144,7 @@ func Open(addr pci.Addr, opts *Options) (*Device, error) {
 		return nil, opErr("open", addr.String(), wrapf(ErrNotBound, nil,
 			"%v has %s: bind its IOMMU group %d to vfio-pci first (pci.Bus.BindGroup)", addr, drv, f.IOMMUGroup))
 	}
-	c, err := OpenContainer(&o)
+	c, err := choosePath(&o, f)
 	if err != nil {
 		return nil, err
 	}
@@ -275,6 +280,14 @@ func (r *RegionInfo) parseCaps(buf []byte, first uint32, fixed int) error {
 
 // Name returns the device's name (its PCI address).
 func (d *Device) Name() string { return d.name }
+
+// Path returns the path the device was opened through: PathCDev or
+// PathGroup.
+func (d *Device) Path() Path { return d.g.c.Path() }
+
+// CDev returns the device's cdev node ("vfio3", under /dev/vfio/devices/)
+// on the cdev path, "" on the group path.
+func (d *Device) CDev() string { return d.cdev }
 
 // Group returns the group the device belongs to.
 func (d *Device) Group() *Group { return d.g }

@@ -106,8 +106,10 @@ func TestAllocMemoryMemlockLimit(t *testing.T) {
 	}
 }
 
-func TestAllocDMA(t *testing.T) {
-	e := newEnv(t)
+func TestAllocDMA(t *testing.T) { forPaths(t, testAllocDMA) }
+
+func testAllocDMA(t *testing.T, p vfio.Path) {
+	e := newEnvOn(t, p)
 	d := e.open(t)
 	c := d.Container()
 	b, err := c.AllocDMA(100, &vfio.MemOptions{HugePages: vfio.HugeNever})
@@ -121,7 +123,11 @@ func TestAllocDMA(t *testing.T) {
 	require.Equal(t, vfiotest.DMAMapping{IOVA: b.IOVA, Size: 4096, Vaddr: va, Read: true, Write: true}, km[b.IOVA], "kernel mappings %+v", km)
 	require.Equal(t, []vfio.Mapping{{IOVA: b.IOVA, Size: 4096, Vaddr: va}}, c.Mappings())
 	ii, _ := c.IOMMUInfo()
-	require.Equal(t, 65534, ii.DMAAvail)
+	if p == vfio.PathGroup {
+		require.Equal(t, 65534, ii.DMAAvail, "type1's mapping budget, one spent")
+	} else {
+		require.Equal(t, -1, ii.DMAAvail, "iommufd reports no mapping budget")
+	}
 	b2, err := c.AllocDMA(3<<20, nil)
 	require.NoError(t, err)
 	require.Zero(t, b2.IOVA%uint64(b2.PageSize), "second buffer at %#x (page %d)", b2.IOVA, b2.PageSize)
@@ -136,12 +142,16 @@ func TestAllocDMA(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, uint64(iovaBase), b3.IOVA, "IOVA not reused")
 	// Container.Close frees what is left, after closing the device and
-	// before closing the group.
+	// before closing the group (on the cdev path: destroying the IOAS).
 	va2 := uapi.Addr(b2.Mem)
 	require.NoError(t, d.Close())
 	ev := e.k.Events()
 	iDev := slices.Index(ev, "close device "+rdmaName)
-	iGrp := slices.Index(ev, "close group 5")
+	last := "close group 5"
+	if p == vfio.PathCDev {
+		last = "destroy IOAS 1"
+	}
+	iGrp := slices.Index(ev, last)
 	iUnmap := slices.IndexFunc(ev, func(s string) bool { return strings.HasPrefix(s, "unmap") && s != "unmap 0x100000" })
 	if iDev < 0 || iGrp < 0 || iUnmap < 0 || !(iDev < iUnmap && iUnmap < iGrp) {
 		t.Fatalf("teardown order %q", ev)
@@ -154,8 +164,10 @@ func TestAllocDMA(t *testing.T) {
 	require.NoError(t, (&vfio.DMABuffer{Mem: make([]byte, 64), IOVA: 0x1000}).Close())
 }
 
-func TestMapDMA(t *testing.T) {
-	e := newEnv(t)
+func TestMapDMA(t *testing.T) { forPaths(t, testMapDMA) }
+
+func testMapDMA(t *testing.T, p vfio.Path) {
+	e := newEnvOn(t, p)
 	d := e.open(t)
 	c := d.Container()
 	m, err := vfio.AllocMemory(8192, &vfio.MemOptions{HugePages: vfio.HugeNever})
@@ -222,8 +234,10 @@ func TestMapDMAKernelErrors(t *testing.T) {
 	require.Equal(t, uint64(iovaBase), b.IOVA, "IOVA after failed allocations")
 }
 
-func TestUnmapDMAKernelError(t *testing.T) {
-	e := newEnv(t)
+func TestUnmapDMAKernelError(t *testing.T) { forPaths(t, testUnmapDMAKernelError) }
+
+func testUnmapDMAKernelError(t *testing.T, p vfio.Path) {
+	e := newEnvOn(t, p)
 	d := e.open(t)
 	c := d.Container()
 	b, err := c.AllocDMA(4096, nil)
@@ -234,8 +248,10 @@ func TestUnmapDMAKernelError(t *testing.T) {
 	require.NotEmpty(t, e.k.DMAMappings(), "the kernel kept the mapping")
 }
 
-func TestIOVAExhausted(t *testing.T) {
-	e := newEnv(t)
+func TestIOVAExhausted(t *testing.T) { forPaths(t, testIOVAExhausted) }
+
+func testIOVAExhausted(t *testing.T, p vfio.Path) {
+	e := newEnvOn(t, p)
 	e.opts.IOVABase, e.opts.IOVALimit = 1<<20, 1<<20+8192
 	d := e.open(t)
 	c := d.Container()
@@ -291,8 +307,10 @@ func TestLastGroupClosedDropsMappings(t *testing.T) {
 	require.Equal(t, uint64(iovaBase), b.IOVA)
 }
 
-func TestConcurrentDMA(t *testing.T) {
-	e := newEnv(t)
+func TestConcurrentDMA(t *testing.T) { forPaths(t, testConcurrentDMA) }
+
+func testConcurrentDMA(t *testing.T, p vfio.Path) {
+	e := newEnvOn(t, p)
 	d := e.open(t)
 	c := d.Container()
 	var wg sync.WaitGroup

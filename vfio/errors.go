@@ -19,6 +19,14 @@ var (
 	// ErrNoVFIO reports that the VFIO device nodes are missing: the VFIO
 	// modules are not loaded.
 	ErrNoVFIO = errors.New("vfio: VFIO not available (load the modules: modprobe vfio-pci)")
+	// ErrNoIOMMUFD reports that iommufd's node (/dev/iommu) is missing:
+	// the kernel lacks CONFIG_IOMMUFD (Linux 6.2+) or the module is not
+	// loaded (modprobe iommufd).
+	ErrNoIOMMUFD = errors.New("vfio: iommufd not available (/dev/iommu: a kernel with CONFIG_IOMMUFD, modprobe iommufd)")
+	// ErrNoCDev reports a function without a VFIO device cdev: the kernel
+	// lacks CONFIG_VFIO_DEVICE_CDEV (Linux 6.6+) or the function is not
+	// bound to vfio-pci.
+	ErrNoCDev = errors.New("vfio: no VFIO device cdev")
 	// ErrGroupNotViable reports an IOMMU group with a member bound to a
 	// non-VFIO driver; the message names it.
 	ErrGroupNotViable = errors.New("vfio: IOMMU group not viable")

@@ -11,12 +11,15 @@ import (
 )
 
 // Group is an IOMMU group attached to a Container. It is safe for
-// concurrent use; its state is guarded by the container's lock.
+// concurrent use; its state is guarded by the container's lock. On the cdev
+// path it holds no node: its devices are opened, bound and attached each
+// through its own cdev.
 type Group struct {
-	c   *Container
-	n   int
-	fd  int
-	dev string // "group N", for errors
+	c    *Container
+	n    int
+	fd   int    // -1 on the cdev path
+	dev  string // "group N", for errors
+	cdev bool
 
 	closed  bool
 	fdGone  bool
@@ -30,12 +33,17 @@ func (g *Group) Number() int { return g.n }
 func (g *Group) Container() *Container { return g.c }
 
 // Status reports the group's VFIO status: viable (every member bound to a
-// VFIO driver or none) and attached to a container.
+// VFIO driver or none) and attached to a container. On the cdev path,
+// where the group has no node, it returns an error wrapping
+// ErrNotSupported.
 func (g *Group) Status() (viable, containerSet bool, err error) {
 	g.c.mu.Lock()
 	defer g.c.mu.Unlock()
 	if g.closed {
 		return false, false, opErr("status", g.dev, ErrClosed)
+	}
+	if g.cdev {
+		return false, false, opErr("status", g.dev, wrapf(ErrNotSupported, nil, "on the cdev path the group has no node (VFIO_GROUP_GET_STATUS)"))
 	}
 	st, err := uapi.GroupGetStatus(g.c.k, g.fd)
 	if err != nil {
@@ -45,7 +53,10 @@ func (g *Group) Status() (viable, containerSet bool, err error) {
 }
 
 // OpenDevice opens the device called name in the group (for PCI its address,
-// "0000:00:10.1") and reads its region and IRQ information.
+// "0000:00:10.1") and reads its region and IRQ information. On the cdev
+// path it opens the device's cdev (named in sysfs under vfio-dev/), binds
+// it to the container's iommufd (VFIO_DEVICE_BIND_IOMMUFD) and attaches it
+// to the IOAS (VFIO_DEVICE_ATTACH_IOMMUFD_PT) first.
 func (g *Group) OpenDevice(name string) (*Device, error) {
 	c := g.c
 	c.mu.Lock()
@@ -57,6 +68,14 @@ func (g *Group) OpenDevice(name string) (*Device, error) {
 		if d.name == name {
 			return nil, opErr("open", name, wrapf(ErrBusy, nil, "%s is already open", name))
 		}
+	}
+	if g.cdev {
+		d, err := g.openCDevLocked(name)
+		if err != nil {
+			return nil, opErr("open", name, err)
+		}
+		g.devices = append(g.devices, d)
+		return d, nil
 	}
 	fd, err := uapi.GroupGetDeviceFD(c.k, g.fd, name)
 	if err != nil {
@@ -120,5 +139,8 @@ func (g *Group) closeFD() error {
 	}
 	g.fdGone = true
 	g.c.groupClosedLocked(g)
+	if g.cdev {
+		return nil
+	}
 	return g.c.k.Close(g.fd)
 }

@@ -18,8 +18,9 @@ type span struct{ start, end uint64 }
 // is not safe for concurrent use (the Container locks around it).
 type iovaAllocator struct {
 	page   uint64
-	window []span // the whole window, for validating frees
-	free   []span // sorted, disjoint, non-adjacent
+	window []span      // the whole window, for validating frees
+	free   []span      // sorted, disjoint, non-adjacent
+	valid  []IOVARange // set by restrict: free space stays inside these
 }
 
 // Default IOVA window: see the package documentation.
@@ -141,6 +142,7 @@ func (a *iovaAllocator) release(start, size uint64) error {
 	if (i > 0 && a.free[i-1].end > start) || (i < len(a.free) && a.free[i].start < end) {
 		return fmt.Errorf("%w: IOVA range %#x+%#x is already free", ErrRange, start, size)
 	}
+	defer a.clip()
 	mergePrev := i > 0 && a.free[i-1].end == start
 	mergeNext := i < len(a.free) && a.free[i].start == end
 	switch {
@@ -155,6 +157,56 @@ func (a *iovaAllocator) release(start, size uint64) error {
 		a.free = slices.Insert(a.free, i, span{start, end})
 	}
 	return nil
+}
+
+// restrict narrows the free space to valid (inclusive ends, page-aligned
+// inward), as the kernel narrows an IOAS's usable ranges when a device is
+// attached to it; what is handed out stays handed out, and a later release
+// returns only the part inside valid.
+func (a *iovaAllocator) restrict(valid []IOVARange) {
+	a.valid = slices.Clone(valid)
+	a.clip()
+}
+
+// clip intersects the free list with a.valid (when set).
+func (a *iovaAllocator) clip() {
+	if a.valid == nil {
+		return
+	}
+	var out []span
+	for _, s := range a.free {
+		for _, r := range a.valid {
+			if r.End < r.Start {
+				continue
+			}
+			lo := max(s.start, alignUp(r.Start, a.page))
+			hi := s.end
+			if r.End != ^uint64(0) {
+				hi = min(hi, alignDown(r.End+1, a.page))
+			}
+			if lo < hi {
+				out = append(out, span{lo, hi})
+			}
+		}
+	}
+	slices.SortFunc(out, func(x, y span) int {
+		switch {
+		case x.start < y.start:
+			return -1
+		case x.start > y.start:
+			return 1
+		}
+		return 0
+	})
+	merged := out[:0]
+	for _, s := range out {
+		if n := len(merged); n > 0 && s.start <= merged[n-1].end {
+			merged[n-1].end = max(merged[n-1].end, s.end)
+			continue
+		}
+		merged = append(merged, s)
+	}
+	a.free = merged
 }
 
 // freeBytes returns the free space left, for tests and diagnostics.

@@ -14,8 +14,10 @@ import (
 	"github.com/vfrdma/vfrdma/vfio/vfiotest"
 )
 
-func TestMSIX(t *testing.T) {
-	e := newEnv(t)
+func TestMSIX(t *testing.T) { forPaths(t, testMSIX) }
+
+func testMSIX(t *testing.T, p vfio.Path) {
+	e := newEnvOn(t, p)
 	d := e.open(t)
 	vecs, err := d.EnableMSIX(3)
 	require.NoError(t, err)
@@ -99,8 +101,10 @@ func TestMSIX(t *testing.T) {
 	}
 }
 
-func TestEnableIRQsErrors(t *testing.T) {
-	e := newEnv(t)
+func TestEnableIRQsErrors(t *testing.T) { forPaths(t, testEnableIRQsErrors) }
+
+func testEnableIRQsErrors(t *testing.T, p vfio.Path) {
+	e := newEnvOn(t, p)
 	d := e.open(t)
 	_, err := d.EnableMSIX(4)
 	require.ErrorIs(t, err, vfio.ErrRange, "EnableMSIX(4)")
@@ -120,8 +124,10 @@ func TestEnableIRQsErrors(t *testing.T) {
 	require.NoError(t, err, "EnableMSIX once the kernel takes it")
 }
 
-func TestWaitClosedConcurrently(t *testing.T) {
-	e := newEnv(t)
+func TestWaitClosedConcurrently(t *testing.T) { forPaths(t, testWaitClosedConcurrently) }
+
+func testWaitClosedConcurrently(t *testing.T, p vfio.Path) {
+	e := newEnvOn(t, p)
 	d := e.open(t)
 	vecs, err := d.EnableMSIX(1)
 	require.NoError(t, err)
@@ -140,8 +146,10 @@ func TestWaitClosedConcurrently(t *testing.T) {
 	}
 }
 
-func TestWaitNoAllocs(t *testing.T) {
-	e := newEnv(t)
+func TestWaitNoAllocs(t *testing.T) { forPaths(t, testWaitNoAllocs) }
+
+func testWaitNoAllocs(t *testing.T, p vfio.Path) {
+	e := newEnvOn(t, p)
 	d := e.open(t)
 	vecs, err := d.EnableMSIX(3)
 	require.NoError(t, err)

@@ -102,20 +102,41 @@ type env struct {
 	sys   *pcitest.Sysfs
 	opts  *vfio.Options
 	rdma  *vfiotest.Device
+	nic   *vfiotest.Device
 	group *vfiotest.Group
 }
 
+// newEnv is the bench's guest of today: a kernel without iommufd, so Open
+// (Options.Path auto) takes the group path.
 func newEnv(t *testing.T) *env {
 	t.Helper()
 	k := vfiotest.New(t)
 	sys := pcitest.VMwareSlot(t)
 	_, err := sys.Bus().BindGroup(rdmaAddr, "vfio-pci")
 	require.NoError(t, err)
-	e := &env{k: k, sys: sys, rdma: vfiotest.PVRDMA(rdmaName)}
-	nic := vfiotest.PVRDMA("0000:00:10.0")
-	e.group = k.AddGroup(5, true, nic, e.rdma)
+	e := &env{k: k, sys: sys, rdma: vfiotest.PVRDMA(rdmaName), nic: vfiotest.PVRDMA("0000:00:10.0")}
+	e.group = k.AddGroup(5, true, e.nic, e.rdma)
 	e.opts = &vfio.Options{SysfsRoot: sys.Root, Kernel: k}
 	return e
+}
+
+// newEnvOn is newEnv on a kernel that offers both paths (iommufd and the
+// functions' cdevs), with Options.Path set to p.
+func newEnvOn(t *testing.T, p vfio.Path) *env {
+	t.Helper()
+	e := newEnv(t)
+	e.k.SetIOMMUFDLoaded(true)
+	e.k.LinkCDevs(t, e.sys.Root)
+	e.opts.Path = p
+	return e
+}
+
+// forPaths runs test on the group path and on the cdev path: what the
+// device does must not depend on the path it was opened through.
+func forPaths(t *testing.T, test func(t *testing.T, p vfio.Path)) {
+	for _, p := range []vfio.Path{vfio.PathGroup, vfio.PathCDev} {
+		t.Run(p.String(), func(t *testing.T) { test(t, p) })
+	}
 }
 
 // open opens the pvrdma function through Open.

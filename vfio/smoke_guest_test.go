@@ -17,6 +17,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/stretchr/testify/require"
+
 	"github.com/vfrdma/vfrdma/mmio"
 	"github.com/vfrdma/vfrdma/pci"
 	"github.com/vfrdma/vfrdma/qemu/proto"
@@ -326,4 +328,34 @@ func TestGuestDMA(t *testing.T) {
 	if err := d.Close(); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// The bench's tier chooses the path through VFRDMA_VFIO (pvvm -vfio):
+// Open with no Options.Path takes the path it names, and on the cdev path
+// the device has its node and DMA goes through an iommufd IOAS.
+func TestGuestOpenTakesThePathTheTierChose(t *testing.T) {
+	addr := guestAddr(t)
+	want := os.Getenv("VFRDMA_VFIO")
+	d, err := vfio.Open(addr, nil)
+	require.NoError(t, err)
+	defer d.Close()
+	t.Logf("VFRDMA_VFIO=%q: took the %v path (cdev node %q)", want, d.Path(), d.CDev())
+	ii, err := d.Container().IOMMUInfo()
+	require.NoError(t, err)
+	switch want {
+	case "cdev":
+		require.Equal(t, vfio.PathCDev, d.Path())
+		require.NotEmpty(t, d.CDev())
+		require.Equal(t, vfio.IOMMUFD, ii.Type)
+		require.NotEmpty(t, ii.Ranges, "the IOAS's usable ranges")
+	case "group":
+		require.Equal(t, vfio.PathGroup, d.Path())
+		require.Empty(t, d.CDev())
+	default:
+		require.Contains(t, []vfio.Path{vfio.PathCDev, vfio.PathGroup}, d.Path())
+	}
+	b, err := d.Container().AllocDMA(4096, nil)
+	require.NoError(t, err)
+	require.NoError(t, b.Close())
+	require.NoError(t, d.Close())
 }

@@ -18,8 +18,10 @@ import (
 	"github.com/vfrdma/vfrdma/vfio/vfiotest"
 )
 
-func TestOpenPVRDMA(t *testing.T) {
-	e := newEnv(t)
+func TestOpenPVRDMA(t *testing.T) { forPaths(t, testOpenPVRDMA) }
+
+func testOpenPVRDMA(t *testing.T, p vfio.Path) {
+	e := newEnvOn(t, p)
 	d := e.open(t)
 	assert.Equal(t, rdmaName, d.Name())
 	assert.Equal(t, 5, d.Group().Number())
@@ -49,16 +51,24 @@ func TestOpenPVRDMA(t *testing.T) {
 	}
 	ii, err := d.Container().IOMMUInfo()
 	require.NoError(t, err)
-	assert.Equal(t, vfio.IOMMUInfo{
-		Type:      vfio.Type1v2,
-		PageSizes: 0x40201000,
-		Ranges:    []vfio.IOVARange{{Start: 0, End: 0xfedfffff}, {Start: 0xfef00000, End: 0x7fffffffff}},
-		DMAAvail:  65535,
-	}, ii)
+	ranges := []vfio.IOVARange{{Start: 0, End: 0xfedfffff}, {Start: 0xfef00000, End: 0x7fffffffff}}
+	assert.Equal(t, p, d.Path())
+	assert.Equal(t, p, d.Container().Path())
+	teardown := []string{"close device 0000:00:10.1", "close group 5", "close container"}
+	if p == vfio.PathCDev {
+		// iommufd reports the IOAS's ranges and its IOVA alignment, no
+		// page-size bitmap and no mapping budget.
+		assert.Equal(t, vfio.IOMMUInfo{Type: vfio.IOMMUFD, PageSizes: 0x1000, Ranges: ranges, DMAAvail: -1}, ii)
+		assert.Equal(t, "vfio1", d.CDev(), "the pvrdma function's cdev (the second device of the fake)")
+		teardown = []string{"bind 0000:00:10.1", "attach 0000:00:10.1 to IOAS 1", "close device 0000:00:10.1", "destroy IOAS 1", "close iommufd"}
+	} else {
+		assert.Equal(t, vfio.IOMMUInfo{Type: vfio.Type1v2, PageSizes: 0x40201000, Ranges: ranges, DMAAvail: 65535}, ii)
+		assert.Empty(t, d.CDev())
+	}
 	assert.Equal(t, uint64(4096), ii.MinPageSize())
 
 	require.NoError(t, d.Close())
-	require.Equal(t, []string{"close device 0000:00:10.1", "close group 5", "close container"}, e.k.Events(), "teardown")
+	require.Equal(t, teardown, e.k.Events(), "teardown")
 	require.NoError(t, d.Close(), "second Close")
 	_, err = d.Map(vfio.RegionBAR1, 0, 0)
 	require.ErrorIs(t, err, vfio.ErrClosed, "Map after Close")
@@ -231,8 +241,10 @@ func TestOpenErrors(t *testing.T) {
 	})
 }
 
-func TestRegionSparseMmap(t *testing.T) {
-	e := newEnv(t)
+func TestRegionSparseMmap(t *testing.T) { forPaths(t, testRegionSparseMmap) }
+
+func testRegionSparseMmap(t *testing.T, p vfio.Path) {
+	e := newEnvOn(t, p)
 	// BAR0 as vfio-pci shows it without MSI-X mapping support: two areas
 	// around the MSI-X table, a type cap, and an unknown cap, together
 	// larger than a first info buffer.
@@ -268,8 +280,10 @@ func TestRegionSparseMmap(t *testing.T) {
 	require.ErrorIs(t, err, uapi.ErrBadCaps, "area outside region")
 }
 
-func TestMapRegion(t *testing.T) {
-	e := newEnv(t)
+func TestMapRegion(t *testing.T) { forPaths(t, testMapRegion) }
+
+func testMapRegion(t *testing.T, p vfio.Path) {
+	e := newEnvOn(t, p)
 	d := e.open(t)
 	bar1, err := d.Map(vfio.RegionBAR1, 0, 0)
 	require.NoError(t, err)
@@ -319,8 +333,10 @@ func TestMapRegion(t *testing.T) {
 	require.Zero(t, vfiotest.RegionMaps(), "device mappings after Close")
 }
 
-func TestConfigAndBusMaster(t *testing.T) {
-	e := newEnv(t)
+func TestConfigAndBusMaster(t *testing.T) { forPaths(t, testConfigAndBusMaster) }
+
+func testConfigAndBusMaster(t *testing.T, p vfio.Path) {
+	e := newEnvOn(t, p)
 	d := e.open(t)
 	vid, err := d.ReadConfig16(0)
 	require.NoError(t, err)
@@ -346,8 +362,10 @@ func TestConfigAndBusMaster(t *testing.T) {
 	require.ErrorIs(t, err, vfio.ErrRange, "ReadConfig32 past end")
 }
 
-func TestReset(t *testing.T) {
-	e := newEnv(t)
+func TestReset(t *testing.T) { forPaths(t, testReset) }
+
+func testReset(t *testing.T, p vfio.Path) {
+	e := newEnvOn(t, p)
 	d := e.open(t)
 	require.ErrorIs(t, d.Reset(), vfio.ErrNotSupported, "Reset without support")
 	_ = d.Close()

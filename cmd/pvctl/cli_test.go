@@ -505,7 +505,7 @@ Flags:
         print one JSON document instead of text
   --n N
         how many (default 2)
-  (and the global flags before the command: --json, --model SPEC, --fabric DIR, --sysfs DIR; see pvctl help)
+  (and the global flags before the command: --json, --model SPEC, --fabric DIR, --sysfs DIR, --vfio PATH; see pvctl help)
 `, b.String())
 	c.about = ""
 	b.Reset()
@@ -521,6 +521,6 @@ func TestPrintHelpLayout(t *testing.T) {
 	assert.True(t, strings.HasPrefix(b.String(), helpIntro+"\nCommands:\n  list      pvrdma and vmxnet3"), b.String())
 	assert.Contains(t, b.String(), "function present.\n\nCommands:\n")
 	assert.Contains(t, b.String(), "sink\n\nGlobal flags (before the command):\n  --fabric DIR\n")
-	assert.Contains(t, b.String(), "(default /sys)\n\nExit status:")
+	assert.Contains(t, b.String(), "(default auto)\n\nExit status:")
 	assert.Contains(t, b.String(), "any device is opened.\n\nusage: pvctl list [--json]\n")
 }

@@ -147,7 +147,7 @@ func cmdEth(e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	d, err := vfrdma.Open(f.Addr.String(), &vfrdma.Options{SysfsRoot: e.sysfs})
+	d, err := vfrdma.Open(f.Addr.String(), &vfrdma.Options{SysfsRoot: e.sysfs, VFIO: e.vfio})
 	if err != nil {
 		return err
 	}

@@ -56,7 +56,7 @@ func printCommandHelp(w io.Writer, c command) {
 	fmt.Fprintln(w)
 	fmt.Fprintln(w, "Flags:")
 	printFlags(w, c.flagSet())
-	fmt.Fprintln(w, "  (and the global flags before the command: --json, --model SPEC, --fabric DIR, --sysfs DIR; see pvctl help)")
+	fmt.Fprintln(w, "  (and the global flags before the command: --json, --model SPEC, --fabric DIR, --sysfs DIR, --vfio PATH; see pvctl help)")
 }
 
 // aliasPrefix starts the usage of a one-letter alias of a long flag.

@@ -16,7 +16,9 @@ import (
 )
 
 // infoAbout is info's help beyond its summary: the JSON's forms.
-const infoAbout = `With --json, one object: bdf, interface_version and transport; then
+const infoAbout = `With --json, one object: bdf, vfio (the path the device was taken
+through: "cdev" or "group", "none (the model)" on --model),
+interface_version and transport; then
 every capability the device reported, under ibv_devinfo -v's names where
 it prints one (fw_ver, node_guid, vendor_part_id, max_qp_wr,
 max_map_per_fmr, ..., with atomic_cap beside atomic_ops) and the
@@ -36,6 +38,7 @@ for a code it has no name for.`
 // PortAttr or Quirks shows up without a change here.
 type infoDoc struct {
 	bdf       string
+	vfio      string // the VFIO path taken: "cdev", "group", "" on the model
 	version   uint32 // the VERSION register
 	caps      firmware.Caps
 	port      firmware.PortAttr
@@ -157,6 +160,7 @@ func (d *infoDoc) MarshalJSON() ([]byte, error) {
 	transport, link := transportAndLink(d.caps.Mode)
 	var doc object
 	doc.add("bdf", d.bdf)
+	doc.add("vfio", vfioText(d.vfio))
 	doc.add("interface_version", d.version)
 	doc.add("transport", transport)
 	doc.addFields(d.caps, capsViews, map[string]func(){
@@ -250,7 +254,7 @@ func gidTypeNames(mask uint8) []string {
 // newInfoDoc makes info's document from what the device reported.
 func newInfoDoc(d *vfrdma.Device, port vfrdma.PortAttr) infoDoc {
 	return infoDoc{
-		bdf: d.Name(), version: d.Version(), caps: d.Caps(), port: port,
+		bdf: d.Name(), vfio: d.VFIOPath(), version: d.Version(), caps: d.Caps(), port: port,
 		gids: []string{d.GID().String()}, quirks: d.Quirks(),
 		srq: newSRQInfo(d), recovered: d.Recovered(),
 	}
@@ -333,6 +337,15 @@ func cmdInfo(e *env, args []string) error {
 	return nil
 }
 
+// vfioText names the VFIO path info shows: "cdev" or "group", "none (the
+// model)" on the device model.
+func vfioText(p string) string {
+	if p == "" {
+		return "none (the model)"
+	}
+	return p
+}
+
 func guid(v uint64) string {
 	return fmt.Sprintf("%04x:%04x:%04x:%04x", v>>48, v>>32&0xffff, v>>16&0xffff, v&0xffff)
 }
@@ -345,6 +358,7 @@ func printInfo(w io.Writer, d *infoDoc) {
 		v any
 	}{
 		{"hca_id", "pvrdma " + d.bdf},
+		{"vfio", vfioText(d.vfio)},
 		{"interface version", d.version},
 		{"transport", transport},
 		{"fw_ver", c.FWVersion()},

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"reflect"
 	"strings"
@@ -78,7 +79,7 @@ func checkShown(t *testing.T, obj map[string]any, s any, views map[string]view) 
 // atomic_cap; a port's number, link layer and GIDs; ports, quirks, srq).
 func TestInfoJSONShowsEveryFirmwareFieldUnderItsTag(t *testing.T) {
 	d := infoDoc{
-		bdf: "0000:00:10.1", version: 20, caps: numbered[firmware.Caps](), port: numbered[firmware.PortAttr](),
+		bdf: "0000:00:10.1", vfio: "cdev", version: 20, caps: numbered[firmware.Caps](), port: numbered[firmware.PortAttr](),
 		gids: []string{"fe80::1"}, quirks: numbered[firmware.Quirks](), srq: srqInfo{MaxDepth: []int{}},
 	}
 	d.caps.Mode = firmware.ModeRoCE
@@ -88,13 +89,14 @@ func TestInfoJSONShowsEveryFirmwareFieldUnderItsTag(t *testing.T) {
 	require.NoError(t, json.Unmarshal(b, &doc), "%s", b)
 
 	seen := checkShown(t, doc, d.caps, capsViews)
-	for _, k := range []string{"bdf", "interface_version", "transport", "atomic_cap", "ports", "quirks", "srq"} {
+	for _, k := range []string{"bdf", "vfio", "interface_version", "transport", "atomic_cap", "ports", "quirks", "srq"} {
 		seen[k] = true
 	}
 	for k := range doc {
 		assert.True(t, seen[k], "%q is neither a capability nor a key info adds", k)
 	}
 	assert.Equal(t, "0.0.1", doc["fw_ver"])
+	assert.Equal(t, "cdev", doc["vfio"], "the VFIO path the device was taken through")
 	assert.Equal(t, "0000:0000:0000:0002", doc["node_guid"])
 
 	ports := doc["ports"].([]any)
@@ -122,4 +124,28 @@ func TestInfoJSONRefusesAKeyTwice(t *testing.T) {
 	b, err := json.Marshal(object{{"b", 1}, {"a", "x"}})
 	require.NoError(t, err)
 	assert.Equal(t, `{"b":1,"a":"x"}`, string(b), "members keep their order")
+}
+
+// --vfio takes auto, cdev or group, and not with --model, whose device has
+// no VFIO (info then says so); a bad value is a usage error before any
+// device is reached.
+func TestVFIOFlagTakesAutoCDevOrGroupAndInfoShowsThePath(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		says string
+	}{
+		{[]string{"--vfio", "iommufd", "info"}, "--vfio iommufd: want auto, cdev or group"},
+		{[]string{"--model", "v20", "--vfio", "cdev", "info"}, "the model has no VFIO"},
+		{[]string{"--model", "v20", "--vfio", "group", "info"}, "the model has no VFIO"},
+	} {
+		var out, errOut bytes.Buffer
+		e := &env{out: &out, errOut: &errOut}
+		assert.Equal(t, 2, run(e, tc.args), "%q", tc.args)
+		assert.Contains(t, errOut.String(), tc.says, "%q", tc.args)
+		assert.Zero(t, e.reached, "%q reached for a device", tc.args)
+	}
+	var out, errOut bytes.Buffer
+	e := &env{out: &out, errOut: &errOut}
+	require.Equal(t, 0, run(e, []string{"--model", "v20", "--vfio", "auto", "info"}), errOut.String())
+	assert.Contains(t, out.String(), "vfio:                  none (the model)\n")
 }

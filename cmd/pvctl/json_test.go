@@ -103,7 +103,7 @@ func TestJSONKeys(t *testing.T) {
 		"ports[].port_lid", "ports[].port_lmc", "ports[].qkey_viol_cntr", "ports[].sm_lid", "ports[].sm_sl", "ports[].state",
 		"ports[].subnet_timeout", "quirks", "quirks.cq_arm_both", "quirks.emulated", "quirks.no_async_events",
 		"quirks.srq_swap", "quirks.unquiesce_keeps_err", "srq", "srq.low_watermark_events", "srq.max_depth_by_sge",
-		"sys_image_guid", "transport", "vendor_id", "vendor_part_id"}
+		"sys_image_guid", "transport", "vendor_id", "vendor_part_id", "vfio"}
 	listKeys := []string{"[].bdf", "[].device", "[].driver", "[].iommu_group", "[].kind", "[].vendor"}
 	pingpongKeys := []string{"data_checked", "iters", "mbit_per_s", "round_trip_median_us", "round_trip_p99_us", "round_trip_us",
 		"seconds", "size", "transport", "wait"}

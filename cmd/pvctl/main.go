@@ -2,7 +2,7 @@
 // has it (run it as root; inside the bench's VM, `go run ./cmd/pvvm -- ARGS`
 // runs it there), or on the device model (--model) anywhere.
 //
-//	pvctl [--json] [--model SPEC [--fabric DIR]] [--sysfs DIR] COMMAND [FLAGS] [ARGS]
+//	pvctl [--json] [--model SPEC [--fabric DIR]] [--sysfs DIR] [--vfio PATH] COMMAND [FLAGS] [ARGS]
 //	pvctl help [COMMAND]             every command and its flags (or one command's); also -h, --help
 //
 //	pvctl list                       pvrdma and vmxnet3 functions, group, driver
@@ -27,7 +27,10 @@
 // runs on the device model; --fabric DIR puts that model on a fabric
 // other processes' models share (two pvctl processes then run both ends of
 // pingpong, bench or am over --listen/--connect); --sysfs DIR finds PCI
-// functions under DIR instead of /sys (tests point it at a fake tree).
+// functions under DIR instead of /sys (tests point it at a fake tree);
+// --vfio PATH takes the device through VFIO's device cdev and iommufd
+// (cdev), its IOMMU group (group), or the cdev where the kernel offers it
+// and the group otherwise (auto, the default).
 //
 // Exit status: 0 when the command did its work (help included; list also
 // when it finds no function, its --json then printing []); 1 when it
@@ -83,6 +86,7 @@ import (
 
 	"github.com/vfrdma/vfrdma/pci"
 	"github.com/vfrdma/vfrdma/pvsim"
+	"github.com/vfrdma/vfrdma/vfio"
 )
 
 type env struct {
@@ -92,6 +96,11 @@ type env struct {
 	// fabricDir is --fabric: the directory of a model fabric that spans
 	// processes (pvsim.JoinFabric), "" for none.
 	fabricDir string
+	// vfioFlag is --vfio as given ("auto" by default), vfio what run
+	// parsed of it: the path every command that opens the device through
+	// VFIO takes.
+	vfioFlag string
+	vfio     vfio.Path
 	// getenv reads the environment a launcher set (am --launcher); nil:
 	// os.Getenv. Tests set it.
 	getenv func(string) string
@@ -187,6 +196,11 @@ func globalFlags(e *env, fs *flag.FlagSet) {
 	fs.StringVar(&e.model, "model", e.model, modelHelp)
 	fs.StringVar(&e.fabricDir, "fabric", e.fabricDir, "with --model: put the model on the fabric of directory `DIR`, which the models of other processes naming it share (two pvctl processes, each with --model and the same --fabric, then run pingpong, bench and am over --listen/--connect)")
 	fs.StringVar(&e.sysfs, "sysfs", sysfs, "find PCI functions in the sysfs tree at `DIR` (tests use a fake one); bind reads network interfaces' addresses from the kernel only when it is /sys")
+	vf := e.vfioFlag
+	if vf == "" {
+		vf = "auto"
+	}
+	fs.StringVar(&e.vfioFlag, "vfio", vf, "take the device through VFIO's `PATH`: cdev (its /dev/vfio/devices/vfioN and iommufd, Linux 6.6+), group (its IOMMU group /dev/vfio/N and a type1 container), or auto: the cdev where the kernel offers it, the group otherwise; info says which was taken")
 }
 
 // newFlagSet makes a command's flag set, with --json (bound to e.json).
@@ -258,6 +272,14 @@ func run(e *env, args []string) int {
 			return e.usageFailed("", err)
 		}
 	}
+	p, err := vfio.ParsePath(e.vfioFlag)
+	if err != nil {
+		return e.usageFailed("", usageErrorf("--vfio %s: want auto, cdev or group", e.vfioFlag))
+	}
+	e.vfio = p
+	if p != vfio.PathAuto && e.model != "" {
+		return e.usageFailed("", usageErrorf("--vfio %s: the model has no VFIO: give --model or --vfio, not both", e.vfioFlag))
+	}
 	if e.fabricDir != "" {
 		if e.model == "" {
 			return e.usageFailed("", usageErrorf("--fabric %s: the fabric is the model's: give --model too", e.fabricDir))
@@ -299,7 +321,7 @@ func run(e *env, args []string) int {
 	if !ok {
 		return e.usageFailed("", usageErrorf("unknown command %q", rest[0]))
 	}
-	err := c.run(e, rest[1:])
+	err = c.run(e, rest[1:])
 	e.reportModels()
 	switch {
 	case err == nil:

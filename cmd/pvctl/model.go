@@ -92,5 +92,6 @@ func (e *env) open(args []string, opts *vfrdma.Options) (*vfrdma.Device, error) 
 		o = *opts
 	}
 	o.SysfsRoot = e.sysfs
+	o.VFIO = e.vfio
 	return vfrdma.Open(f.Addr.String(), &o)
 }

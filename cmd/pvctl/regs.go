@@ -46,7 +46,7 @@ func cmdRegs(e *env, args []string) error {
 	if err != nil {
 		return err
 	}
-	d, err := vfio.Open(f.Addr, &vfio.Options{SysfsRoot: e.sysfs})
+	d, err := vfio.Open(f.Addr, &vfio.Options{SysfsRoot: e.sysfs, Path: e.vfio})
 	if err != nil {
 		return err
 	}

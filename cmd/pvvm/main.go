@@ -78,6 +78,7 @@ type config struct {
 	keep      bool
 	debug     bool
 	pvctlArgs []string
+	vfio      string            // -vfio: the VFIO path of the vfrdma VMs' programs ("" leaves it to them)
 	ref       int               // the last ref VMs run the reference stack
 	doorbells bool              // count the doorbells each device received
 	timeline  bool              // break a two-VM ping-pong's round trips down from the devices' timelines
@@ -154,6 +155,7 @@ func main() {
 	flag.BoolVar(&c.debug, "debug", false, "log the bench's own steps to stderr")
 	flag.BoolVar(&c.doorbells, "doorbells", false, "count, on the device side, the doorbells each VM's pvrdma received (QEMU's trace: a line per doorbell, written by the vCPU thread, which costs rate: ib_send_bw 64 B ran at 0.5-0.7x)")
 	flag.BoolVar(&c.timeline, "timeline", false, "record each device's doorbells and CQEs on the host's clock (QEMU's trace) and break a two-VM ping-pong's round trips down: each transit and each end's turnaround (implies -doorbells; ib_send_bw 64 B ran at 0.25x)")
+	flag.StringVar(&c.vfio, "vfio", "", "the VFIO path every program of the vfrdma VMs takes, in-guest tests included: auto, cdev or group (VFRDMA_VFIO in their environment; package vfio reads it in guest builds); the bench's guest kernel needs iommufd and the device cdev for cdev")
 	flag.IntVar(&c.ref, "ref", 0, "the last N VMs run the reference stack (Linux vmw_pvrdma + rdma-core) and rdma-core's or perftest's programs instead of pvctl")
 	flag.Usage = func() {
 		fmt.Fprintf(os.Stderr, "usage: pvvm [flags] -- PVCTL-ARGS... [+ PVCTL-ARGS...]\n       pvvm [flags] -test PKGS\n       pvvm [flags] -- [@VM] PROGRAM ARGS... [+ ...]\n       pvvm -vms 2 -ref 1 -- [@VM] PVCTL-ARGS + [@VM] PROGRAM ARGS...\n\n"+
@@ -279,6 +281,11 @@ func run(ctx context.Context, c *config) (int, error) {
 // after "--" into c.cmds and c.refCmds: everything that can be refused is
 // refused here, before anything is built or booted.
 func (c *config) plan() error {
+	switch c.vfio {
+	case "", "auto", "cdev", "group":
+	default:
+		return fmt.Errorf("-vfio %s: want auto, cdev or group", c.vfio)
+	}
 	if c.ref < 0 || c.ref > c.vms {
 		return fmt.Errorf("-ref %d: want 0 to -vms (%d)", c.ref, c.vms)
 	}
@@ -380,7 +387,7 @@ func buildSpec(ctx context.Context, c *config, root, dir string, kernel *guest.K
 			if pkg == "." {
 				name = "vfrdma.test"
 			}
-			p := guest.Program{Name: name, HostPath: filepath.Join(dir, name), Args: args, Kind: guest.KindGoTest, Timeout: c.timeout}
+			p := guest.Program{Name: name, HostPath: filepath.Join(dir, name), Args: args, Env: c.vfioEnv(nil), Kind: guest.KindGoTest, Timeout: c.timeout}
 			pkgDir := filepath.Join(root, pkg)
 			jobs = append(jobs, job{prog: p, build: func() error { return guest.BuildTestBinary(ctx, pkgDir, p.HostPath) }})
 		}
@@ -457,12 +464,21 @@ func (c *config) pvctlProgram(i int, cmd command, bin string) guest.Program {
 	if i > 0 {
 		name = fmt.Sprintf("pvctl-%d", i+1)
 	}
-	p := guest.Program{Name: name, HostPath: bin, Args: cmd.args, Env: cmd.env, Kind: guest.KindCmd, Timeout: c.cmdLimit(), Only: cmd.only}
+	p := guest.Program{Name: name, HostPath: bin, Args: cmd.args, Env: c.vfioEnv(cmd.env), Kind: guest.KindCmd, Timeout: c.cmdLimit(), Only: cmd.only}
 	if cmd.retry {
 		p.Retry = retryFor
 	}
 	c.nameProgram(name, kindPvctl, cmd)
 	return p
+}
+
+// vfioEnv is env with -vfio's VFRDMA_VFIO before it (a command's own
+// KEY=value words come after, and win).
+func (c *config) vfioEnv(env []string) []string {
+	if c.vfio == "" {
+		return env
+	}
+	return append([]string{"VFRDMA_VFIO=" + c.vfio}, env...)
 }
 
 // cmdLimit is the time limit of one command of a run.

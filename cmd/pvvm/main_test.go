@@ -1,6 +1,7 @@
 package main
 
 import (
+	"context"
 	"errors"
 	"os"
 	"path/filepath"
@@ -151,4 +152,21 @@ func TestPostMortemShowsEveryVM(t *testing.T) {
 	} {
 		assert.Contains(t, out, want)
 	}
+}
+
+// -vfio puts VFRDMA_VFIO in every vfrdma program's environment, before the
+// command's own KEY=value words (which win); a value other than auto, cdev
+// or group is refused before anything is built.
+func TestVFIOFlagSetsEveryVfrdmaProgramsPath(t *testing.T) {
+	c := config{vms: 1, vfio: "cdev", pvctlArgs: []string{"info", "+", "VFRDMA_VFIO=group", "regs"}}
+	require.NoError(t, c.plan())
+	progs, _, err := c.vfPrograms(context.Background(), "pvctl", "")
+	require.NoError(t, err)
+	require.Len(t, progs, 2)
+	assert.Equal(t, []string{"VFRDMA_VFIO=cdev"}, progs[0].Env)
+	assert.Equal(t, []string{"VFRDMA_VFIO=cdev", "VFRDMA_VFIO=group"}, progs[1].Env)
+	c = config{vms: 1, vfio: "iommufd", tests: "all"}
+	assert.ErrorContains(t, c.plan(), "-vfio iommufd: want auto, cdev or group")
+	c = config{vms: 1}
+	assert.Nil(t, c.vfioEnv(nil), "no -vfio: the programs choose")
 }

@@ -27,8 +27,20 @@
 // nothing is behind them (what is written reads back). Device.Raise
 // signals an interrupt's eventfd as the device would.
 //
-// Not modelled: the no-IOMMU mode, the iommufd and device cdev interface,
-// type1's v1 and v2 differences (both are offered and behave alike),
+// It fakes the cdev path too: /dev/iommu (iommufd: IOAS allocation, its
+// IOVA ranges, fixed-IOVA maps and unmaps, destroy) and the device cdevs
+// under /dev/vfio/devices, with the kernel's rules for binding: a device
+// fd is refused every request until VFIO_DEVICE_BIND_IOMMUFD, a device
+// already bound refuses a second bind (EINVAL), a group held through its
+// group node refuses it (EBUSY) and so does the group node while a device
+// of it is bound (EBUSY), and a group another iommufd owns a device of, or
+// that is not viable, refuses it (EPERM). iommufd is off as New makes the
+// fake (the bench's guest kernel has none); SetIOMMUFDLoaded turns it on
+// and LinkCDevs names each device's cdev in a fake sysfs, which is where
+// package vfio finds it.
+//
+// Not modelled: the no-IOMMU mode, IOMMU_IOAS_MAP without a fixed IOVA,
+// hardware page tables, PASIDs, type1's v1 and v2 differences (both are offered and behave alike),
 // region permissions (every region's memfd is readable and writable), the
 // pinning of the memory a mapping names (its address is only checked for
 // alignment), changing the vectors of an enabled IRQ index in place, and
@@ -77,6 +89,9 @@ type kernel struct {
 
 	mu         sync.Mutex
 	noVFIO     bool
+	iommufd    bool      // /dev/iommu exists
+	cdevs      []*Device // by cdev number: vfioN is cdevs[N]
+	nextID     uint32    // iommufd object IDs
 	apiVersion int
 	iommu      IOMMU
 	fail       map[Ioctl]error
@@ -89,6 +104,27 @@ type fakeFD struct {
 	c *container
 	g *Group
 	d *Device
+	x *ictx // an iommufd
+
+	// A device cdev's fd: d is the device, cdev is set; bound is the
+	// iommufd it is bound to (nil until VFIO_DEVICE_BIND_IOMMUFD), ioas
+	// the IOAS it is attached to.
+	cdev  bool
+	bound *ictx
+	ioas  *ioas
+}
+
+// ictx is an iommufd: its IOASes by ID.
+type ictx struct {
+	fd    int
+	ioass map[uint32]*ioas
+}
+
+// ioas is an IOAS: its mappings by IOVA, and the device fds attached.
+type ioas struct {
+	id       uint32
+	maps     map[uint64]uapi.IOASMap
+	attached int
 }
 
 type container struct {
@@ -127,6 +163,10 @@ func (f *fakeFD) String() string {
 		return "container"
 	case f.g != nil:
 		return "group " + strconv.Itoa(f.g.n)
+	case f.x != nil:
+		return "iommufd"
+	case f.cdev:
+		return "device cdev " + f.d.Name
 	default:
 		return "device " + f.d.Name
 	}
@@ -141,6 +181,40 @@ func (k *Kernel) SetVFIOLoaded(loaded bool) {
 	k.k.mu.Lock()
 	defer k.k.mu.Unlock()
 	k.k.noVFIO = !loaded
+}
+
+// IOMMUDev is the node of iommufd the fake answers for: vfio's default
+// (vfio.Options.IOMMUDev "").
+const IOMMUDev = "/dev/iommu"
+
+// SetIOMMUFDLoaded with true makes /dev/iommu exist (New: it does not, as
+// on the bench's guest kernel, which has no CONFIG_IOMMUFD).
+func (k *Kernel) SetIOMMUFDLoaded(loaded bool) {
+	k.k.mu.Lock()
+	defer k.k.mu.Unlock()
+	k.k.iommufd = loaded
+}
+
+// LinkCDevs makes the fake sysfs tree at sysfsRoot name each device's cdev
+// as the kernel does for a device bound to vfio-pci with
+// CONFIG_VFIO_DEVICE_CDEV: bus/pci/devices/<name>/vfio-dev/vfioN, for the
+// devices of the groups added so far whose function is in the tree. The
+// fake answers /dev/vfio/devices/vfioN for every device of its groups,
+// linked or not.
+func (k *Kernel) LinkCDevs(t testing.TB, sysfsRoot string) {
+	t.Helper()
+	k.k.mu.Lock()
+	defer k.k.mu.Unlock()
+	for n, d := range k.k.cdevs {
+		dev := filepath.Join(sysfsRoot, "bus/pci/devices", d.Name)
+		if _, err := os.Stat(dev); err != nil {
+			continue
+		}
+		dir := filepath.Join(dev, "vfio-dev", "vfio"+strconv.Itoa(n))
+		if err := os.MkdirAll(dir, 0o755); err != nil {
+			t.Fatalf("vfiotest: %v", err)
+		}
+	}
 }
 
 // SetAPIVersion sets what VFIO_GET_API_VERSION returns (New: the version
@@ -193,13 +267,15 @@ type Ioctl int
 
 // Requests Fail takes.
 const (
-	IoctlSetIOMMU     Ioctl = iota + 1 // VFIO_SET_IOMMU
-	IoctlMapDMA                        // VFIO_IOMMU_MAP_DMA
-	IoctlUnmapDMA                      // VFIO_IOMMU_UNMAP_DMA
-	IoctlSetContainer                  // VFIO_GROUP_SET_CONTAINER
-	IoctlGetDeviceFD                   // VFIO_GROUP_GET_DEVICE_FD
-	IoctlSetIRQs                       // VFIO_DEVICE_SET_IRQS
-	IoctlReset                         // VFIO_DEVICE_RESET
+	IoctlSetIOMMU        Ioctl = iota + 1 // VFIO_SET_IOMMU
+	IoctlMapDMA                           // VFIO_IOMMU_MAP_DMA, and IOMMU_IOAS_MAP
+	IoctlUnmapDMA                         // VFIO_IOMMU_UNMAP_DMA, and IOMMU_IOAS_UNMAP
+	IoctlSetContainer                     // VFIO_GROUP_SET_CONTAINER
+	IoctlGetDeviceFD                      // VFIO_GROUP_GET_DEVICE_FD
+	IoctlSetIRQs                          // VFIO_DEVICE_SET_IRQS
+	IoctlReset                            // VFIO_DEVICE_RESET
+	IoctlBindIOMMUFD                      // VFIO_DEVICE_BIND_IOMMUFD
+	IoctlAttachIOMMUFDPT                  // VFIO_DEVICE_ATTACH_IOMMUFD_PT
 )
 
 // Fail makes every later req that the fake would carry out fail with err
@@ -229,6 +305,8 @@ type Group struct {
 	busy    bool // opened (by the code under test, or elsewhere: SetBusy)
 	c       *container
 	devices map[string]*Device
+	owner   *ictx // the iommufd its bound cdevs are bound to
+	owned   int   // how many of its devices are bound through their cdev
 }
 
 // AddGroup adds IOMMU group n (replacing one of that number) holding devs.
@@ -242,6 +320,9 @@ func (k *Kernel) AddGroup(n int, viable bool, devs ...*Device) *Group {
 	for _, d := range devs {
 		d.k = k.k
 		d.fd = -1
+		d.g = g
+		d.cdevN = len(k.k.cdevs)
+		k.k.cdevs = append(k.k.cdevs, d)
 		if d.enabled == nil {
 			d.enabled = map[int][]int32{}
 		}
@@ -270,8 +351,9 @@ func (g *Group) SetViable(viable bool) {
 }
 
 // SetBusy with true makes the group's node refuse to open (EBUSY), as when
-// another process holds it; false lets it open again. It must not be
-// called while the code under test holds the group open.
+// another process holds it, and its devices' cdevs refuse to bind (EBUSY);
+// false lets it open again. It must not be called while the code under
+// test holds the group open.
 func (g *Group) SetBusy(busy bool) {
 	g.k.mu.Lock()
 	defer g.k.mu.Unlock()
@@ -297,10 +379,16 @@ type Device struct {
 	IRQs []IRQ
 
 	k       *kernel
-	fd      int             // the open device fd, -1 when closed
+	fd      int // the open device fd (on the cdev path: the bound one), -1 when closed
+	g       *Group
+	cdevN   int             // its cdev is /dev/vfio/devices/vfio<cdevN>
 	enabled map[int][]int32 // eventfds by enabled IRQ index
 	resets  int
 }
+
+// CDev returns the device's cdev node name ("vfio1"): devices are numbered
+// from 0 in the order AddGroup adopted them.
+func (d *Device) CDev() string { return "vfio" + strconv.Itoa(d.cdevN) }
 
 // Region is one region of a Device.
 type Region struct {
@@ -405,9 +493,11 @@ func (d *Device) Resets() int {
 }
 
 // Events returns what the fake saw, in order: "close container", "close
-// group N", "close device NAME", "unmap 0xIOVA", and lines starting with
-// "BAD:" for a teardown out of order (a group closed with a device of it
-// open, a device closed with an IRQ index enabled).
+// group N", "close device NAME", "unmap 0xIOVA", on the cdev path "bind
+// NAME", "attach NAME to IOAS N", "destroy IOAS N", "close iommufd", and
+// lines starting with "BAD:" for a teardown out of order (a group closed
+// with a device of it open, a device closed with an IRQ index enabled, an
+// iommufd closed with an IOAS or a bound device left).
 func (k *Kernel) Events() []string {
 	k.k.mu.Lock()
 	defer k.k.mu.Unlock()
@@ -420,12 +510,21 @@ type DMAMapping struct {
 	Read, Write       bool
 }
 
-// DMAMappings returns the DMA mappings of the open containers, by IOVA.
+// DMAMappings returns the DMA mappings of the open containers and of the
+// IOASes of the open iommufds, by IOVA.
 func (k *Kernel) DMAMappings() map[uint64]DMAMapping {
 	k.k.mu.Lock()
 	defer k.k.mu.Unlock()
 	out := map[uint64]DMAMapping{}
 	for _, f := range k.k.fds {
+		if f.x != nil {
+			for _, a := range f.x.ioass {
+				for iova, m := range a.maps {
+					out[iova] = DMAMapping{IOVA: m.IOVA, Size: m.Length, Vaddr: m.UserVA,
+						Read: m.Flags&uapi.IOASMapReadable != 0, Write: m.Flags&uapi.IOASMapWriteable != 0}
+				}
+			}
+		}
 		if f.c == nil {
 			continue
 		}
@@ -476,6 +575,12 @@ const regionShift = 24
 func (k *kernel) Open(path string) (int, error) {
 	k.mu.Lock()
 	defer k.mu.Unlock()
+	if path == IOMMUDev {
+		return k.openIOMMUFD()
+	}
+	if filepath.Dir(path) == filepath.Join(DevDir, "devices") {
+		return k.openCDev(filepath.Base(path))
+	}
 	if filepath.Dir(path) != DevDir {
 		return -1, unix.ENOENT
 	}
@@ -499,7 +604,7 @@ func (k *kernel) Open(path string) (int, error) {
 	if !ok {
 		return -1, unix.ENOENT
 	}
-	if g.busy {
+	if g.busy || g.owned > 0 {
 		return -1, unix.EBUSY
 	}
 	fd, err := memfd("group", 0)
@@ -535,8 +640,23 @@ func (k *kernel) Close(fd int) error {
 		}
 		f.g.busy = false
 		k.detach(f.g)
+	case f.x != nil:
+		k.logf("close iommufd")
+		for _, id := range slices.Sorted(maps.Keys(f.x.ioass)) {
+			k.logf("BAD: iommufd closed with IOAS %d left", id)
+		}
+		for _, o := range k.fds {
+			if o.bound == f.x {
+				k.logf("BAD: iommufd closed with device %s bound", o.d.Name)
+			}
+		}
+	case f.cdev && f.bound == nil:
+		// A cdev opened and never bound: nothing to undo.
 	case f.d != nil:
 		k.logf("close device %s", f.d.Name)
+		if f.cdev {
+			k.unbind(f)
+		}
 		for _, idx := range slices.Sorted(maps.Keys(f.d.enabled)) {
 			k.logf("BAD: device %s closed with IRQ index %d enabled", f.d.Name, idx)
 		}
@@ -563,6 +683,20 @@ func (k *kernel) detach(g *Group) {
 
 func (k *kernel) offers(typ uint32) bool {
 	return slices.Contains(k.iommu.Types, vfio.IOMMUType(typ))
+}
+
+// IoctlPtr implements uapi.Kernel: the array of IOMMU_IOAS_IOVA_RANGES.
+func (k *kernel) IoctlPtr(fd int, req uint, arg []byte, at int, buf []byte) (int, error) {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	f, ok := k.fds[fd]
+	if !ok {
+		return -1, unix.EBADF
+	}
+	if f.x == nil || req != uapi.IoctlIOASIOVARanges || at != 16 || len(arg) < 32 {
+		return -1, unix.ENOTTY
+	}
+	return k.iovaRanges(f.x, arg, buf)
 }
 
 // IoctlInt implements uapi.Kernel.
@@ -613,6 +747,10 @@ func (k *kernel) Ioctl(fd int, req uint, arg []byte) (int, error) {
 		return k.containerIoctl(f.c, req, arg)
 	case f.g != nil:
 		return k.groupIoctl(f.g, req, arg)
+	case f.x != nil:
+		return k.iommufdIoctl(f.x, req, arg)
+	case f.cdev:
+		return k.cdevIoctl(fd, f, req, arg)
 	default:
 		return k.deviceIoctl(f.d, req, arg)
 	}
@@ -801,23 +939,32 @@ func (k *kernel) groupIoctl(g *Group, req uint, arg []byte) (int, error) {
 		if err := k.failure(IoctlGetDeviceFD); err != nil {
 			return -1, err
 		}
-		fd, err := memfd("device", int64(len(d.Regions))<<regionShift)
+		fd, err := d.memfd()
 		if err != nil {
 			return -1, err
-		}
-		for i, r := range d.Regions {
-			if len(r.Init) > 0 {
-				if _, err := unix.Pwrite(fd, r.Init, int64(i)<<regionShift); err != nil {
-					_ = unix.Close(fd)
-					return -1, err
-				}
-			}
 		}
 		d.fd = fd
 		k.fds[fd] = &fakeFD{d: d}
 		return fd, nil
 	}
 	return -1, unix.ENOTTY
+}
+
+// memfd makes a device fd: a memfd holding the regions, initialised.
+func (d *Device) memfd() (int, error) {
+	fd, err := memfd("device", int64(len(d.Regions))<<regionShift)
+	if err != nil {
+		return -1, err
+	}
+	for i, r := range d.Regions {
+		if len(r.Init) > 0 {
+			if _, err := unix.Pwrite(fd, r.Init, int64(i)<<regionShift); err != nil {
+				_ = unix.Close(fd)
+				return -1, err
+			}
+		}
+	}
+	return fd, nil
 }
 
 func (d *Device) flags() uint32 {

@@ -5,6 +5,9 @@ import (
 	"reflect"
 	"runtime"
 	"testing"
+	"unsafe"
+
+	"github.com/stretchr/testify/assert"
 )
 
 // The golden values below were produced once by a C program compiled against
@@ -68,6 +71,11 @@ func TestLayouts(t *testing.T) {
 		{DMAMap{}, 32, map[string]uintptr{"Argsz": 0, "Flags": 4, "Vaddr": 8, "IOVA": 16, "Size": 24}},
 		{DMAUnmap{}, 24, map[string]uintptr{"Argsz": 0, "Flags": 4, "IOVA": 8, "Size": 16}},
 	}
+	checkLayouts(t, golden)
+}
+
+func checkLayouts(t *testing.T, golden []layout) {
+	t.Helper()
 	for _, g := range golden {
 		rt := reflect.TypeOf(g.v)
 		if rt.Size() != g.size {
@@ -114,4 +122,54 @@ func TestEncodeRoundTrip(t *testing.T) {
 	if len(m) != 32 || binary.NativeEndian.Uint64(m[16:]) != 2 {
 		t.Fatalf("migration cap encoded % x", m)
 	}
+}
+
+// The iommufd and device cdev requests and structs, from Linux's
+// include/uapi/linux/iommufd.h and vfio.h: iommufd's commands are
+// _IO(';', 0x80 + n), the cdev's _IO(';', 100 + 18..20); every struct is
+// naturally aligned with __aligned_u64 fields, so its offsets are the sums
+// of the sizes before it.
+func TestIOMMUFDIoctlNumbersMatchTheKernelHeaders(t *testing.T) {
+	if runtime.GOARCH != "amd64" && runtime.GOARCH != "arm64" && runtime.GOARCH != "386" && runtime.GOARCH != "riscv64" && runtime.GOARCH != "s390x" && runtime.GOARCH != "loong64" && runtime.GOARCH != "arm" {
+		t.Skipf("golden ioctl numbers are for asm-generic ioctl encodings, not %s", runtime.GOARCH)
+	}
+	golden := []struct {
+		name      string
+		got, want uint
+	}{
+		{"VFIO_DEVICE_BIND_IOMMUFD", IoctlDeviceBindIOMMUFD, 0x3b76},
+		{"VFIO_DEVICE_ATTACH_IOMMUFD_PT", IoctlDeviceAttachIOMMUFD, 0x3b77},
+		{"VFIO_DEVICE_DETACH_IOMMUFD_PT", IoctlDeviceDetachIOMMUFD, 0x3b78},
+		{"IOMMU_DESTROY", IoctlIOMMUDestroy, 0x3b80},
+		{"IOMMU_IOAS_ALLOC", IoctlIOASAlloc, 0x3b81},
+		{"IOMMU_IOAS_ALLOW_IOVAS", IoctlIOASAllowIOVAs, 0x3b82},
+		{"IOMMU_IOAS_COPY", IoctlIOASCopy, 0x3b83},
+		{"IOMMU_IOAS_IOVA_RANGES", IoctlIOASIOVARanges, 0x3b84},
+		{"IOMMU_IOAS_MAP", IoctlIOASMap, 0x3b85},
+		{"IOMMU_IOAS_UNMAP", IoctlIOASUnmap, 0x3b86},
+		{"IOMMU_OPTION", IoctlIOMMUOption, 0x3b87},
+		{"IOMMU_VFIO_IOAS", IoctlIOMMUVFIOIOAS, 0x3b88},
+	}
+	for _, g := range golden {
+		assert.Equal(t, g.want, g.got, g.name)
+	}
+	assert.Equal(t, 1, IOASMapFixedIOVA, "IOMMU_IOAS_MAP_FIXED_IOVA")
+	assert.Equal(t, 2, IOASMapWriteable, "IOMMU_IOAS_MAP_WRITEABLE")
+	assert.Equal(t, 4, IOASMapReadable, "IOMMU_IOAS_MAP_READABLE")
+}
+
+func TestIOMMUFDLayoutsMatchTheKernelHeaders(t *testing.T) {
+	golden := []layout{
+		{DeviceBindIOMMUFD{}, 16, map[string]uintptr{"Argsz": 0, "Flags": 4, "IOMMUFD": 8, "OutDevID": 12}},
+		{DeviceAttachIOMMUFDPT{}, 12, map[string]uintptr{"Argsz": 0, "Flags": 4, "PTID": 8}},
+		{DeviceDetachIOMMUFDPT{}, 8, map[string]uintptr{"Argsz": 0, "Flags": 4}},
+		{IOMMUDestroy{}, 8, map[string]uintptr{"Size": 0, "ID": 4}},
+		{IOASAlloc{}, 12, map[string]uintptr{"Size": 0, "Flags": 4, "OutIOASID": 8}},
+		{IOMMUIOVARange{}, 16, map[string]uintptr{"Start": 0, "Last": 8}},
+		{IOASIOVARanges{}, 32, map[string]uintptr{"Size": 0, "IOASID": 4, "NumIOVAs": 8, "Reserved": 12, "AllowedIOVAs": 16, "OutIOVAAlignment": 24}},
+		{IOASMap{}, 40, map[string]uintptr{"Size": 0, "Flags": 4, "IOASID": 8, "Reserved": 12, "UserVA": 16, "Length": 24, "IOVA": 32}},
+		{IOASUnmap{}, 24, map[string]uintptr{"Size": 0, "IOASID": 4, "IOVA": 8, "Length": 16}},
+	}
+	checkLayouts(t, golden)
+	assert.Equal(t, ioasIOVARangesArrayAt, int(unsafe.Offsetof(IOASIOVARanges{}.AllowedIOVAs)), "where IoctlPtr puts the array")
 }

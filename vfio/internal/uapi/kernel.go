@@ -13,8 +13,8 @@ import (
 // Linux is the real implementation; tests substitute a fake kernel that
 // hands out stand-in descriptors and interprets the same byte layouts.
 type Kernel interface {
-	// Open opens a VFIO character device (the container device or a
-	// group) read-write and close-on-exec.
+	// Open opens a VFIO character device (the container device, a group,
+	// a device cdev, or /dev/iommu) read-write and close-on-exec.
 	Open(path string) (int, error)
 	// Close closes a descriptor obtained from Open or from an ioctl that
 	// returns one (VFIO_GROUP_GET_DEVICE_FD).
@@ -25,6 +25,11 @@ type Kernel interface {
 	Ioctl(fd int, req uint, arg []byte) (int, error)
 	// IoctlInt issues req on fd with an integer argument.
 	IoctlInt(fd int, req uint, arg uintptr) (int, error)
+	// IoctlPtr is Ioctl for a request whose struct points at a second
+	// buffer (IOMMU_IOAS_IOVA_RANGES' array): buf's address goes, as a
+	// native-endian u64, at offset at of arg (0 when buf is empty). The
+	// kernel may write into both.
+	IoctlPtr(fd int, req uint, arg []byte, at int, buf []byte) (int, error)
 }
 
 // maxInfoSize bounds the info buffer a kernel may ask for through argsz.

@@ -1,6 +1,7 @@
 package uapi
 
 import (
+	"encoding/binary"
 	"runtime"
 	"unsafe"
 
@@ -25,6 +26,17 @@ func (Linux) Ioctl(fd int, req uint, arg []byte) (int, error) {
 		}
 		return int(r), nil
 	}
+}
+
+// IoctlPtr implements Kernel.
+func (l Linux) IoctlPtr(fd int, req uint, arg []byte, at int, buf []byte) (int, error) {
+	if at < 0 || at+8 > len(arg) {
+		return -1, unix.EINVAL
+	}
+	binary.NativeEndian.PutUint64(arg[at:], Addr(buf))
+	r, err := l.Ioctl(fd, req, arg)
+	runtime.KeepAlive(buf)
+	return r, err
 }
 
 // Addr returns the virtual address of b's first byte (0 for an empty
