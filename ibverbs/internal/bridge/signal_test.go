@@ -1,6 +1,7 @@
 package bridge
 
 import (
+	"runtime"
 	"testing"
 	"time"
 	"unsafe"
@@ -53,7 +54,7 @@ func selectivePair(t *testing.T, c *Context, pd *PD, depth int) (scq, rcq *CQ, a
 		require.NoError(t, p[0].Modify(&QPAttr{State: StateRTS}, MaskState|MaskSQPSN|MaskTimeout|MaskRetryCnt|MaskRNRRetry|MaskMaxQPRDAtomic))
 	}
 	buf := make([]byte, 4096)
-	t.Cleanup(func() { _ = buf[0] })
+	t.Cleanup(func() { runtime.KeepAlive(buf) }) // the device writes it until the QPs are gone
 	addr := uint64(uintptr(unsafe.Pointer(&buf[0])))
 	mr, err := pd.RegMR(unsafe.Pointer(&buf[0]), len(buf), addr, 1)
 	require.NoError(t, err)
