@@ -65,18 +65,20 @@ cmd() {
 # rounds PART: the rounds the comparison runs.
 rounds() { if [ "$1" = sidebyside ]; then echo $((ROUNDS + 1)); else echo "$ROUNDS"; fi; }
 
-# The estimate: the pace of the newest run that recorded one (its
-# seconds per round; a short run's rounds are shorter, so only full ones
-# count), else the quiet machine's.
+# The estimate: the pace (seconds per round) of the newest run of the same
+# kind (full or short) that recorded one, else the quiet machine's. A
+# short round boots as many VMs as a full one, and the boots are most of
+# a round's time, so it is taken at the same pace.
+kind=full
+[ "$SHORT" = 1 ] && kind=short
 total=0 est=()
 for p in "${parts[@]}"; do
   pace=${PACE[$p]} from="a quiet two-core machine"
   last=$(ls -1d "$RESULTS"/2*/ 2>/dev/null | sort -r | while read -r d; do
-    awk -v p="$p" '$1 == p && $4 == "full" && $2 > 0 { printf "%d %s\n", $3 / $2, FILENAME; exit }' "$d/pace" 2>/dev/null
+    awk -v p="$p" -v k="$kind" '$1 == p && $4 == k && $5 == 0 && $2 > 0 { printf "%d %s\n", $3 / $2, FILENAME; exit }' "$d/pace" 2>/dev/null
   done | awk 'NR == 1')
   if [ -n "$last" ]; then pace=${last%% *} from="the run in ${last#* }"; from=${from%/pace}; fi
   s=$((pace * $(rounds "$p")))
-  [ "$SHORT" = 1 ] && s=$((s / 4))
   total=$((total + s))
   est+=("$p: $(rounds "$p") round(s), about $((s / 60 + 1)) min (pace of $from)")
 done
@@ -103,7 +105,7 @@ for p in "${parts[@]}"; do
   env TSV="$dir/$p.tsv" GO="$GO" $c 2> >(tee "$dir/$p.log" >&2) | tee "$dir/$p.txt"
   rc=${PIPESTATUS[0]}
   secs=$((SECONDS - s0))
-  echo "$p $(rounds "$p") $secs $([ "$SHORT" = 1 ] && echo short || echo full) $rc" >> "$dir/pace"
+  echo "$p $(rounds "$p") $secs $kind $rc" >> "$dir/pace"
   if [ "$rc" != 0 ] || [ ! -s "$dir/$p.tsv" ]; then
     echo "=== $p: FAILED ($rc) after ${secs}s; its log: ${dir#"$PWD"/}/$p.log"
     failed+=("$p")

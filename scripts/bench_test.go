@@ -285,6 +285,6 @@ func TestTheDemoRunsNoComparisonAndSaysWhereTheyAre(t *testing.T) {
 
 	mk, err := os.ReadFile("../Makefile")
 	require.NoError(t, err)
-	assert.Regexp(t, `(?m)^bench: setup softverbs\n\t@bash scripts/bench\.sh`, string(mk), "make bench sets up first, as make demo does")
+	assert.Regexp(t, `(?m)^bench: setup softverbs\n\t@bash scripts/bench\.sh \$\(BENCH_ARGS\)$`, string(mk), "make bench sets up first, as make demo does, and passes BENCH_ARGS")
 	assert.Regexp(t, `(?m)^demo: setup softverbs\n\t@bash scripts/demo\.sh`, string(mk))
 }

@@ -240,3 +240,42 @@ func TestTheCommandNeedsAResultsFileAndPrintsWhatItWrote(t *testing.T) {
 	assert.Equal(t, filepath.Join(dir, "sbs-rate.svg")+"\n"+filepath.Join(dir, "sbs-latency.svg")+"\n", out.String())
 	assert.Error(t, run([]string{"-bogus"}, &out, &errs), "an unknown flag")
 }
+
+// docs/benchmarks.md opens with one screen, before "## The record": the
+// latest comparisons' tables and every chart in docs/charts; each figure a
+// chart there draws is in those tables too (the charts and the tables
+// show the same numbers).
+func TestTheDocsFirstScreenShowsEveryChartAndItsNumbers(t *testing.T) {
+	doc, err := os.ReadFile("../../../docs/benchmarks.md")
+	require.NoError(t, err)
+	first, _, ok := strings.Cut(string(doc), "\n## The record\n")
+	require.True(t, ok, `docs/benchmarks.md has a "## The record" heading after its first screen`)
+	srcs, err := filepath.Glob("../../../docs/charts/*.tsv")
+	require.NoError(t, err)
+	require.NotEmpty(t, srcs)
+	for _, src := range srcs {
+		f, err := os.Open(src)
+		require.NoError(t, err)
+		tb, err := ReadTable(f)
+		f.Close()
+		require.NoError(t, err, src)
+		base := strings.TrimSuffix(filepath.Base(src), ".tsv")
+		assert.True(t, strings.Contains(first, tb.Date), "%s: the date it was measured, %s, is not on the first screen", base, tb.Date)
+		assert.True(t, strings.Contains(first, tb.Commit), "%s: the commit it was measured on, %s, is not on the first screen", base, tb.Commit)
+		for _, s := range Specs {
+			c := s.Build(tb)
+			if c == nil {
+				continue
+			}
+			chart := `src="charts/` + base + "-" + s.Name + `.svg"`
+			assert.True(t, strings.Contains(first, chart), "the first screen does not show %s", chart)
+			for _, ser := range c.Series {
+				for _, r := range c.Points[ser] {
+					if r != nil {
+						assert.True(t, strings.Contains(first, "| "+FormatValue(r.Median)), "%s: %s %s at %d B, %s, is in no table of the first screen", base, r.Figure, r.Stack, r.Size, FormatValue(r.Median))
+					}
+				}
+			}
+		}
+	}
+}
