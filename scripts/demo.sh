@@ -62,9 +62,9 @@ vmxnet3 Ethernet function, which the driver brings up beside the RDMA one
 network through ARP and ICMP, and sends frames to the other VM over the
 bench's switch. `make test` runs every test.
 
-The comparisons: `make bench` (about an hour on two cores) runs Linux's
-own stack for this NIC (vmw_pvrdma + rdma-core, perftest) and UCX's active
-messages beside vfrdma on the same emulated device, and writes their tables
-and charts to build/bench-results/; the latest, with their charts, open
-docs/benchmarks.md.
+The comparisons are make bench's: `make bench` (about 25 min on two cores)
+runs Linux's own stack for this NIC (vmw_pvrdma + rdma-core, perftest) and
+UCX's active messages beside vfrdma on the same emulated device, and writes
+their tables and charts to build/bench-results/; the latest recorded ones,
+with their charts, open docs/benchmarks.md.
 TXT
