@@ -142,7 +142,8 @@ func TestBenchRefusesBadArgumentsWithItsUsage(t *testing.T) {
 // leaves in a folder of its own each comparison's tables (NAME.txt), its
 // figures (NAME.tsv), its progress (NAME.log), its charts drawn from the
 // figures (NAME-*.svg) and summary.md linking them; latest names the
-// newest folder. The next run's estimate is the last full run's pace.
+// newest folder. A run's estimate is the pace of the newest run of its
+// kind (full or short).
 func TestBenchWritesTablesFiguresAndChartsIntoAFolderPerRun(t *testing.T) {
 	e := newBenchEnv(t, 0)
 	chart := benchchart(t)
@@ -187,12 +188,13 @@ func TestBenchWritesTablesFiguresAndChartsIntoAFolderPerRun(t *testing.T) {
 	assert.Contains(t, string(summary), "![sidebyside-rate](sidebyside-rate.svg)")
 	assert.Contains(t, string(summary), "    | amside table |")
 
-	// The next run, short: its estimate is the first run's pace, and its
-	// command lines the short variant's.
+	// The next run, short: its command lines the short variant's, its
+	// estimate the quiet machine's (no short run before it: a full run's
+	// pace is not a short one's).
 	code, out = e.run(t, chart, "--short", "amside")
 	require.Equal(t, 0, code, out)
 	assert.Contains(t, out, "short variant")
-	assert.Contains(t, out, "pace of the run in "+dir)
+	assert.Contains(t, out, "pace of a quiet two-core machine")
 	require.Len(t, e.runs(t), 2)
 	latest, err = os.Readlink(filepath.Join(e.results, "latest"))
 	require.NoError(t, err)
@@ -202,6 +204,13 @@ func TestBenchWritesTablesFiguresAndChartsIntoAFolderPerRun(t *testing.T) {
 	assert.Equal(t, "| amside table | args: 1 | ITERS=100 |\n", string(txt))
 	_, err = os.Stat(filepath.Join(e.results, latest, "sidebyside.txt"))
 	assert.ErrorIs(t, err, os.ErrNotExist, "only the comparison named ran")
+
+	// A full run again: its estimate is the pace of the newest full run,
+	// the first.
+	code, out = e.run(t, chart, "-r", "1", "amside")
+	require.Equal(t, 0, code, out)
+	assert.Contains(t, out, "pace of the run in "+dir)
+	assert.Len(t, e.runs(t), 3)
 }
 
 // A comparison that fails fails the run (exit 1, naming it and its log)
