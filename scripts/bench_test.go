@@ -228,18 +228,25 @@ func TestAFailedComparisonFailsTheBenchAfterTheOthersRan(t *testing.T) {
 	assert.ErrorIs(t, err, os.ErrNotExist, "no charts of a failed comparison")
 }
 
-// The results root keeps the last 30 runs, as make test keeps its logs.
+// The results root keeps the last 30 runs, as make test keeps its logs:
+// at 30 (29 before and the new one) all stay; at 31 the oldest goes.
 func TestBenchKeepsTheLast30Runs(t *testing.T) {
 	e := newBenchEnv(t, 0)
-	for i := 0; i < 30; i++ {
+	for i := 1; i <= 29; i++ {
 		require.NoError(t, os.MkdirAll(filepath.Join(e.results, fmt.Sprintf("20000101-%06d-1", i)), 0o755))
 	}
 	code, out := e.run(t, "true", "-r", "1", "amside")
 	require.Equal(t, 0, code, out)
 	runs := e.runs(t)
 	assert.Len(t, runs, 30)
-	assert.NotContains(t, runs, filepath.Join(e.results, "20000101-000000-1"), "the oldest went")
-	assert.Contains(t, runs, filepath.Join(e.results, "20000101-000001-1"))
+	assert.Contains(t, runs, filepath.Join(e.results, "20000101-000001-1"), "30 runs: the oldest stays")
+
+	code, out = e.run(t, "true", "-r", "1", "amside")
+	require.Equal(t, 0, code, out)
+	runs = e.runs(t)
+	assert.Len(t, runs, 30)
+	assert.NotContains(t, runs, filepath.Join(e.results, "20000101-000001-1"), "31 runs: the oldest went")
+	assert.Contains(t, runs, filepath.Join(e.results, "20000101-000002-1"))
 }
 
 // benchstat.sh's results rows: the median of an odd and an even number of
