@@ -93,24 +93,23 @@ func (s Spec) Build(t *Table) *Chart {
 	return c
 }
 
-// Caption is the chart's second title line: when and on what the numbers
-// were measured, and by which command.
+// Caption is the chart's title lines under its title: when and on what
+// the numbers were measured, then the command that measured them, then
+// the note, each on a line of its own.
 func Caption(t *Table) string {
-	var parts []string
+	var parts, lines []string
 	if t.Date != "" {
 		parts = append(parts, "measured "+t.Date)
 	}
 	if t.Commit != "" {
 		parts = append(parts, "commit "+t.Commit)
 	}
-	if t.Command != "" {
-		parts = append(parts, t.Command)
+	for _, l := range []string{strings.Join(parts, ", "), t.Command, t.Note} {
+		if l != "" {
+			lines = append(lines, l)
+		}
 	}
-	s := strings.Join(parts, ", ")
-	if t.Note != "" {
-		s += "\n" + t.Note
-	}
-	return s
+	return strings.Join(lines, "\n")
 }
 
 // FormatValue is how a point's label writes its median: as the results

@@ -137,7 +137,8 @@ func TestAChartFromASmallTableIsValidSVGHoldingTheTablesSeriesAndPoints(t *testi
 
 	for name, texts := range map[string][]string{"msg/s": rate, "µs, log scale": lat} {
 		all := strings.Join(texts, "\n")
-		assert.Contains(t, all, "measured 2026-11-28, commit abc1234, scripts/sidebyside.sh 2000 100 1", "the %s chart's caption", name)
+		assert.Equal(t, 1, count(texts, "measured 2026-11-28, commit abc1234"), "the %s chart's caption: date and commit", name)
+		assert.Equal(t, 1, count(texts, "scripts/sidebyside.sh 2000 100 1"), "the %s chart's caption: the command", name)
 		assert.Equal(t, 1, count(texts, name), "the y axis's unit")
 		assert.Contains(t, all, "stack (point: the median of the runs; whisker: their range, min to max)", "the x axis")
 	}
