@@ -1,6 +1,8 @@
 # vfrdma: a Go kernel-bypass driver for the VMware pvrdma NIC, and its bench.
 #
-#   make demo       set up, then boot the driver in a VM and show a report
+#   make demo       set up, then the driver on the model and in VMs, with a report (a few minutes)
+#   make bench      set up, then the comparisons with the kernel's stack and UCX, tables and
+#                   charts in build/bench-results/ (about half an hour; BENCH_ARGS=--short)
 #   make test       set up, then every test: host, backend, in-guest
 #   make setup      Debian packages and the guest kernel (idempotent)
 #   make softverbs  the software RDMA backend QEMU loads (build/softverbs)
@@ -15,7 +17,7 @@ PVVM    := $(GO) run ./cmd/pvvm
 
 DROPIN  := $(OUT)/vfrdma/libibverbs.so.1
 
-.PHONY: all setup softverbs dropin test test-host test-backend test-guest demo clean
+.PHONY: all setup softverbs dropin test test-host test-backend test-guest demo bench clean
 
 all: softverbs
 	$(GO) build ./...
@@ -52,6 +54,10 @@ test-guest: softverbs
 
 demo: setup softverbs
 	@bash scripts/demo.sh
+
+# BENCH_ARGS: scripts/bench.sh's arguments (-r ROUNDS, --short, which ones).
+bench: setup softverbs
+	@bash scripts/bench.sh $(BENCH_ARGS)
 
 clean:
 	rm -rf $(OUT)

@@ -16,9 +16,15 @@
 # the round trips here are twice its average (am's µs/round trip is a mean
 # too). UCX's settings for this device, and why each, are in
 # scripts/ucx-env.sh.
+#
+# With TSV=FILE it writes the table's figures to FILE too, each with its
+# runs' median, range and count, for internal/tools/benchchart's charts
+# (make bench does). Each run says on stderr which of how many it is.
 # Usage: scripts/amside.sh [REPS]   (ITERS, MSGS, BWMSGS in the environment)
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=benchstat.sh
+. scripts/benchstat.sh
 GO=${GO:-go}
 REPS=${1:-5}
 ITERS=${ITERS:-500}    # round trips per latency run
@@ -41,8 +47,6 @@ SERVER=192.168.100.1
 
 # run ARGS...: one two-VM pvvm run; its output in $out; its status returned.
 run() { out=$($GO run ./cmd/pvvm -vms 2 "$@" 2>&1); }
-median() { sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) print "-"; else if (NR % 2) print v[(NR + 1) / 2]; else printf "%.2f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
-spread() { sort -g | awk -v f="$1" 'NR == 1 { lo = $1 } { hi = $1 } END { if (NR > 1) printf "%" f "–%" f, lo, hi }'; }
 declare -A vals failed
 add() { [ -n "$2" ] && [ "$2" != - ] && vals[$1]+="$2"$'\n'; return 0; }
 # finals N: field N of the client's (VM 1) "Final:" lines, in order.
@@ -78,6 +82,7 @@ ucx_sizes() {
     done
     all=("${all[@]:1}")
     [ ${#pre[@]} = 0 ] || all=("${pre[@]}" + "${all[@]}")
+    progress "$key at $size B"
     if ! run "${flags[@]}" -- "${all[@]}"; then
       failed[$key,$size]=1
       echo "amside: $key at $size B failed; the last lines:" >&2
@@ -98,6 +103,9 @@ ucx_sizes() {
   done
 }
 
+# Every round: UCX over each stack at every size (a boot each), am
+# unchecked and checked, and UCX on the host at every size and test.
+progress_init amside $((REPS * (2 * (${#SIZES[@]} + 1) + 2 + 2 * ${#SIZES[@]} + 1)))
 for ((rep = 0; rep < REPS; rep++)); do
   # UCX over the kernel stack (two reference guests), then the same over
   # vfrdma (two vfrdma guests, the drop-in).
@@ -111,6 +119,7 @@ for ((rep = 0; rep < REPS; rep++)); do
   for check in false true; do
     key=am
     [ $check = true ] && key=amchk
+    progress "pvctl am --check=$check"
     if run -- am --vm --check=$check --sizes "$sizes" --bw-size "$BW" --iters "$ITERS" --messages "$MSGS" --bw-messages "$BWMSGS"; then
       for size in "${SIZES[@]}"; do
         add "$key,rt,$size" "$(amrow latency "$size" 5)"
@@ -131,6 +140,7 @@ for ((rep = 0; rep < REPS; rep++)); do
       k=$MSGS
       [ "$t" = ucp_am_lat ] && k=$ITERS
       [ "$size" = "$BW" ] && k=$BWMSGS
+      progress "UCX on the host, $t at $size B"
       if ! out=$(bash scripts/ucxhost.sh "$t" "$size" "$k" 2>&1); then
         echo "amside: UCX on the host, $t at $size B, failed; the last lines:" >&2
         echo "$out" | tail -5 >&2
@@ -177,3 +187,20 @@ row "$BW" "MB/s" "$(cell "ucx,mbs,$BW" .1f)" "$(cell "am,mbs,$BW" .1f)" "$(ratio
 echo
 echo "am/UCX: above 1 is am slower for round trips, faster for msg/s and MB/s;"
 echo "vf/ker: UCX over vfrdma to UCX over the kernel stack, read the same way."
+
+# The results file: the table's figures.
+tsv_start amside "scripts/amside.sh $REPS (ITERS=$ITERS MSGS=$MSGS BWMSGS=$BWMSGS)"
+for key in ucx am amchk host ucxv; do
+  case $key in
+  ucx) name="UCX ucp_am" ;;
+  am) name="vfrdma am" ;;
+  amchk) name="vfrdma am, checked" ;;
+  host) name="UCX on the host" ;;
+  ucxv) name="UCX over vfrdma" ;;
+  esac
+  for size in "${SIZES[@]}"; do
+    tsv_row rt µs "$size" "$name" "" "${vals[$key,rt,$size]:-}"
+    tsv_row rate msg/s "$size" "$name" "" "${vals[$key,rate,$size]:-}"
+  done
+  tsv_row mbs MB/s "$BW" "$name" "" "${vals[$key,mbs,$BW]:-}"
+done

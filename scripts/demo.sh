@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # make demo: the driver on the device model, then in VMs, with a readable
-# report.
+# report; a few minutes after setup. The comparisons with the kernel's
+# stack and with UCX are make bench's (scripts/bench.sh), not the demo's.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 GO=${GO:-go}
@@ -40,12 +41,6 @@ $GO run ./cmd/pvvm -vms 2 -- \
   am --vm --iters 300 --messages 5000 + \
   eth gen --vm --sizes 64,1514 --batches 1,32 --frames 5000
 
-section "Side by side: the reference stack (Linux vmw_pvrdma + rdma-core, perftest) and vfrdma, same bench"
-bash scripts/sidebyside.sh 20000 1000 3   # medians of 3 here; docs/benchmarks.md has 5
-
-section "Active messages side by side: UCX's ucp_am (reference guests) and vfrdma's am, same bench"
-bash scripts/amside.sh 3
-
 cat <<'TXT'
 
 What you saw: first pvctl on the device model (package pvsim) playing
@@ -65,10 +60,11 @@ beside raw PostSend's, and bandwidth. `pvctl eth` drives the slot's
 vmxnet3 Ethernet function, which the driver brings up beside the RDMA one
 (that is what makes the RDMA port ACTIVE in `info`): it pings QEMU's user
 network through ARP and ICMP, and sends frames to the other VM over the
-bench's switch. The last table puts Linux's own stack for this NIC
-(vmw_pvrdma + rdma-core, in guests booted with `pvvm -ref`) beside vfrdma
-on the same emulated device: docs/benchmarks.md says where the time goes.
-The very last puts UCX's active messages (ucx_perftest's ucp_am_lat and
-ucp_am_bw over rc_verbs, in reference guests) beside `pvctl am`.
-`make test` runs every test.
+bench's switch. `make test` runs every test.
+
+The comparisons are make bench's: `make bench` (about 25 min on two cores)
+runs Linux's own stack for this NIC (vmw_pvrdma + rdma-core, perftest) and
+UCX's active messages beside vfrdma on the same emulated device, and writes
+their tables and charts to build/bench-results/; the latest recorded ones,
+with their charts, open docs/benchmarks.md.
 TXT

@@ -22,9 +22,15 @@
 # and with its post list of 32 (-l 32: 32 sends a doorbell), and
 # ib_send_lat; those rows compare the stacks with the program's own work
 # the same on both.
+#
+# With TSV=FILE it writes the table's figures to FILE too, each with its
+# runs' median, range and count, for internal/tools/benchchart's charts
+# (make bench does). Each run says on stderr which of how many it is.
 # Usage: scripts/sidebyside.sh [MESSAGES] [ITERS] [REPS]
 set -uo pipefail
 cd "$(dirname "$0")/.."
+# shellcheck source=benchstat.sh
+. scripts/benchstat.sh
 GO=${GO:-go}
 MSGS=${1:-20000}
 ITERS=${2:-1000}
@@ -39,16 +45,13 @@ PVVM=($GO run ./cmd/pvvm -vms 2)
 # run LABEL ARGS...: one pvvm run; its output in $out (and on failure, stderr).
 run() {
   local label=$1; shift
+  progress "$label"
   if ! out=$("${PVVM[@]}" "$@" 2>&1); then
     echo "sidebyside: the $label run failed:" >&2
     echo "$out" | tail -30 >&2
     exit 1
   fi
 }
-# median: the median of the numbers on stdin, one per line ("-" if none).
-median() { sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) print "-"; else if (NR % 2) print v[(NR + 1) / 2]; else printf "%.2f\n", (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
-# spread: "min–max" of the numbers on stdin.
-spread() { sort -g | awk -v f="$1" 'NR == 1 { lo = $1 } { hi = $1 } END { if (NR > 1) printf "%" f "–%" f, lo, hi }'; }
 # dbpm MESSAGES: doorbells of every kind both devices received in the run,
 # per message.
 dbpm() {
@@ -161,6 +164,10 @@ round() {
     done
   done
 }
+# Every round runs, per size, the reference's and perftest over vfrdma's
+# three (ib_send_bw, with -l 32, ib_send_lat) and, per vfrdma mode, two
+# benches and a pingpong; REPS rounds untraced, one traced.
+progress_init sidebyside $(((REPS + 1) * 2 * (6 + 3 * ${#VF_KEYS[@]})))
 for ((rep = 0; rep < REPS; rep++)); do
   round "$rep" 0
 done
@@ -226,5 +233,24 @@ for size in 64 4096; do
     for batch in 1 32; do
       echo "  $size B $k batch $batch: ${notes[$k$batch,$size]}"
     done
+  done
+done
+
+# The results file: the table's figures (the breakdown and the doorbells
+# by kind stay in the text).
+tsv_start sidebyside "scripts/sidebyside.sh $MSGS $ITERS $REPS"
+for size in 64 4096; do
+  for k in ref pt "${VF_KEYS[@]}"; do
+    case $k in
+    ref) name=reference b1=ref b32=refl ;;
+    pt) name="perftest over vfrdma" b1=pt1 b32=pt32 ;;
+    *) name=${VF_NAME[$k]} b1=${k}1 b32=${k}32 ;;
+    esac
+    tsv_row rate msg/s "$size" "$name" 1 "${vals[rate,$b1,$size]:-}"
+    tsv_row rate msg/s "$size" "$name" 32 "${vals[rate,$b32,$size]:-}"
+    tsv_row lat µs "$size" "$name" "" "${vals[lat,$k,$size]:-}"
+    tsv_row mean µs "$size" "$name" "" "${vals[mean,$k,$size]:-}"
+    tsv_row db doorbells/msg "$size" "$name" 1 "${vals[db,$b1,$size]:-}"
+    tsv_row db doorbells/msg "$size" "$name" 32 "${vals[db,$b32,$size]:-}"
   done
 done
