@@ -18,6 +18,7 @@ pkgs=(
   perftest           # ib_send_bw / ib_send_lat (the reference guest, the backend's ceiling)
   ucx-utils libucx0  # ucx_perftest: UCX's active messages in the reference guest (scripts/amside.sh)
   xz-utils           # the guest kernel is unpacked once for a faster boot
+  zstd               # the same for the cdev guest's kernel (6.12 is zstd-compressed)
   gdb                # a stopped VM's post-mortem shows its QEMU threads' stacks
   openmpi-bin        # mpirun: make test's job tier starts am jobs with it
   gcc make
@@ -109,4 +110,134 @@ if ! { [ -f "$ref/VERSION" ] && [ "$(cat "$ref/VERSION")" = "$ver" ] && [ -f "$r
   strip --strip-debug -o "$ref/vmw_pvrdma.ko" "$src/vmw_pvrdma.ko"
   echo "$ver" > "$ref/VERSION"
   echo "setup: vmw_pvrdma.ko and the reference guest's modules in .cache/kernel/ref-modules"
+fi
+
+# The cdev guest: a second guest kernel whose VFIO offers the device cdev
+# (/dev/vfio/devices/vfioN) and iommufd (/dev/iommu), for the driver's cdev
+# path. Every Debian kernel ships with CONFIG_IOMMUFD off, so this is
+# Debian's 6.12 kernel (bookworm-security's linux-image-6.12-amd64) with
+# iommufd and its VFIO modules (vfio with CONFIG_VFIO_DEVICE_CDEV and
+# CONFIG_IOMMUFD, vfio_iommu_type1, vfio-pci-core, vfio-pci: the cdev adds
+# fields to struct vfio_device, so all of them) built out of tree from
+# Debian's linux-source-6.12, loaded in place of the kernel package's. The
+# core kernel exports all they need but the span iterator of lib/interval_tree.c
+# and lib/iova_bitmap (CONFIG_INTERVAL_TREE_SPAN_ITER and
+# CONFIG_IOMMUFD_DRIVER are off), which are built into iommufd.ko. The group
+# path stays (CONFIG_VFIO_GROUP and CONFIG_VFIO_CONTAINER).
+#
+# The result is cached outside the checkout, in $VFRDMA_CACHE
+# (/var/cache/vfrdma by default)/kernel-cdev, so a fresh clone on the same
+# machine reuses it; it is rebuilt only when Debian's package version
+# changes. The first build (the kernel package, its headers and source, the
+# modules) took about N min on the bench's 2-core machine.
+cdev_dir=${VFRDMA_CACHE:-/var/cache/vfrdma}/kernel-cdev
+cdev_series=${VFRDMA_CDEV_SERIES:-6.12}
+cdev_resolve() {
+  cdev_pkg=$(apt-cache depends "linux-image-$cdev_series-amd64" 2>/dev/null | awk '/Depends: linux-image-[0-9]/ && !n++ {print $2}')
+  [ -n "$cdev_pkg" ] || return 1
+  cdev_version=$(apt-cache policy "$cdev_pkg" 2>/dev/null | awk '/Candidate:/ && !n++ {print $2}')
+  [ -n "$cdev_version" ] && [ "$cdev_version" != "(none)" ]
+}
+if ! cdev_resolve; then
+  apt-get update -qq || true
+  cdev_resolve || die "cannot resolve the kernel package behind linux-image-$cdev_series-amd64 (bookworm-security; apt-get update?)"
+fi
+cdev_key="$cdev_pkg $cdev_version"
+
+# cdev_modules SRC DIR NAME...: the named modules of the unpacked kernel
+# package at SRC, uncompressed (so their dependencies can be read), into
+# DIR; a module the kernel has built in is skipped.
+cdev_modules() {
+  local src=$1 dir=$2 m f; shift 2
+  mkdir -p "$dir"
+  for m in "$@"; do
+    f=$(find "$src" -name "$m.ko*" -print -quit)
+    if [ -z "$f" ]; then
+      grep -q "/$m.ko\$" "$src/modules.builtin" || die "module $m not found in $cdev_pkg"
+      continue
+    fi
+    case $f in
+      *.ko.xz) xz -dc "$f" > "$dir/$m.ko" ;;
+      *.ko) cp "$f" "$dir/$m.ko" ;;
+      *) die "module $f: unknown compression" ;;
+    esac
+  done
+}
+
+# cdev_kbuild DIR LOG ARGS...: builds the out-of-tree modules in DIR
+# against the cdev kernel's headers; modpost must find every symbol.
+cdev_kbuild() {
+  local dir=$1 log=$2; shift 2
+  nice -n 10 make -C "/usr/src/linux-headers-$cdev_ver" M="$dir" -j"$(nproc)" "$@" modules >"$log" 2>&1 \
+    || { tail -30 "$log" >&2; die "building the modules in $dir failed (log above)"; }
+  if grep -E 'undefined!|^ERROR' "$log" >&2; then
+    die "modpost: the modules in $dir need symbols the cdev kernel $cdev_ver does not export (above)"
+  fi
+}
+
+if ! { [ "$(cat "$cdev_dir/PACKAGE" 2>/dev/null)" = "$cdev_key" ] && [ -f "$cdev_dir/vmlinuz" ]; }; then
+  t0=$SECONDS
+  cdev_ver=${cdev_pkg#linux-image-}
+  echo "setup: building the cdev guest kernel: $cdev_pkg $cdev_version with iommufd and the VFIO device cdev, into $cdev_dir"
+  # The headers must be of this very version (the modules' symbol CRCs),
+  # the source of the same package version.
+  need=()
+  for p in "linux-headers-$cdev_ver" "linux-source-$cdev_series"; do
+    [ "$(dpkg-query -W -f='${Status} ${Version}' "$p" 2>/dev/null)" = "install ok installed $cdev_version" ] || need+=("$p=$cdev_version")
+  done
+  if [ "${#need[@]}" -gt 0 ]; then
+    echo "setup: installing ${need[*]} (to build the cdev guest's modules)"
+    export DEBIAN_FRONTEND=noninteractive
+    apt-get install -y -qq --no-install-recommends "${need[@]}" >/dev/null || die "apt-get install ${need[*]} failed"
+  fi
+  w="$tmp/cdev"
+  mkdir -p "$w"
+  (cd "$w" && apt-get download -qq "$cdev_pkg=$cdev_version" >/dev/null) || die "apt-get download $cdev_pkg=$cdev_version failed"
+  dpkg -x "$w"/*.deb "$w/root"
+  s="linux-source-$cdev_series"
+  tar -xJf "/usr/src/$s.tar.xz" -C "$w" --wildcards "$s/drivers/vfio/*" "$s/drivers/iommu/iommufd/*" "$s/drivers/iommu/iommu-priv.h" \
+    "$s/lib/interval_tree.c" "$s/drivers/infiniband/hw/vmw_pvrdma/*" || die "the VFIO and iommufd sources not found in /usr/src/$s.tar.xz"
+  s="$w/$s"
+  # iommufd.ko: the kernel's own Makefile's objects, and the two library
+  # parts the core kernel lacks (see above).
+  b="$w/build"
+  mkdir -p "$b/iommufd" "$b/vfio/pci"
+  cp "$s/drivers/iommu/iommu-priv.h" "$b/"
+  cp "$s"/drivers/iommu/iommufd/*.[ch] "$b/iommufd/"
+  { sed -n '1,/^#include <linux\/export.h>/p' "$s/lib/interval_tree.c"
+    sed -n '/^#ifdef CONFIG_INTERVAL_TREE_SPAN_ITER/,/^#endif/p' "$s/lib/interval_tree.c"
+  } > "$b/iommufd/interval_tree_span.c"
+  grep -q 'interval_tree_span_iter_first' "$b/iommufd/interval_tree_span.c" || die "no span iterator in $s/lib/interval_tree.c"
+  # The configuration the modules are built for: CONFIG_* of the kernel's
+  # headers (autoconf.h) plus these, as the preprocessor sees them.
+  flags='ccflags-y += -DCONFIG_IOMMUFD_MODULE=1 -DCONFIG_IOMMUFD_DRIVER=1 -DCONFIG_VFIO_DEVICE_CDEV=1 -DCONFIG_INTERVAL_TREE_SPAN_ITER=1'
+  printf '%s\nobj-m += iommufd.o\niommufd-y := device.o fault.o hw_pagetable.o io_pagetable.o ioas.o main.o pages.o vfio_compat.o iova_bitmap.o interval_tree_span.o\n' "$flags" > "$b/iommufd/Kbuild"
+  cp "$s"/drivers/vfio/*.[ch] "$b/vfio/"
+  cp "$s"/drivers/vfio/pci/*.[ch] "$b/vfio/pci/"
+  printf '%s\nobj-m += vfio.o vfio_iommu_type1.o pci/\nvfio-y := vfio_main.o device_cdev.o group.o iommufd.o container.o virqfd.o\n' "$flags" > "$b/vfio/Kbuild"
+  printf '%s\nobj-m += vfio-pci-core.o vfio-pci.o\nvfio-pci-core-y := vfio_pci_core.o vfio_pci_intrs.o vfio_pci_rdwr.o vfio_pci_config.o\nvfio-pci-y := vfio_pci.o vfio_pci_igd.o\n' "$flags" > "$b/vfio/pci/Kbuild"
+  cdev_kbuild "$b/iommufd" "$w/iommufd.log"
+  cdev_kbuild "$b/vfio" "$w/vfio.log" KBUILD_EXTRA_SYMBOLS="$b/iommufd/Module.symvers"
+  cdev_kbuild "$s/drivers/infiniband/hw/vmw_pvrdma" "$w/pvrdma.log" CONFIG_INFINIBAND_VMWARE_PVRDMA=m
+
+  stage="$cdev_dir.new"
+  rm -rf "$stage"
+  mkdir -p "$stage/modules"
+  mods="$w/root/lib/modules/$cdev_ver"
+  cp "$w/root/boot/vmlinuz-$cdev_ver" "$stage/vmlinuz"
+  cp "$w/root/boot/config-$cdev_ver" "$stage/config"
+  cdev_modules "$mods" "$stage/modules" irqbypass
+  for f in "$b/iommufd/iommufd.ko" "$b/vfio/vfio.ko" "$b/vfio/vfio_iommu_type1.ko" "$b/vfio/pci/vfio-pci-core.ko" "$b/vfio/pci/vfio-pci.ko"; do
+    strip --strip-debug -o "$stage/modules/$(basename "$f")" "$f"
+  done
+  # The reference guest's and the management network's modules, as for the
+  # stock kernel (virtio and virtio_pci are built into 6.12).
+  cdev_modules "$mods" "$stage/ref-modules" ib_core ib_uverbs vmxnet3 failover net_failover virtio virtio_ring virtio_pci_modern_dev virtio_pci_legacy_dev virtio_pci virtio_net
+  strip --strip-debug -o "$stage/ref-modules/vmw_pvrdma.ko" "$s/drivers/infiniband/hw/vmw_pvrdma/vmw_pvrdma.ko"
+  echo "$cdev_ver" > "$stage/VERSION"
+  echo "$cdev_key" > "$stage/PACKAGE"
+  rm -rf "$cdev_dir"
+  mv "$stage" "$cdev_dir"
+  rm -rf "$w"
+  echo "setup: the cdev guest kernel $cdev_ver in $cdev_dir ($((SECONDS - t0)) s)"
 fi
