@@ -152,3 +152,19 @@ func TestPostMortemShowsEveryVM(t *testing.T) {
 		assert.Contains(t, out, want)
 	}
 }
+
+// -kernel takes stock or cdev (default $VFRDMA_GUEST_KERNEL, else stock);
+// any other name is refused before anything is built or booted.
+func TestPlanRefusesAKernelThatIsNeitherStockNorCdev(t *testing.T) {
+	for _, k := range []string{"", "stock", "cdev"} {
+		c := config{vms: 1, kernel: k, pvctlArgs: []string{"info"}}
+		assert.NoError(t, c.plan(), "-kernel %q", k)
+	}
+	c := config{vms: 1, kernel: "6.12", pvctlArgs: []string{"info"}}
+	assert.ErrorContains(t, c.plan(), `-kernel "6.12": want stock or cdev`)
+	assert.Empty(t, c.cmds)
+	t.Setenv(envKernel, "cdev")
+	assert.Equal(t, "cdev", kernelDefault())
+	t.Setenv(envKernel, "")
+	assert.Equal(t, "stock", kernelDefault())
+}

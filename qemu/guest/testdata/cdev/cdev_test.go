@@ -44,25 +44,25 @@ const (
 	pvrdmaRegions         = 9 // vfio-pci's region count: 6 BARs, ROM, config, VGA
 )
 
-type bindIommufd struct{ argsz, flags, iommufd, outDevID uint32 }
-type attachPT struct{ argsz, flags, ptID uint32 }
-type detachPT struct{ argsz, flags uint32 }
-type ioasAlloc struct{ size, flags, outIOASID uint32 }
+type bindIommufd struct{ argsz, _, iommufd, outDevID uint32 }
+type attachPT struct{ argsz, _, ptID uint32 }
+type detachPT struct{ argsz, _ uint32 }
+type ioasAlloc struct{ size, _, outIOASID uint32 }
 type iovaRanges struct {
-	size, ioasID, numIOVAs, reserved uint32
-	allowedIOVAs, outIOVAAlignment   uint64
+	size, ioasID, numIOVAs, _      uint32
+	allowedIOVAs, outIOVAAlignment uint64
 }
 type iovaRange struct{ start, last uint64 }
 type ioasMap struct {
-	size, flags, ioasID, reserved uint32
-	userVA, length, iova          uint64
+	size, flags, ioasID, _ uint32
+	userVA, length, iova   uint64
 }
 type ioasUnmap struct {
 	size, ioasID uint32
 	iova, length uint64
 }
 type destroy struct{ size, id uint32 }
-type deviceInfo struct{ argsz, flags, numRegions, numIRQs, capOffset, pad uint32 }
+type deviceInfo struct{ argsz, flags, numRegions, numIRQs, _, _ uint32 }
 
 func ioctl[T any](fd int, req uintptr, arg *T) error {
 	_, _, e := syscall.Syscall(syscall.SYS_IOCTL, uintptr(fd), req, uintptr(unsafe.Pointer(arg)))
