@@ -15,6 +15,7 @@ import (
 	"errors"
 	"os"
 	"path/filepath"
+	"runtime"
 	"strings"
 	"syscall"
 	"testing"
@@ -22,6 +23,7 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+	"golang.org/x/sys/unix"
 
 	"github.com/vfrdma/vfrdma/qemu/proto"
 )
@@ -236,4 +238,72 @@ func errnoOf(err error) int {
 		return int(e)
 	}
 	return 0
+}
+
+// The other way round: while the group is open, the cdev cannot bind.
+func TestACdevDoesNotBindWhileItsGroupIsOpen(t *testing.T) {
+	bdf := pvrdmaBDF(t)
+	group, err := os.Readlink(filepath.Join("/sys/bus/pci/devices", bdf, "iommu_group"))
+	require.NoError(t, err)
+	gfd, err := syscall.Open(filepath.Join("/dev/vfio", filepath.Base(group)), syscall.O_RDWR|syscall.O_CLOEXEC, 0)
+	require.NoError(t, err, "open the group")
+	defer syscall.Close(gfd)
+	dev, err := syscall.Open(filepath.Join("/dev/vfio/devices", cdevOf(t, bdf)), syscall.O_RDWR|syscall.O_CLOEXEC, 0)
+	require.NoError(t, err, "open the cdev")
+	defer syscall.Close(dev)
+	iommu, err := syscall.Open("/dev/iommu", syscall.O_RDWR|syscall.O_CLOEXEC, 0)
+	require.NoError(t, err)
+	defer syscall.Close(iommu)
+	bind := bindIommufd{argsz: uint32(unsafe.Sizeof(bindIommufd{})), iommufd: uint32(iommu)}
+	err = ioctl(dev, vfioDeviceBindIommufd, &bind)
+	t.Logf("VFIO_DEVICE_BIND_IOMMUFD while /dev/vfio/%s is open: %v (errno %d)", filepath.Base(group), err, errnoOf(err))
+	assert.ErrorIs(t, err, syscall.EBUSY)
+}
+
+// iommufd charges pinned pages to RLIMIT_MEMLOCK unless the caller has
+// CAP_IPC_LOCK (root has it, so the bench's root never hits the limit):
+// without it, a map past the limit fails with ENOMEM.
+func TestAMapPastRLIMITMEMLOCKWithoutCAPIPCLOCKFailsWithENOMEM(t *testing.T) {
+	bdf := pvrdmaBDF(t)
+	dev, err := syscall.Open(filepath.Join("/dev/vfio/devices", cdevOf(t, bdf)), syscall.O_RDWR|syscall.O_CLOEXEC, 0)
+	require.NoError(t, err)
+	defer syscall.Close(dev)
+	iommu, err := syscall.Open("/dev/iommu", syscall.O_RDWR|syscall.O_CLOEXEC, 0)
+	require.NoError(t, err)
+	defer syscall.Close(iommu)
+	bind := bindIommufd{argsz: uint32(unsafe.Sizeof(bindIommufd{})), iommufd: uint32(iommu)}
+	require.NoError(t, ioctl(dev, vfioDeviceBindIommufd, &bind))
+	alloc := ioasAlloc{size: uint32(unsafe.Sizeof(ioasAlloc{}))}
+	require.NoError(t, ioctl(iommu, iommuIOASAlloc, &alloc))
+	attach := attachPT{argsz: uint32(unsafe.Sizeof(attachPT{})), ptID: alloc.outIOASID}
+	require.NoError(t, ioctl(dev, vfioDeviceAttachPT, &attach))
+
+	const size = 1 << 20
+	buf, err := syscall.Mmap(-1, 0, size, syscall.PROT_READ|syscall.PROT_WRITE, syscall.MAP_PRIVATE|syscall.MAP_ANONYMOUS)
+	require.NoError(t, err)
+	defer syscall.Munmap(buf)
+	m := ioasMap{size: uint32(unsafe.Sizeof(ioasMap{})), flags: iommuIOASMapFixedIOVA | iommuIOASMapReadable | iommuIOASMapWriteable,
+		ioasID: alloc.outIOASID, userVA: uint64(uintptr(unsafe.Pointer(&buf[0]))), length: size, iova: 1 << 24}
+
+	var old syscall.Rlimit
+	require.NoError(t, syscall.Getrlimit(unix.RLIMIT_MEMLOCK, &old))
+	defer syscall.Setrlimit(unix.RLIMIT_MEMLOCK, &old)
+	require.NoError(t, syscall.Setrlimit(unix.RLIMIT_MEMLOCK, &syscall.Rlimit{Cur: 64 << 10, Max: old.Max}))
+	// Capabilities are per thread: drop CAP_IPC_LOCK from this one's
+	// effective set for the map, and raise it again after.
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+	var caps [2]unix.CapUserData
+	require.NoError(t, unix.Capget(&hdr, &caps[0]))
+	saved := caps
+	caps[0].Effective &^= 1 << unix.CAP_IPC_LOCK
+	require.NoError(t, unix.Capset(&hdr, &caps[0]))
+	err = ioctl(iommu, iommuIOASMap, &m)
+	require.NoError(t, unix.Capset(&hdr, &saved[0]))
+	t.Logf("IOMMU_IOAS_MAP of 1 MiB, RLIMIT_MEMLOCK 64 KiB, without CAP_IPC_LOCK: %v (errno %d)", err, errnoOf(err))
+	assert.ErrorIs(t, err, syscall.ENOMEM)
+
+	// With CAP_IPC_LOCK the same map succeeds.
+	require.NoError(t, ioctl(iommu, iommuIOASMap, &m), "the same map with CAP_IPC_LOCK")
 }
