@@ -18,9 +18,9 @@
 # (/var/cache/vfrdma by default)/kernel-cdev, so a fresh clone on the same
 # machine reuses it; it is rebuilt only when Debian's package version
 # changes. The first build (downloading the kernel package, its headers and
-# its source, 276 MB, then the modules) took 195 s on the bench's 2-core
-# machine at load 5 to 7; a setup that finds the cache only asks apt for
-# the version.
+# its source, 276 MB, then the modules; at most 450 MB in $TMPDIR) took 141
+# to 195 s on the bench's 2-core machine at load 4 to 7; a setup that finds
+# the cache only asks apt for the version.
 cdev_dir=${VFRDMA_CACHE:-/var/cache/vfrdma}/kernel-cdev
 cdev_series=${VFRDMA_CDEV_SERIES:-6.12}
 # cdev_resolve: the package (cdev_pkg) and version (cdev_version) the
