@@ -307,3 +307,43 @@ func TestAMapPastRLIMITMEMLOCKWithoutCAPIPCLOCKFailsWithENOMEM(t *testing.T) {
 	// With CAP_IPC_LOCK the same map succeeds.
 	require.NoError(t, ioctl(iommu, iommuIOASMap, &m), "the same map with CAP_IPC_LOCK")
 }
+
+// On the cdev path only the function opened must be bound to vfio-pci:
+// with the slot's other function (vmxnet3) bound to no driver, pvrdma's
+// cdev binds and attaches. (A kernel driver doing DMA on the other
+// function would still keep the group from being claimed.) The vmxnet3
+// function is given back to vfio-pci after.
+func TestOnTheCdevPathOnlyTheOpenedFunctionNeedsVfioPCI(t *testing.T) {
+	bdf := pvrdmaBDF(t)
+	fns, err := filepath.Glob(filepath.Join("/sys/bus/pci/devices", bdf, "iommu_group/devices/*"))
+	require.NoError(t, err)
+	var others []string
+	for _, f := range fns {
+		if fn := filepath.Base(f); fn != bdf {
+			others = append(others, fn)
+		}
+	}
+	require.NotEmpty(t, others, "the slot's other function is not in pvrdma's group")
+	for _, fn := range others {
+		require.NoError(t, os.WriteFile("/sys/bus/pci/drivers/vfio-pci/unbind", []byte(fn), 0), "unbind %s from vfio-pci", fn)
+		defer func() {
+			assert.NoError(t, os.WriteFile("/sys/bus/pci/drivers_probe", []byte(fn), 0), "give %s back to vfio-pci", fn)
+			_, err := os.Stat(filepath.Join("/sys/bus/pci/devices", fn, "vfio-dev"))
+			assert.NoError(t, err, "%s is bound to vfio-pci again", fn)
+		}()
+		_, err := os.Stat(filepath.Join("/sys/bus/pci/devices", fn, "driver"))
+		require.True(t, os.IsNotExist(err), "%s still has a driver: %v", fn, err)
+	}
+	dev, err := syscall.Open(filepath.Join("/dev/vfio/devices", cdevOf(t, bdf)), syscall.O_RDWR|syscall.O_CLOEXEC, 0)
+	require.NoError(t, err)
+	defer syscall.Close(dev)
+	iommu, err := syscall.Open("/dev/iommu", syscall.O_RDWR|syscall.O_CLOEXEC, 0)
+	require.NoError(t, err)
+	defer syscall.Close(iommu)
+	bind := bindIommufd{argsz: uint32(unsafe.Sizeof(bindIommufd{})), iommufd: uint32(iommu)}
+	require.NoError(t, ioctl(dev, vfioDeviceBindIommufd, &bind), "VFIO_DEVICE_BIND_IOMMUFD with %v bound to no driver", others)
+	alloc := ioasAlloc{size: uint32(unsafe.Sizeof(ioasAlloc{}))}
+	require.NoError(t, ioctl(iommu, iommuIOASAlloc, &alloc))
+	attach := attachPT{argsz: uint32(unsafe.Sizeof(attachPT{})), ptID: alloc.outIOASID}
+	require.NoError(t, ioctl(dev, vfioDeviceAttachPT, &attach), "VFIO_DEVICE_ATTACH_IOMMUFD_PT with %v bound to no driver", others)
+}
