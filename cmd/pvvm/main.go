@@ -32,6 +32,10 @@
 // start with TestMultiVM need several VMs: a one-VM run leaves them out,
 // and a several-VM run runs only them unless -run says otherwise.
 //
+// Every VM boots the stock guest kernel (Debian's 6.1, VFIO's group path),
+// or with -kernel cdev (or VFRDMA_GUEST_KERNEL=cdev) the cdev kernel that
+// make setup builds (6.12 with iommufd and the VFIO device cdev).
+//
 // Under -test the last line is "pvvm: N passed, N failed". A skipped test
 // counts as failed unless -allow-skip is given: on the bench every in-guest
 // test must be able to run.
