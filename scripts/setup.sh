@@ -18,6 +18,7 @@ pkgs=(
   perftest           # ib_send_bw / ib_send_lat (the reference guest, the backend's ceiling)
   ucx-utils libucx0  # ucx_perftest: UCX's active messages in the reference guest (scripts/amside.sh)
   xz-utils           # the guest kernel is unpacked once for a faster boot
+  zstd               # the same for the cdev guest's kernel (6.12 is zstd-compressed)
   gdb                # a stopped VM's post-mortem shows its QEMU threads' stacks
   openmpi-bin        # mpirun: make test's job tier starts am jobs with it
   gcc make
@@ -110,3 +111,8 @@ if ! { [ -f "$ref/VERSION" ] && [ "$(cat "$ref/VERSION")" = "$ver" ] && [ -f "$r
   echo "$ver" > "$ref/VERSION"
   echo "setup: vmw_pvrdma.ko and the reference guest's modules in .cache/kernel/ref-modules"
 fi
+
+
+# The cdev guest's kernel (iommufd and the VFIO device cdev): see the script.
+# shellcheck source=cdevkernel.sh
+source "$top/scripts/cdevkernel.sh"

@@ -278,6 +278,9 @@ run_tier() {
     guest)     $GO test -tags bench -count=1 ./qemu/... && $GO run ./cmd/pvvm -timeout $GUEST_LIMIT -test all ;;
     guest-2vm) $GO run ./cmd/pvvm -vms 2 -timeout $GUEST_LIMIT -test all -run "$TWO_VM_TESTS" ;;
     guest-3vm) $GO run ./cmd/pvvm -vms 3 -timeout $GUEST_LIMIT -test am -run "$THREE_VM_TESTS" ;;
+    # The cdev guest (make setup builds its kernel): /dev/iommu, the device
+    # cdevs, and iommufd's bind/IOAS/attach/map on pvrdma's cdev.
+    guest-cdev) $GO run ./cmd/pvvm -kernel cdev -timeout $GUEST_LIMIT -test qemu/guest/testdata/cdev ;;
     reference) reference_tier ;;
     interop)   interop_tier ;;
     dropin)    dropin_tier ;;
@@ -303,7 +306,7 @@ digest() {
 }
 
 tiers=("$@")
-[ ${#tiers[@]} -gt 0 ] || tiers=(vet host backend job guest guest-2vm guest-3vm reference interop dropin lossy)
+[ ${#tiers[@]} -gt 0 ] || tiers=(vet host backend job guest guest-2vm guest-3vm guest-cdev reference interop dropin lossy)
 passed=0 failed=0 failures=()
 for t in "${tiers[@]}"; do
   echo "=== tier: $t"

@@ -32,6 +32,10 @@
 // start with TestMultiVM need several VMs: a one-VM run leaves them out,
 // and a several-VM run runs only them unless -run says otherwise.
 //
+// Every VM boots the stock guest kernel (Debian's 6.1, VFIO's group path),
+// or with -kernel cdev (or VFRDMA_GUEST_KERNEL=cdev) the cdev kernel that
+// make setup builds (6.12 with iommufd and the VFIO device cdev).
+//
 // Under -test the last line is "pvvm: N passed, N failed". A skipped test
 // counts as failed unless -allow-skip is given: on the bench every in-guest
 // test must be able to run.
@@ -65,6 +69,19 @@ import (
 // multiVMPrefix names tests that need more than one VM.
 const multiVMPrefix = "TestMultiVM"
 
+// envKernel names the environment variable that chooses the guest kernel
+// when -kernel is not given.
+const envKernel = "VFRDMA_GUEST_KERNEL"
+
+// kernelDefault is -kernel's default: $VFRDMA_GUEST_KERNEL, else the stock
+// kernel.
+func kernelDefault() string {
+	if k := os.Getenv(envKernel); k != "" {
+		return k
+	}
+	return guest.KernelStock
+}
+
 type config struct {
 	vms       int
 	tests     string
@@ -80,6 +97,7 @@ type config struct {
 	pvctlArgs []string
 	vfio      string            // -vfio: the VFIO path of the vfrdma VMs' programs ("" leaves it to them)
 	ref       int               // the last ref VMs run the reference stack
+	kernel    string            // the guest kernel: guest.KernelStock or guest.KernelCdev
 	doorbells bool              // count the doorbells each device received
 	timeline  bool              // break a two-VM ping-pong's round trips down from the devices' timelines
 	cmds      []command         // the vfrdma VMs' commands: pvctl's, and host programs over the drop-in (kinds)
@@ -156,6 +174,7 @@ func main() {
 	flag.BoolVar(&c.doorbells, "doorbells", false, "count, on the device side, the doorbells each VM's pvrdma received (QEMU's trace: a line per doorbell, written by the vCPU thread, which costs rate: ib_send_bw 64 B ran at 0.5-0.7x)")
 	flag.BoolVar(&c.timeline, "timeline", false, "record each device's doorbells and CQEs on the host's clock (QEMU's trace) and break a two-VM ping-pong's round trips down: each transit and each end's turnaround (implies -doorbells; ib_send_bw 64 B ran at 0.25x)")
 	flag.StringVar(&c.vfio, "vfio", "", "the VFIO path every program of the vfrdma VMs takes, in-guest tests included: auto, cdev or group (VFRDMA_VFIO in their environment; package vfio reads it in guest builds); the bench's guest kernel needs iommufd and the device cdev for cdev")
+	flag.StringVar(&c.kernel, "kernel", kernelDefault(), "the guest kernel every VM boots: "+guest.KernelStock+" (Debian's 6.1, VFIO's group path only) or "+guest.KernelCdev+" (6.12 with iommufd and the VFIO device cdev, built by make setup); default $"+envKernel+", else "+guest.KernelStock)
 	flag.IntVar(&c.ref, "ref", 0, "the last N VMs run the reference stack (Linux vmw_pvrdma + rdma-core) and rdma-core's or perftest's programs instead of pvctl")
 	flag.Usage = func() {
 		fmt.Fprintf(os.Stderr, "usage: pvvm [flags] -- PVCTL-ARGS... [+ PVCTL-ARGS...]\n       pvvm [flags] -test PKGS\n       pvvm [flags] -- [@VM] PROGRAM ARGS... [+ ...]\n       pvvm -vms 2 -ref 1 -- [@VM] PVCTL-ARGS + [@VM] PROGRAM ARGS...\n\n"+
@@ -195,7 +214,7 @@ func run(ctx context.Context, c *config) (int, error) {
 	if err != nil {
 		return 1, err
 	}
-	kernel, err := guest.FindKernel(root)
+	kernel, err := guest.FindNamedKernel(root, c.kernel)
 	if err != nil {
 		return 1, err
 	}
@@ -285,6 +304,9 @@ func (c *config) plan() error {
 	case "", "auto", "cdev", "group":
 	default:
 		return fmt.Errorf("-vfio %s: want auto, cdev or group", c.vfio)
+	}
+	if c.kernel != "" && c.kernel != guest.KernelStock && c.kernel != guest.KernelCdev {
+		return fmt.Errorf("-kernel %q: want %s or %s", c.kernel, guest.KernelStock, guest.KernelCdev)
 	}
 	if c.ref < 0 || c.ref > c.vms {
 		return fmt.Errorf("-ref %d: want 0 to -vms (%d)", c.ref, c.vms)

@@ -170,3 +170,19 @@ func TestVFIOFlagSetsEveryVfrdmaProgramsPath(t *testing.T) {
 	c = config{vms: 1}
 	assert.Nil(t, c.vfioEnv(nil), "no -vfio: the programs choose")
 }
+
+// -kernel takes stock or cdev (default $VFRDMA_GUEST_KERNEL, else stock);
+// any other name is refused before anything is built or booted.
+func TestPlanRefusesAKernelThatIsNeitherStockNorCdev(t *testing.T) {
+	for _, k := range []string{"", "stock", "cdev"} {
+		c := config{vms: 1, kernel: k, pvctlArgs: []string{"info"}}
+		assert.NoError(t, c.plan(), "-kernel %q", k)
+	}
+	c := config{vms: 1, kernel: "6.12", pvctlArgs: []string{"info"}}
+	assert.ErrorContains(t, c.plan(), `-kernel "6.12": want stock or cdev`)
+	assert.Empty(t, c.cmds)
+	t.Setenv(envKernel, "cdev")
+	assert.Equal(t, "cdev", kernelDefault())
+	t.Setenv(envKernel, "")
+	assert.Equal(t, "stock", kernelDefault())
+}

@@ -16,6 +16,12 @@
 // type and TestParser, which turns a test binary's -test.v output into test
 // results.
 //
+// Two guest kernels: FindKernel reads the stock one's cache (KernelDir,
+// in the checkout), FindNamedKernel either it or the cdev kernel's
+// (CdevKernelDir, outside the checkout: Debian's 6.12 with iommufd and the
+// VFIO device cdev built by `make setup`). Both caches have the same
+// layout: vmlinuz, VERSION, config, modules/ and ref-modules/.
+//
 // Booting: give QEMU Kernel.Image() as -kernel (after ExtractVmlinux, the
 // uncompressed kernel, which boots about 4 s faster under TCG), the image
 // as -initrd, "console=ttyS0" plus proto.CmdlineVM and proto.CmdlineVMs on

@@ -40,13 +40,61 @@ func (k *Kernel) Image() string {
 // moduleOrder is the load order the bench documents. It breaks ties in the
 // order computed from the modules' own dependencies, and it is the whole
 // order for modules whose metadata cannot be read (compressed ones).
-var moduleOrder = []string{"irqbypass", "vfio", "vfio_iommu_type1", "vfio_virqfd", "vfio_pci_core", "vfio_pci"}
+var moduleOrder = []string{"irqbypass", "iommufd", "vfio", "vfio_iommu_type1", "vfio_virqfd", "vfio_pci_core", "vfio_pci"}
 
-// FindKernel reads the guest kernel cache under repoRoot. The modules are
+// The guest kernels the bench boots, by the name pvvm's -kernel takes.
+const (
+	// KernelStock is Debian's linux-image-amd64 (6.1) with its own VFIO
+	// modules: the group/container path only. Its cache is KernelDir.
+	KernelStock = "stock"
+	// KernelCdev is Debian's 6.12 with iommufd and VFIO built out of tree
+	// by `make setup` (CONFIG_IOMMUFD, CONFIG_VFIO_DEVICE_CDEV): /dev/iommu
+	// and /dev/vfio/devices/vfioN beside the group path. Its cache is
+	// CdevKernelDir, outside the checkout.
+	KernelCdev = "cdev"
+)
+
+// EnvCache names the directory of the caches `make setup` keeps outside
+// the checkout (default DefaultCache); setup and the bench read it alike.
+const EnvCache = "VFRDMA_CACHE"
+
+// DefaultCache is where `make setup` keeps what it builds outside the
+// checkout, so that every clone on the machine shares it.
+const DefaultCache = "/var/cache/vfrdma"
+
+// CdevKernelDir returns the cdev guest kernel's cache: kernel-cdev under
+// $VFRDMA_CACHE, or under DefaultCache.
+func CdevKernelDir() string {
+	dir := os.Getenv(EnvCache)
+	if dir == "" {
+		dir = DefaultCache
+	}
+	return filepath.Join(dir, "kernel-cdev")
+}
+
+// FindNamedKernel reads the cache of the guest kernel called name
+// (KernelStock, or "" for it, or KernelCdev) for the repository at
+// repoRoot.
+func FindNamedKernel(repoRoot, name string) (*Kernel, error) {
+	switch name {
+	case "", KernelStock:
+		return FindKernel(repoRoot)
+	case KernelCdev:
+		return FindKernelDir(CdevKernelDir())
+	}
+	return nil, fmt.Errorf("guest kernel %q: want %s or %s", name, KernelStock, KernelCdev)
+}
+
+// FindKernel reads the stock guest kernel's cache under repoRoot (see
+// FindKernelDir).
+func FindKernel(repoRoot string) (*Kernel, error) {
+	return FindKernelDir(filepath.Join(repoRoot, KernelDir))
+}
+
+// FindKernelDir reads the guest kernel cache in dir. The modules are
 // every .ko (or .ko.xz, .ko.zst) file in its modules directory, sorted so
 // that each comes after the modules it depends on.
-func FindKernel(repoRoot string) (*Kernel, error) {
-	dir := filepath.Join(repoRoot, KernelDir)
+func FindKernelDir(dir string) (*Kernel, error) {
 	notFound := func(what string) error {
 		return fmt.Errorf("guest kernel not found in %s: run `make setup` (%s)", dir, what)
 	}

@@ -6,6 +6,9 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 func TestFindKernelMissing(t *testing.T) {
@@ -128,4 +131,71 @@ func repoRoot(t *testing.T) string {
 		t.Fatalf("no go.mod at %s", root)
 	}
 	return root
+}
+
+// The cdev kernel's cache lies outside the checkout, under $VFRDMA_CACHE
+// (make setup writes it there) or /var/cache/vfrdma.
+func TestTheCdevKernelsCacheIsUnderVFRDMACacheOrVarCache(t *testing.T) {
+	dir := t.TempDir()
+	t.Setenv(EnvCache, dir)
+	assert.Equal(t, filepath.Join(dir, "kernel-cdev"), CdevKernelDir())
+	t.Setenv(EnvCache, "")
+	assert.Equal(t, "/var/cache/vfrdma/kernel-cdev", CdevKernelDir())
+}
+
+// FindNamedKernel reads the stock cache for "stock" and "", the cdev cache
+// for "cdev", and refuses any other name; a missing cdev cache says to run
+// make setup, naming where it looked. The cdev set (compressed names: the
+// documented order alone decides) loads iommufd before vfio, which needs it.
+func TestFindNamedKernelChoosesTheCacheByName(t *testing.T) {
+	root := t.TempDir()
+	cache := t.TempDir()
+	t.Setenv(EnvCache, cache)
+	_, err := FindNamedKernel(root, "6.12")
+	require.ErrorContains(t, err, `guest kernel "6.12": want stock or cdev`)
+	for _, name := range []string{"", KernelStock} {
+		_, err = FindNamedKernel(root, name)
+		require.ErrorContains(t, err, "guest kernel not found in "+filepath.Join(root, KernelDir)+": run `make setup`", "%q", name)
+	}
+	_, err = FindNamedKernel(root, KernelCdev)
+	require.ErrorContains(t, err, "guest kernel not found in "+filepath.Join(cache, "kernel-cdev")+": run `make setup`")
+
+	dir := filepath.Join(cache, "kernel-cdev")
+	require.NoError(t, os.MkdirAll(filepath.Join(dir, "modules"), 0o755))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "vmlinuz"), []byte("k"), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "VERSION"), []byte("6.12.117+deb12-amd64\n"), 0o644))
+	for _, f := range []string{"vfio-pci.ko.xz", "vfio.ko.xz", "irqbypass.ko.xz", "vfio-pci-core.ko.xz", "iommufd.ko.xz", "vfio_iommu_type1.ko.xz"} {
+		require.NoError(t, os.WriteFile(filepath.Join(dir, "modules", f), nil, 0o644))
+	}
+	k, err := FindNamedKernel(root, KernelCdev)
+	require.NoError(t, err)
+	assert.Equal(t, "6.12.117+deb12-amd64", k.Version)
+	assert.Equal(t, dir, k.Dir)
+	var got []string
+	for _, m := range k.Modules {
+		got = append(got, filepath.Base(m))
+	}
+	assert.Equal(t, []string{"irqbypass.ko.xz", "iommufd.ko.xz", "vfio.ko.xz", "vfio_iommu_type1.ko.xz", "vfio-pci-core.ko.xz", "vfio-pci.ko.xz"}, got)
+}
+
+// TestFindKernelCdevCache reads the real cdev cache when `make setup` has
+// made one: the modules' own dependencies give iommufd before vfio, and
+// the management network's modules are there.
+func TestFindKernelCdevCache(t *testing.T) {
+	k, err := FindNamedKernel(repoRoot(t), KernelCdev)
+	if err != nil {
+		t.Skipf("%v", err)
+	}
+	var got []string
+	for _, m := range k.Modules {
+		got = append(got, filepath.Base(m))
+	}
+	assert.Equal(t, []string{"irqbypass.ko", "iommufd.ko", "vfio.ko", "vfio_iommu_type1.ko", "vfio-pci-core.ko", "vfio-pci.ko"}, got)
+	mgmt, err := k.MgmtModules()
+	require.NoError(t, err)
+	got = got[:0]
+	for _, m := range mgmt {
+		got = append(got, filepath.Base(m))
+	}
+	assert.Equal(t, []string{"failover.ko", "net_failover.ko", "virtio_net.ko"}, got)
 }

@@ -20,8 +20,8 @@ const xenElfnotePhys32Entry = 18
 
 // ExtractVmlinux writes the kernel inside k.Vmlinuz, uncompressed, to
 // vmlinux in k.Dir and sets k.Vmlinux. It does nothing if k.Vmlinux is
-// already set. The payload must be xz (Debian's choice; the xz tool is
-// run), zstd (the zstd tool) or gzip, and the result must be an ELF file
+// already set. The payload must be xz (Debian's 6.1; the xz tool is
+// run), zstd (Debian's 6.12; the zstd tool) or gzip, and the result must be an ELF file
 // with a PVH entry point (CONFIG_PVH), which QEMU boots directly. The file
 // appears atomically, so concurrent callers are safe.
 // Extraction takes a few seconds; the file is about 65 MB.
@@ -87,6 +87,12 @@ func decompressKernel(ctx context.Context, img []byte, w io.Writer) error {
 	case bytes.HasPrefix(payload, []byte("\xfd7zXZ\x00")):
 		tool = []string{"xz", "-dc", "--single-stream"}
 	case bytes.HasPrefix(payload, []byte("\x28\xb5\x2f\xfd")):
+		// The kernel's build appends the uncompressed size (4 bytes) to
+		// the stream, which the zstd tool takes for a frame it cannot
+		// read ("unsupported format"), and it has no --single-stream.
+		if len(payload) > 4 {
+			payload = payload[:len(payload)-4]
+		}
 		tool = []string{"zstd", "-dcq"}
 	case bytes.HasPrefix(payload, []byte("\x1f\x8b")):
 		zr, err := gzip.NewReader(bytes.NewReader(payload))

@@ -5,8 +5,11 @@ import (
 	"compress/gzip"
 	"context"
 	"encoding/binary"
+	"os/exec"
 	"strings"
 	"testing"
+
+	"github.com/stretchr/testify/require"
 )
 
 func note(owner string, typ uint32, desc []byte) []byte {
@@ -69,4 +72,22 @@ func TestDecompressKernel(t *testing.T) {
 			t.Errorf("%s: %v, want %q", tc.name, err, tc.want)
 		}
 	}
+}
+
+// TestDecompressKernelZstdWithTheKernelsSizeTrailer builds the payload as
+// the kernel's build does for CONFIG_KERNEL_ZSTD (Debian's 6.12, the cdev
+// guest): a zstd frame, then the uncompressed size in 4 bytes, which the
+// zstd tool refuses as an unknown frame unless it is cut off.
+func TestDecompressKernelZstdWithTheKernelsSizeTrailer(t *testing.T) {
+	_, err := exec.LookPath("zstd")
+	require.NoError(t, err, "run `make setup` (Debian package zstd)")
+	kernel := []byte("\x7fELF kernel compressed with zstd")
+	cmd := exec.Command("zstd", "-cq")
+	cmd.Stdin = bytes.NewReader(kernel)
+	frame, err := cmd.Output()
+	require.NoError(t, err)
+	payload := binary.LittleEndian.AppendUint32(frame, uint32(len(kernel)))
+	var out bytes.Buffer
+	require.NoError(t, decompressKernel(context.Background(), bzImage(payload), &out))
+	require.Equal(t, string(kernel), out.String())
 }
