@@ -11,6 +11,11 @@ SV_OUT=$PWD/build/softverbs
 # (TestMultiVM3... need three: the active-message job).
 TWO_VM_TESTS='^(TestGuest|TestMultiVM[^3])'
 THREE_VM_TESTS='^TestMultiVM3'
+# The driver's in-guest tests the cdev tier runs over the device cdev and
+# iommufd: the data path (RC and UD streams, deferred posts, exactly once,
+# waiting), SRQs, wait sets, poll sets and counters, am's single-VM jobs,
+# and vfio's own (which checks the path taken).
+CDEV_TESTS='^(TestGuest|TestRCStream|TestUDStream|TestDeferredPosts|TestExactlyOnce|TestWaitCQ|TestAFailedRCQP|TestUnsignaledSends|TestFlushesFollow|TestCloseFlushes|TestRegisterMRAt|TestSRQ|TestWaitSet|TestPollSet|TestCountersMatch|TestCloseRules|TestDeviceCloseReleases|TestEveryTaskToEveryTask|TestSinglePacketMessage|TestCreditsKeep|TestFragmentsAreBatched)'
 
 # The VM tiers' limits, hang guards only: what a test checks is never a
 # time. A command (one ping-pong, say) is killed after CMD_LIMIT and then the
@@ -269,6 +274,26 @@ job_tier() {
   [ "$(grep -c 'with the tasks not gone, .* every byte checked' <<<"$out")" = 7 ] || { echo "not every other task finished with the living ones"; return 1; }
 }
 
+# cdev_tier boots the cdev guest (Debian's 6.12 with iommufd and the VFIO
+# device cdev, built by setup): first the kernel's own proof (the cdev
+# and iommufd sequence by hand, qemu/guest/testdata/cdev), then the
+# driver over that path (pvvm -vfio cdev: VFRDMA_VFIO=cdev in every
+# vfrdma program), its in-guest tests (CDEV_TESTS) and a two-VM ping-pong
+# whose pvctl info must say it took the cdev.
+cdev_tier() {
+  $GO run ./cmd/pvvm -kernel cdev -timeout $GUEST_LIMIT -test qemu/guest/testdata/cdev || return
+  $GO run ./cmd/pvvm -kernel cdev -vfio cdev -timeout $GUEST_LIMIT -test .,am,vfio -run "$CDEV_TESTS" || return
+  local out rc
+  out=$($GO run ./cmd/pvvm -vms 2 -kernel cdev -vfio cdev -timeout $RUN_LIMIT -limit $CMD_LIMIT -- \
+    info --json + pingpong --vm --rc --iters 300 --size 4096 2>&1)
+  rc=$?
+  echo "$out" > "$LOGS/guest-cdev-pvvm.log"
+  grep -E 'RC pingpong|"vfio"|^pvvm: +vm' <<<"$out"
+  [ $rc = 0 ] || { pvvm_failure "$out"; return $rc; }
+  [ "$(grep -c '"vfio": "cdev"' <<<"$out")" = 2 ] || { echo "pvctl info did not say both VMs took the device cdev"; return 1; }
+  [ "$(grep -c 'RC pingpong: 300 round trips' <<<"$out")" -ge 1 ] || { echo "the two-VM ping-pong over the cdev reported no round trips"; return 1; }
+}
+
 run_tier() {
   case $1 in
     vet)       $GO vet ./... && $GO vet -tags guest ./... && $GO vet -tags bench ./qemu/... &&
@@ -280,7 +305,7 @@ run_tier() {
     guest-3vm) $GO run ./cmd/pvvm -vms 3 -timeout $GUEST_LIMIT -test am -run "$THREE_VM_TESTS" ;;
     # The cdev guest (make setup builds its kernel): /dev/iommu, the device
     # cdevs, and iommufd's bind/IOAS/attach/map on pvrdma's cdev.
-    guest-cdev) $GO run ./cmd/pvvm -kernel cdev -timeout $GUEST_LIMIT -test qemu/guest/testdata/cdev ;;
+    guest-cdev) cdev_tier ;;
     reference) reference_tier ;;
     interop)   interop_tier ;;
     dropin)    dropin_tier ;;
