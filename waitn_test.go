@@ -242,7 +242,12 @@ func TestWaitNAllocatesNothing(t *testing.T) {
 			byHandPerRun := float64(mallocs[0]) / (19 * runs)
 			waited := float64(mallocs[1]) / (19 * runs)
 			t.Logf("mallocs per run: %.2f polled by hand, %.2f with WaitN", byHandPerRun, waited)
-			assert.Less(t, waited-byHandPerRun, 0.5, "WaitN allocated beside the model")
+			// An allocation of WaitN's own is one per run at least; a run
+			// that sleeps also meets the runtime's caches of what blocking
+			// needs (sudogs, timers), which a loaded machine refills at a
+			// fraction of one per run (0.86 seen under -race beside a
+			// fresh clone's other tiers).
+			assert.Less(t, waited-byHandPerRun, 1.0, "WaitN allocated beside the model")
 		})
 	}
 }
