@@ -36,22 +36,11 @@ func BenchmarkQPCreateClose(b *testing.B) {
 }
 
 func benchQPCreateClose(b *testing.B, n int, journal bool) {
-	m, err := pvsim.New(pvsim.Config{Version: 20, Seed: 1})
-	require.NoError(b, err)
 	opts := &vfrdma.Options{}
 	if journal {
 		opts.StateDir = b.TempDir()
 	}
-	d, err := vfrdma.OpenFunction(m, opts)
-	if err != nil {
-		m.Close()
-		require.NoError(b, err)
-	}
-	defer d.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	pd, err := d.AllocPD(ctx)
-	require.NoError(b, err)
+	d, pd, ctx := benchDevice(b, opts)
 	cq, err := d.CreateCQ(ctx, 64)
 	require.NoError(b, err)
 	cfg := &vfrdma.QPConfig{Type: vfrdma.RC, SendCQ: cq, RecvCQ: cq, SendDepth: 1, RecvDepth: 1}
@@ -93,6 +82,24 @@ func benchQPCreateClose(b *testing.B, n int, journal bool) {
 	b.ReportMetric(0, "ns/op")
 }
 
+// benchDevice opens a version-20 model device with opts, and a PD on it,
+// for b; both go at b's end. ctx bounds b's commands (a hang guard).
+func benchDevice(b *testing.B, opts *vfrdma.Options) (*vfrdma.Device, *vfrdma.PD, context.Context) {
+	m, err := pvsim.New(pvsim.Config{Version: 20, Seed: 1})
+	require.NoError(b, err)
+	d, err := vfrdma.OpenFunction(m, opts)
+	if err != nil {
+		m.Close()
+		require.NoError(b, err)
+	}
+	b.Cleanup(func() { d.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	b.Cleanup(cancel)
+	pd, err := d.AllocPD(ctx)
+	require.NoError(b, err)
+	return d, pd, ctx
+}
+
 // cpuTime returns the CPU time the process has used, user and system.
 func cpuTime(b *testing.B) time.Duration {
 	var ru syscall.Rusage
@@ -115,18 +122,7 @@ func BenchmarkQPScale(b *testing.B) {
 }
 
 func benchQPScale(b *testing.B, n int) {
-	m, err := pvsim.New(pvsim.Config{Version: 20, Seed: 1})
-	require.NoError(b, err)
-	d, err := vfrdma.OpenFunction(m, &vfrdma.Options{})
-	if err != nil {
-		m.Close()
-		require.NoError(b, err)
-	}
-	defer d.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	pd, err := d.AllocPD(ctx)
-	require.NoError(b, err)
+	d, pd, ctx := benchDevice(b, &vfrdma.Options{})
 	scq, err := d.CreateCQ(ctx, n) // the device's largest CQ is 4 096
 	require.NoError(b, err)
 	rcq, err := d.CreateCQ(ctx, n)
