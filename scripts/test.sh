@@ -15,7 +15,7 @@ THREE_VM_TESTS='^TestMultiVM3'
 # iommufd: the data path (RC and UD streams, deferred posts, exactly
 # once), SRQs, a wait set, a poll set, counters, an am job and vfio's own
 # (which checks the path taken). Each test opens and closes the device:
-# in 7 runs of wider sets (44 and 102 tests, waits and flushes too) QEMU
+# in 11 runs of wider sets (44 and 102 tests, waits and flushes too) QEMU
 # 7.2 aborted once (qemu_mutex_lock_impl: mutex->initialized), between
 # two tests on this path, which the README records.
 CDEV_TESTS='^(TestGuest|TestRCStream|TestUDStream|TestDeferredPosts|TestExactlyOnce|TestSRQConsumedByAnyQP|TestSRQSegmentsFilledInOrder|TestWaitSetWakesForEveryBurst|TestPollSetIdleMembers|TestCountersMatch|TestEveryTaskToEveryTask)'
