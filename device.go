@@ -133,7 +133,7 @@ type Device struct {
 	pollStopped atomic.Bool
 	pollRinging atomic.Int64
 	// The CQs armed in the device's sense with ArmBesidePollDoorbell
-	// (cqwait.go, armedOnDevice): no POLL doorbell rings while there is
+	// (cqwait.go: armBesidePoll, noneArmedOnDevice): no POLL doorbell rings while there is
 	// one. nArmed is their count, read by empty polls without the lock.
 	armedMu  sync.Mutex
 	armedCQs []*CQ
