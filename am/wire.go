@@ -203,4 +203,6 @@ func addressLen(tasks int) int { return addrQPNs + qpnSize*tasks }
 // long); above 24 bits, the address is not one of ours.
 func addressPSN(b []byte) uint32 { return binary.LittleEndian.Uint32(b[addrPSN:]) }
 
+// addressQPN returns the QPN address b gives for task t (b is
+// addressLen long).
 func addressQPN(b []byte, t int) uint32 { return binary.LittleEndian.Uint32(b[addrQPNs+qpnSize*t:]) }
