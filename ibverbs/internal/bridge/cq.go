@@ -99,9 +99,9 @@ func (cq *CQ) Poll(max int) ([]WC, error) {
 		return cq.out[:0], nil
 	}
 	n, err := cq.cq.Poll(cq.wcs[:max])
-	for err == nil && n > 0 {
+	for n > 0 {
 		got := n
-		if n = cq.filterSig(cq.wcs[:n]); n > 0 || got < max {
+		if n = cq.filterSig(cq.wcs[:n]); n > 0 || got < max || err != nil {
 			break
 		}
 		n, err = cq.cq.Poll(cq.wcs[:max]) // every one hidden: more may wait
