@@ -69,9 +69,11 @@ type CQ struct {
 	arms  atomic.Uint64
 	// devArmed and armProd (under d.armedMu, ArmBesidePollDoorbell): the
 	// CQ is armed on the device until its producer index moves past
-	// armProd, read after the arm doorbell; armProdSet once it is read.
+	// armProd, read after the arm doorbell (armProdSet once it is read),
+	// and a grace more from armSpentAt, the first look that saw it moved.
 	devArmed, armProdSet bool
 	armProd              uint32
+	armSpentAt           time.Time
 	interrupts           atomic.Uint64 // Wait's wake-ups (Stats), counted outside the gate
 	spun                 atomic.Uint64 // Waits the spin answered (Stats)
 	lastPoll             time.Time     // the last POLL doorbell of Poll (Options.PollPace); Poll's own
@@ -94,6 +96,12 @@ type CQ struct {
 	reapPending atomic.Bool
 	rmu         sync.Mutex
 	reaps       []*QP
+
+	// quietWait's clock (QP.awaitQuietCQs, QEMU 7.2): the producer index
+	// last seen, and since when it has not moved.
+	qmu        sync.Mutex
+	quietProd  uint32
+	quietSince time.Time
 
 	mu     sync.Mutex
 	closed bool
@@ -701,6 +709,23 @@ func (cq *CQ) Stats() CQStats {
 	st.Interrupts = cq.interrupts.Load()
 	st.Spun = cq.spun.Load()
 	return st
+}
+
+// quietWait is how much longer a QP's destroy waits for the CQ to have
+// had no CQE written for grace (QP.awaitQuietCQs): zero or less when it
+// has. A producer index that moved, or the first look, restarts the
+// clock. A nil CQ is quiet.
+func (cq *CQ) quietWait(grace time.Duration) time.Duration {
+	if cq == nil {
+		return 0
+	}
+	cq.qmu.Lock()
+	defer cq.qmu.Unlock()
+	now := time.Now()
+	if p := cq.st.ProdTail(); cq.quietSince.IsZero() || p != cq.quietProd {
+		cq.quietProd, cq.quietSince = p, now
+	}
+	return grace - now.Sub(cq.quietSince)
 }
 
 // pendingSends counts the send completions of the QP with handle h that

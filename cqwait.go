@@ -168,7 +168,7 @@ func (cq *CQ) armBesidePoll(solicitedOnly bool) error {
 		d.armedCQs = append(d.armedCQs, cq)
 		d.nArmed.Add(1)
 	}
-	cq.armProdSet = false
+	cq.armProdSet, cq.armSpentAt = false, time.Time{}
 	d.armedMu.Unlock()
 	for d.pollRinging.Load() != 0 {
 		runtime.Gosched()
@@ -192,16 +192,32 @@ func (cq *CQ) armBesidePoll(solicitedOnly bool) error {
 }
 
 // noneArmedOnDevice drops from the armed CQs those whose arm the device
-// has spent (a CQE written since) and reports whether none is left. An
-// empty poll calls it while some CQ is counted armed.
+// has spent and reports whether none is left. An empty poll calls it
+// while some CQ is counted armed. An arm is spent drainGrace after the
+// first look that finds a CQE written since it: QEMU writes the CQE
+// before it raises the interrupt, and raising it wants the big lock, so
+// for a moment after the CQE the completion thread still holds the
+// backend's lock and waits for the big one, as in the deadlock above. As
+// with QP.awaitQuietCQs, the grace narrows that window; nothing the
+// device shows closes it.
 func (d *Device) noneArmedOnDevice() bool {
+	grace := drainGrace
+	if h := d.hooks(); h != nil && h.armGraceSet.Load() {
+		grace = time.Duration(h.armGrace.Load())
+	}
 	d.armedMu.Lock()
 	defer d.armedMu.Unlock()
+	now := time.Now()
 	kept := d.armedCQs[:0]
 	for _, c := range d.armedCQs {
 		if c.armProdSet && c.st.ProdTail() != c.armProd {
-			c.devArmed = false
-			continue
+			if c.armSpentAt.IsZero() {
+				c.armSpentAt = now
+			}
+			if now.Sub(c.armSpentAt) >= grace {
+				c.devArmed = false
+				continue
+			}
 		}
 		kept = append(kept, c)
 	}

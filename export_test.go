@@ -1,6 +1,9 @@
 package vfrdma
 
-import "testing"
+import (
+	"testing"
+	"time"
+)
 
 // setTestHooks gives d the hooks h until the test ends.
 func setTestHooks(t testing.TB, d *Device, h *testHooks) {
@@ -15,4 +18,18 @@ func setTestHooks(t testing.TB, d *Device, h *testHooks) {
 func HookAsyncDispatch(t testing.TB, d *Device, f func(AsyncEvent)) {
 	t.Helper()
 	setTestHooks(t, d, &testHooks{dispatched: f})
+}
+
+// SetArmSpentGrace makes d count an arm on QEMU's device as pending for g
+// after its CQE (instead of drainGrace), until the test ends; it can be
+// called again to change g.
+func SetArmSpentGrace(t testing.TB, d *Device, g time.Duration) {
+	t.Helper()
+	h := d.hooks()
+	if h == nil {
+		h = &testHooks{}
+		setTestHooks(t, d, h)
+	}
+	h.armGrace.Store(int64(g))
+	h.armGraceSet.Store(true)
 }

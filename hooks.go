@@ -3,6 +3,7 @@ package vfrdma
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -16,9 +17,13 @@ type testHooks struct {
 	onFree func(mem []byte)
 	// drainFor replaces awaitSends' bound, drainLimit, when set.
 	drainFor time.Duration
-	// drainPause replaces awaitSends' grace, a sleep of drainGrace, when
-	// set.
+	// drainPause replaces awaitQuietCQs' sleep (of at most drainGrace)
+	// when set.
 	drainPause func(ctx context.Context, d time.Duration)
+	// armGrace, when set (armGraceSet), replaces drainGrace as the time
+	// an arm on QEMU counts as pending after its CQE (noneArmedOnDevice).
+	armGrace    atomic.Int64
+	armGraceSet atomic.Bool
 	// dispatched is called on the async-event goroutine with each event,
 	// once the driver has acted on it and before it is delivered: a test
 	// holds the goroutine there while the ring fills behind it.

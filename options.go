@@ -65,7 +65,8 @@ type Options struct {
 	// ArmBesidePollDoorbell, with PollDoorbell on QEMU's device, lets its
 	// CQs be armed after all: an empty poll then rings the POLL doorbell
 	// only while no CQ of the device is armed in the device's sense
-	// (armed, and no CQE written to it since the arm), when the deadlock
+	// (armed, and no CQE written to it since the arm, or one written
+	// within the last 5 ms: the interrupt comes after it), when the deadlock
 	// above cannot happen, and an arm first waits out the POLL doorbells
 	// ringing. CQs are then Armable, and Wait sleeps on the interrupt. For
 	// programs that poll with the doorbell and sometimes ask for an

@@ -729,6 +729,7 @@ func (qp *QP) destroyOnDevice(ctx context.Context) error {
 		return nil
 	}
 	qp.awaitSends(ctx)
+	qp.awaitQuietCQs(ctx)
 	// The handle is marked leaving before the command: the device may give
 	// it to a QP created as soon as the command completes (registry.go).
 	qp.d.leaveQPN(qp)
@@ -849,8 +850,8 @@ func (qp *QP) destroy(ctx context.Context) error {
 // allow.
 var ErrQPState = errors.New("vfrdma: wrong QP state")
 
-// drainLimit bounds awaitSends; drainGrace is its pause after the last
-// completion is in the ring, when the send CQ has been armed.
+// drainLimit bounds awaitSends and awaitQuietCQs; drainGrace is how long
+// the QP's CQs must have had no CQE written before the destroy.
 const (
 	drainLimit = 500 * time.Millisecond
 	drainGrace = 5 * time.Millisecond
@@ -858,22 +859,8 @@ const (
 
 // awaitSends waits, on QEMU 7.2 (Device.drainSends), until every send
 // posted on the QP and not yet polled has its completion in the send CQ's
-// ring, for at most drainLimit or ctx, and then, if the send CQ was ever
-// armed, drainGrace more. QEMU 7.2 aborts (qemu_mutex_lock_impl: Assertion
-// mutex->initialized) when a QP is destroyed while its completion thread
-// is still handling one of the QP's completions: the destroy frees the
-// QP's list of requests, which the thread locks last, after it wrote the
-// CQE and its notification and, for an armed CQ, raised the interrupt,
-// which takes QEMU's big lock. A DESTROY_QP runs in the vCPU under that
-// lock, so a thread that wrote the CQE and waits for the lock to raise
-// the interrupt is overtaken by the destroy. The grace gives it the lock
-// first: the vCPU releases it between register accesses. (Seen in loops of
-// the guest tiers: a test that never polled its sender's CQ closed the
-// device; then an am job closing while a dead peer's sends had just
-// failed, the send CQ armed.) It narrows the window, it cannot close it:
-// nothing the device shows says that the thread is done. Receives that
-// complete on a QP without an SRQ during its destroy meet the same race;
-// what the peer sends is not the destroyer's to wait for.
+// ring, for at most drainLimit or ctx: a send that completes after the
+// destroy would meet the race awaitQuietCQs describes.
 func (qp *QP) awaitSends(ctx context.Context) {
 	if !qp.d.drainSends || qp.sendCQ == nil {
 		return
@@ -887,24 +874,52 @@ func (qp *QP) awaitSends(ctx context.Context) {
 	for {
 		want := qp.sq.OutstandingP()
 		if want == 0 || qp.sendCQ.pendingSends(qp.handle) >= want {
-			break
+			return
 		}
 		if time.Now().After(deadline) || ctx.Err() != nil {
 			return
 		}
 		time.Sleep(time.Millisecond)
 	}
-	if qp.sendCQ.arms.Load() == 0 || qp.sq.Posted() == 0 {
-		return // the thread never waits for the lock to notify this CQ
-	}
-	if h != nil && h.drainPause != nil {
-		h.drainPause(ctx, drainGrace)
+}
+
+// awaitQuietCQs waits, on QEMU 7.2 (Device.drainSends), until no CQE has
+// been written to the QP's send or receive CQ for drainGrace, for at most
+// drainLimit or ctx. QEMU 7.2 aborts (qemu_mutex_lock_impl: Assertion
+// mutex->initialized) when a QP is destroyed while its completion thread
+// is still handling one of the QP's completions: the thread writes the
+// CQE, then, for an armed CQ, raises the interrupt, which waits for
+// QEMU's big lock, and only then takes the request off the QP's list,
+// which the destroy frees. A program sees the CQE before the thread is
+// done, and a DESTROY_QP, run by the vCPU under the big lock, overtakes
+// it. The pause hands the thread the lock and the time to finish (the
+// vCPU idles meanwhile). TestDestroyingAQPTheMomentItsCompletionIsPolledKeepsQEMUAlive
+// aborted QEMU within a few thousand rounds without it, receives and
+// sends alike. It narrows the window, it cannot close it: nothing the
+// device shows says that the thread is done, and a completion the peer
+// causes during the destroy meets the race still. A CQ quiet for long
+// costs nothing (the first look at it starts its clock).
+func (qp *QP) awaitQuietCQs(ctx context.Context) {
+	if !qp.d.drainSends {
 		return
 	}
-	t := time.NewTimer(drainGrace)
-	defer t.Stop()
-	select {
-	case <-t.C:
-	case <-ctx.Done():
+	h := qp.d.hooks()
+	deadline := time.Now().Add(drainLimit)
+	for {
+		wait := max(qp.sendCQ.quietWait(drainGrace), qp.recvCQ.quietWait(drainGrace))
+		if wait <= 0 || ctx.Err() != nil || time.Now().After(deadline) {
+			return
+		}
+		if h != nil && h.drainPause != nil {
+			h.drainPause(ctx, wait)
+			continue
+		}
+		t := time.NewTimer(wait)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return
+		}
 	}
 }

@@ -12,13 +12,12 @@ SV_OUT=$PWD/build/softverbs
 TWO_VM_TESTS='^(TestGuest|TestMultiVM[^3])'
 THREE_VM_TESTS='^TestMultiVM3'
 # The driver's in-guest tests the cdev tier runs over the device cdev and
-# iommufd: the data path (RC and UD streams, deferred posts, exactly
-# once), SRQs, a wait set, a poll set, counters, an am job and vfio's own
-# (which checks the path taken). Each test opens and closes the device:
-# in 11 runs of wider sets (44 and 102 tests, waits and flushes too) QEMU
-# 7.2 aborted once (qemu_mutex_lock_impl: mutex->initialized), between
-# two tests on this path, which the README records.
-CDEV_TESTS='^(TestGuest|TestRCStream|TestUDStream|TestDeferredPosts|TestExactlyOnce|TestSRQConsumedByAnyQP|TestSRQSegmentsFilledInOrder|TestWaitSetWakesForEveryBurst|TestPollSetIdleMembers|TestCountersMatch|TestEveryTaskToEveryTask)'
+# iommufd: the data path (streams, deferred posts, exactly once, waits,
+# flushes, RegisterMRAt), SRQs, wait and poll sets, counters, the close
+# rules, am's single-VM jobs, vfio's own (which checks the path taken), and
+# the destroy race that aborted QEMU 7.2 on either path
+# (qemu_mutex_lock_impl: mutex->initialized; QP.awaitQuietCQs).
+CDEV_TESTS='^(TestGuest|TestRCStream|TestUDStream|TestDeferredPosts|TestExactlyOnce|TestWaitCQ|TestAFailedRCQP|TestUnsignaledSends|TestFlushesFollow|TestCloseFlushes|TestRegisterMRAt|TestSRQ|TestWaitSet|TestPollSet|TestCountersMatch|TestCloseRules|TestDeviceCloseReleases|TestDestroyingAQPTheMoment|TestEveryTaskToEveryTask|TestSinglePacketMessage|TestCreditsKeep|TestFragmentsAreBatched)'
 
 # The VM tiers' limits, hang guards only: what a test checks is never a
 # time. A command (one ping-pong, say) is killed after CMD_LIMIT and then the
