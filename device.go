@@ -139,7 +139,8 @@ type Device struct {
 	armedCQs []*CQ
 	nArmed   atomic.Int32
 	// drainSends: before it destroys a QP, wait for the device to have
-	// completed the QP's sends (QEMU 7.2, see QP.awaitSends).
+	// completed the QP's sends and for its CQs to be quiet (QEMU 7.2, see
+	// QP.awaitSends and QP.awaitQuietCQs).
 	drainSends bool
 	cqArm      [2]uint32 // CQ arm bits: [0] next completion, [1] solicited only
 }
