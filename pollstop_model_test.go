@@ -104,3 +104,28 @@ func TestArmBesidePollDoorbellRingsNoPollWhileACQIsArmed(t *testing.T) {
 	assert.Greater(t, p.cq.Stats().Doorbells, polls, "the POLL doorbell once the armed CQ is gone")
 	assert.Empty(t, m.Hazards())
 }
+
+// The arm's grace is a bound tried at its value: with none, the first
+// empty poll that finds the armed CQ's CQE counts the arm spent and rings
+// the POLL doorbell.
+func TestArmBesidePollDoorbellWithNoGraceTheFirstLookAfterTheCQESpendsTheArm(t *testing.T) {
+	ctx := ctxT(t)
+	d, m := openModel(t, pvsim.Config{QEMU: true}, &vfrdma.Options{PollDoorbell: true, PollPace: -1, ArmBesidePollDoorbell: true})
+	vfrdma.SetArmSpentGrace(t, d, 0)
+	p := newRCPair(t, ctx, d, true, vfrdma.AccessLocalWrite)
+	other, err := d.CreateCQ(ctx, 16)
+	require.NoError(t, err)
+	t.Cleanup(func() { other.Close() })
+	require.NoError(t, p.cq.Arm(false))
+	rung := other.Stats().Doorbells
+	_, err = p.b.PostRecv([]vfrdma.RecvWR{{WRID: 1, SGEs: []vfrdma.SGE{p.mr.SGE(4096, 64)}}}, 0)
+	require.NoError(t, err)
+	_, err = p.a.PostSend([]vfrdma.SendWR{{WRID: 2, Flags: vfrdma.SendSignaled, SGEs: []vfrdma.SGE{p.mr.SGE(0, 8)}}}, 0)
+	require.NoError(t, err)
+	waitWCs(t, ctx, p.cq, 2)
+	n, err := other.Poll(make([]vfrdma.WC, 4))
+	require.NoError(t, err)
+	require.Zero(t, n)
+	assert.Equal(t, rung+1, other.Stats().Doorbells, "the first empty poll after the CQE rings the POLL doorbell")
+	assert.Empty(t, m.Hazards())
+}
