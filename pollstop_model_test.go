@@ -129,3 +129,47 @@ func TestArmBesidePollDoorbellWithNoGraceTheFirstLookAfterTheCQESpendsTheArm(t *
 	assert.Equal(t, rung+1, other.Stats().Doorbells, "the first empty poll after the CQE rings the POLL doorbell")
 	assert.Empty(t, m.Hazards())
 }
+
+// A new arm starts its own grace: the mark of the last arm's spending is
+// not carried over, or an arm whose CQE has just come would count as spent
+// at once.
+func TestArmBesidePollDoorbellANewArmStartsItsOwnGrace(t *testing.T) {
+	ctx := ctxT(t)
+	d, m := openModel(t, pvsim.Config{QEMU: true}, &vfrdma.Options{PollDoorbell: true, PollPace: -1, ArmBesidePollDoorbell: true})
+	p := newRCPair(t, ctx, d, true, vfrdma.AccessLocalWrite)
+	other, err := d.CreateCQ(ctx, 16)
+	require.NoError(t, err)
+	t.Cleanup(func() { other.Close() })
+	wcs := make([]vfrdma.WC, 4)
+	emptyPoll := func() {
+		n, err := other.Poll(wcs)
+		require.NoError(t, err)
+		require.Zero(t, n)
+	}
+	exchange := func(id uint64) {
+		_, err := p.b.PostRecv([]vfrdma.RecvWR{{WRID: id, SGEs: []vfrdma.SGE{p.mr.SGE(4096, 64)}}}, 0)
+		require.NoError(t, err)
+		_, err = p.a.PostSend([]vfrdma.SendWR{{WRID: id + 1, Flags: vfrdma.SendSignaled, SGEs: []vfrdma.SGE{p.mr.SGE(0, 8)}}}, 0)
+		require.NoError(t, err)
+		waitWCs(t, ctx, p.cq, 2)
+	}
+	// The first arm, spent at the first look (no grace).
+	vfrdma.SetArmSpentGrace(t, d, 0)
+	require.NoError(t, p.cq.Arm(false))
+	exchange(1)
+	rung := other.Stats().Doorbells
+	emptyPoll()
+	require.Equal(t, rung+1, other.Stats().Doorbells, "the first arm spent")
+	// Longer ago than the grace now in force, the second arm's CQE is
+	// seen for the first time: its grace starts there. (The second
+	// arm's first look is at most a stall of the test away from the one
+	// below, far less than the grace.)
+	time.Sleep(time.Second)
+	vfrdma.SetArmSpentGrace(t, d, 500*time.Millisecond)
+	require.NoError(t, p.cq.Arm(false))
+	exchange(3)
+	rung = other.Stats().Doorbells
+	emptyPoll()
+	assert.Equal(t, rung, other.Stats().Doorbells, "a POLL doorbell at the first look at the second arm's CQE")
+	assert.Empty(t, m.Hazards())
+}
