@@ -664,3 +664,17 @@ func TestQEMUDestroyWaitIsBounded(t *testing.T) {
 		require.FailNow(t, "Close waited past its bound")
 	}
 }
+
+// A CQ whose DESTROY has completed may still be in the device's table
+// while the device gives its handle to a new CQ: an event naming the
+// handle finds the live CQ, not the one being removed.
+func TestAnEventForAReusedCQHandleFindsTheLiveCQNotTheOneBeingRemoved(t *testing.T) {
+	l := newLCDevice(t)
+	old, _ := l.addCQ(t, 5, 64)
+	live, _ := l.addCQ(t, 5, 64)
+	old.gate.Close()
+	for range 8 { // whichever the table's order gives first
+		assert.Same(t, live, l.d.cqByHandle(5))
+	}
+	assert.Nil(t, l.d.cqByHandle(6), "a handle no CQ has")
+}
