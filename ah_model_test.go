@@ -11,11 +11,12 @@ import (
 )
 
 // An AH's address reaches the wire as given: a hop limit of 0 means the
-// default, 64, and a flow label may have 20 bits, all of them set, and not
-// 21 (refused with ErrInvalid). The receiver sees both in the GRH before
-// the payload (IPv6's layout: the flow label in the low 20 bits of the
-// first word, the hop limit in byte 7).
-func TestAnAHsHopLimitAndFlowLabelReachTheGRHAndTheLabelHasTwentyBits(t *testing.T) {
+// default, 64, the traffic class is carried, and a flow label may have 20
+// bits, all of them set, and not 21 (refused with ErrInvalid). The
+// receiver sees them in the GRH before the payload (IPv6's layout: the
+// traffic class and flow label in the first word, the hop limit in byte
+// 7).
+func TestAnAHsHopLimitTrafficClassAndFlowLabelReachTheGRHAndTheLabelHasTwentyBits(t *testing.T) {
 	ctx := ctxT(t)
 	d, _ := openModel(t, vmware(20), nil)
 	pd, err := d.AllocPD(ctx)
@@ -39,10 +40,11 @@ func TestAnAHsHopLimitAndFlowLabelReachTheGRHAndTheLabelHasTwentyBits(t *testing
 		name      string
 		attr      vfrdma.AHAttr
 		hop       uint8
+		tclass    uint8
 		flowLabel uint32
 	}{
-		{"hop limit 0 is the default", vfrdma.AHAttr{DGID: d.GID()}, 64, 0},
-		{"hop limit and a 20-bit flow label as given", vfrdma.AHAttr{DGID: d.GID(), HopLimit: 5, FlowLabel: 1<<20 - 1}, 5, 1<<20 - 1},
+		{"hop limit 0 is the default", vfrdma.AHAttr{DGID: d.GID()}, 64, 0, 0},
+		{"hop limit, traffic class and a 20-bit flow label as given", vfrdma.AHAttr{DGID: d.GID(), HopLimit: 5, TrafficClass: 0xA5, FlowLabel: 1<<20 - 1}, 5, 0xA5, 1<<20 - 1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ah, err := pd.CreateAH(tc.attr)
@@ -62,6 +64,7 @@ func TestAnAHsHopLimitAndFlowLabelReachTheGRHAndTheLabelHasTwentyBits(t *testing
 			grh := mr.Bytes()[1024 : 1024+40]
 			assert.Equal(t, tc.hop, grh[7], "hop limit")
 			assert.Equal(t, tc.flowLabel, binary.BigEndian.Uint32(grh[0:4])&(1<<20-1), "flow label")
+			assert.Equal(t, tc.tclass, uint8(binary.BigEndian.Uint32(grh[0:4])>>20), "traffic class")
 		})
 	}
 }

@@ -285,3 +285,24 @@ func TestCDevIOASKeepsItsMappingsWhenItsLastDeviceCloses(t *testing.T) {
 	_, err = c.OpenGroup(5)
 	require.ErrorIs(t, err, vfio.ErrClosed)
 }
+
+// On the cdev path a group's OpenDevice opens only functions of that
+// IOMMU group (sysfs says which): a function of another group, though
+// bound to vfio-pci and with a cdev of its own, is refused with ErrRange
+// before its cdev is opened. (On the group path the kernel refuses it:
+// VFIO_GROUP_GET_DEVICE_FD knows only the group's members.)
+func TestCDevOpenDeviceRefusesAFunctionOfAnotherIOMMUGroup(t *testing.T) {
+	e := newEnvOn(t, vfio.PathCDev)
+	other := pci.Addr{Slot: 0x11}
+	e.sys.AddFunction(t, pci.Function{Addr: other, Vendor: 0x15ad, Device: 0x07b0, Driver: "vfio-pci", IOMMUGroup: 7})
+	e.k.AddGroup(7, true, vfiotest.PVRDMA(other.String()))
+	e.k.LinkCDevs(t, e.sys.Root)
+	d := e.open(t)
+	before := len(e.k.Events())
+	_, err := d.Group().OpenDevice(other.String())
+	require.ErrorIs(t, err, vfio.ErrRange)
+	assert.Contains(t, err.Error(), "IOMMU group 7, not 5")
+	for _, ev := range e.k.Events()[before:] {
+		assert.NotContains(t, ev, other.String(), "the other group's function reached the kernel")
+	}
+}
