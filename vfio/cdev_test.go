@@ -306,3 +306,28 @@ func TestCDevOpenDeviceRefusesAFunctionOfAnotherIOMMUGroup(t *testing.T) {
 		assert.NotContains(t, ev, other.String(), "the other group's function reached the kernel")
 	}
 }
+
+// The IOVA alignment IOMMU_IOAS_IOVA_RANGES reports is a kernel answer,
+// checked before use: a power of two up to 1 GiB is taken (1 GiB itself
+// too), and 0, one that is not a power of two, or 2 GiB fail the open,
+// naming the value.
+func TestCDevTakesAPowerOfTwoIOVAAlignmentUpTo1GiBAndRefusesAnyOther(t *testing.T) {
+	for _, tc := range []struct {
+		align uint64
+		ok    bool
+	}{
+		{4096, true}, {1 << 30, true},
+		{0, false}, {0x3000, false}, {1<<30 + 4096, false}, {1 << 31, false},
+	} {
+		e := newEnvOn(t, vfio.PathCDev)
+		e.k.SetIOASAlignment(tc.align)
+		d, err := vfio.Open(rdmaAddr, e.opts)
+		if tc.ok {
+			require.NoError(t, err, "alignment %#x", tc.align)
+			require.NoError(t, d.Close())
+			continue
+		}
+		require.Error(t, err, "alignment %#x", tc.align)
+		assert.Contains(t, err.Error(), "implausible IOVA alignment", "alignment %#x", tc.align)
+	}
+}

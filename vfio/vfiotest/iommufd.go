@@ -85,6 +85,9 @@ func (k *kernel) iovaRanges(x *ictx, arg, buf []byte) (int, error) {
 	in := r.NumIOVAs
 	r.NumIOVAs = uint32(len(rs))
 	r.OutIOVAAlignment = ioasAlignment
+	if k.ioasAlign != nil {
+		r.OutIOVAAlignment = *k.ioasAlign
+	}
 	copy(arg, uapi.Encode(&r))
 	if int(in) < len(rs) {
 		return -1, unix.EMSGSIZE

@@ -90,6 +90,7 @@ type kernel struct {
 	mu         sync.Mutex
 	noVFIO     bool
 	iommufd    bool      // /dev/iommu exists
+	ioasAlign  *uint64   // IOMMU_IOAS_IOVA_RANGES' alignment, when set (SetIOASAlignment)
 	cdevs      []*Device // by cdev number: vfioN is cdevs[N]
 	nextID     uint32    // iommufd object IDs
 	apiVersion int
@@ -193,6 +194,14 @@ func (k *Kernel) SetIOMMUFDLoaded(loaded bool) {
 	k.k.mu.Lock()
 	defer k.k.mu.Unlock()
 	k.k.iommufd = loaded
+}
+
+// SetIOASAlignment makes IOMMU_IOAS_IOVA_RANGES report align as the IOVA
+// alignment instead of the page size: a kernel answer to check.
+func (k *Kernel) SetIOASAlignment(align uint64) {
+	k.k.mu.Lock()
+	defer k.k.mu.Unlock()
+	k.k.ioasAlign = &align
 }
 
 // LinkCDevs makes the fake sysfs tree at sysfsRoot name each device's cdev
