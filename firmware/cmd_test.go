@@ -448,6 +448,7 @@ func TestRequestValidate(t *testing.T) {
 		CreateMRRequest{Flags: MRFlagDMA}, ModifyQPRequest{AttrMask: QPAttrAll, Attr: QPAttr{QPState: QPStateErr}},
 		func() CreateQPRequest { q := okQP; q.IsSRQ, q.TotalChunks, q.MaxRecvWR = true, 3, 0; return q }(),
 		func() CreateSRQRequest { r := okSRQ; r.NChunks = MaxRingChunks; return r }(), // the most chunks
+		CreateMRRequest{Start: 0x10000, Length: MaxPageDirPages * PageSize, PDirDMA: 0x1000, NChunks: MaxPageDirPages}, // the longest MR
 	} {
 		assert.NoError(t, r.Validate(), "%+v", r)
 	}
@@ -459,6 +460,8 @@ func TestRequestValidate(t *testing.T) {
 		{func() CreateCQRequest { r := okCQ; r.PDirDMA = 0; return r }(), "pdir_dma", ErrInvalid},
 		{func() CreateCQRequest { r := okCQ; r.PDirDMA = 0x1008; return r }(), "pdir_dma", ErrInvalid},
 		{func() CreateCQRequest { r := okCQ; r.CQE = 65; return r }(), "cqe", ErrInvalid},
+		{func() CreateCQRequest { r := okCQ; r.CQE = 48; return r }(), "cqe", ErrInvalid}, // fits its page, not a power of two
+		{CreateMRRequest{Start: 0x10000, Length: MaxPageDirPages*PageSize + 1, PDirDMA: 0x1000, NChunks: MaxPageDirPages + 1}, "length", ErrInvalid},
 		{func() CreateCQRequest { r := okCQ; r.CQE = 128; return r }(), "cqe", ErrInvalid}, // 128 x 64 > 1 page
 		{func() CreateCQRequest { r := okCQ; r.NChunks = 1; return r }(), "nchunks", ErrInvalid},
 		{func() CreateCQRequest { r := okCQ; r.NChunks = 129; return r }(), "nchunks", ErrInvalid},

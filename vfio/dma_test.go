@@ -331,3 +331,17 @@ func testConcurrentDMA(t *testing.T, p vfio.Path) {
 	wg.Wait()
 	require.Empty(t, c.Mappings(), "mappings left")
 }
+
+// A buffer made by NewDMABuffer (a device model's memory) calls its
+// release function once: Close is idempotent, and a second or third Close
+// returns nil without releasing again.
+func TestNewDMABufferCloseReleasesOnceThoughCalledAgain(t *testing.T) {
+	calls := 0
+	failure := errors.New("the model's release failed")
+	b := vfio.NewDMABuffer(make([]byte, 4096), 0x100000, 4096, func() error { calls++; return failure })
+	assert.ErrorIs(t, b.Close(), failure, "the first Close returns the release's error")
+	assert.Nil(t, b.Mem, "the memory is the buffer's no more")
+	assert.NoError(t, b.Close())
+	assert.NoError(t, b.Close())
+	assert.Equal(t, 1, calls)
+}
