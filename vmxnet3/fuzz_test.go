@@ -98,3 +98,33 @@ func FuzzSendCompletion(f *testing.F) {
 		assert.LessOrEqual(t, tx.inFlight, int(tx.size))
 	})
 }
+
+// The length a receive completion names is checked against the ring's
+// buffer before anything is copied: exactly the buffer's size is a frame,
+// one byte more is ErrDeviceFault, though the caller's buffer could hold
+// it (nothing is read past the ring buffer into the next one).
+func TestRecvTakesACompletionOfExactlyTheRingBufferAndFaultsOneByteMore(t *testing.T) {
+	for _, tc := range []struct {
+		extra int
+		fault bool
+	}{{0, false}, {1, true}} {
+		n, _ := newTestNIC(t, &Options{RxRing: 32})
+		r := &n.rx
+		length := r.bufSize + tc.extra
+		c := r.comp[r.compNext*descSize : r.compNext*descSize+descSize]
+		binary.LittleEndian.PutUint32(c[0:], uint32(r.fill)|rxcSOP|rxcEOP)
+		binary.LittleEndian.PutUint32(c[4:], 0)
+		binary.LittleEndian.PutUint32(c[8:], uint32(length))
+		atomicStore32(c[12:], r.compGen)
+		bufs, sizes := [][]byte{make([]byte, 2*r.bufSize)}, []int{0}
+		got, err := n.Recv(bufs, sizes)
+		if tc.fault {
+			assert.ErrorIs(t, err, ErrDeviceFault, "a %d-byte frame in a %d-byte ring buffer", length, r.bufSize)
+			assert.Zero(t, got)
+			continue
+		}
+		require.NoError(t, err)
+		require.Equal(t, 1, got)
+		assert.Equal(t, length, sizes[0])
+	}
+}
