@@ -5,6 +5,9 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 )
 
 const mib = 1 << 20
@@ -165,24 +168,18 @@ func TestIOVAReleaseOverlappingFreeSpaceOnEitherSideIsRefused(t *testing.T) {
 	const p = 4096
 	base := uint64(1 * mib)
 	a := newIOVAAllocator([]IOVARange{{0, 1<<32 - 1}}, base, base+16*p, p)
-	if at, ok := a.alloc(8*p, p); !ok || at != base {
-		t.Fatalf("alloc = %#x, %v", at, ok)
-	}
-	if err := a.release(base+2*p, 2*p); err != nil {
-		t.Fatal(err)
-	}
+	at, ok := a.alloc(8*p, p)
+	require.True(t, ok)
+	require.Equal(t, base, at)
+	require.NoError(t, a.release(base+2*p, 2*p))
 	before := slices.Clone(a.free)
 	for _, r := range []struct{ start, size uint64 }{
 		{base + 3*p, 2 * p}, // free space before it runs into it
 		{base + 1*p, 2 * p}, // free space after its start
 		{base + 7*p, 2 * p}, // the free space past the allocation
 	} {
-		if err := a.release(r.start, r.size); !errors.Is(err, ErrRange) {
-			t.Errorf("release %#x+%#x over free space: %v, want ErrRange", r.start, r.size, err)
-		}
-		if !slices.Equal(a.free, before) {
-			t.Fatalf("a refused release changed the free list: %x, was %x", a.free, before)
-		}
+		assert.ErrorIs(t, a.release(r.start, r.size), ErrRange, "release %#x+%#x over free space", r.start, r.size)
+		require.Equal(t, before, a.free, "a refused release changed the free list")
 	}
 }
 
@@ -192,16 +189,12 @@ func TestIOVAReleaseMayEndExactlyAtTheWindowsEndAndNotAPageLater(t *testing.T) {
 	const p = 4096
 	base := uint64(1 * mib)
 	a := newIOVAAllocator([]IOVARange{{0, 1<<32 - 1}}, base, base+16*p, p)
-	if at, ok := a.alloc(16*p, p); !ok || at != base {
-		t.Fatalf("alloc = %#x, %v", at, ok)
-	}
-	if err := a.release(base+16*p, p); !errors.Is(err, ErrRange) {
-		t.Errorf("release a page past the window: %v, want ErrRange", err)
-	}
-	if err := a.release(base+15*p, p); err != nil {
-		t.Fatalf("release of the window's last page: %v", err)
-	}
-	if at, ok := a.alloc(p, p); !ok || at != base+15*p {
-		t.Errorf("the last page is free again: alloc = %#x, %v", at, ok)
-	}
+	at, ok := a.alloc(16*p, p)
+	require.True(t, ok)
+	require.Equal(t, base, at)
+	assert.ErrorIs(t, a.release(base+16*p, p), ErrRange, "release a page past the window")
+	require.NoError(t, a.release(base+15*p, p), "release of the window's last page")
+	at, ok = a.alloc(p, p)
+	assert.True(t, ok, "the last page is free again")
+	assert.Equal(t, base+15*p, at)
 }
