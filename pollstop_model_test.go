@@ -1,6 +1,7 @@
 package vfrdma_test
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -105,71 +106,84 @@ func TestArmBesidePollDoorbellRingsNoPollWhileACQIsArmed(t *testing.T) {
 	assert.Empty(t, m.Hazards())
 }
 
+// armBeside is a QEMU-mode model device with ArmBesidePollDoorbell, an
+// RC pair on one CQ, and another CQ whose empty polls ring (or not) the
+// POLL doorbell.
+type armBeside struct {
+	ctx   context.Context
+	d     *vfrdma.Device
+	m     *pvsim.Device
+	p     *rcPair
+	other *vfrdma.CQ
+}
+
+func newArmBeside(t *testing.T) *armBeside {
+	t.Helper()
+	a := &armBeside{ctx: ctxT(t)}
+	a.d, a.m = openModel(t, pvsim.Config{QEMU: true}, &vfrdma.Options{PollDoorbell: true, PollPace: -1, ArmBesidePollDoorbell: true})
+	a.p = newRCPair(t, a.ctx, a.d, true, vfrdma.AccessLocalWrite)
+	var err error
+	a.other, err = a.d.CreateCQ(a.ctx, 16)
+	require.NoError(t, err)
+	t.Cleanup(func() { a.other.Close() })
+	return a
+}
+
+// emptyPoll polls cq, which must be empty.
+func (a *armBeside) emptyPoll(t *testing.T, cq *vfrdma.CQ) {
+	t.Helper()
+	n, err := cq.Poll(make([]vfrdma.WC, 4))
+	require.NoError(t, err)
+	require.Zero(t, n)
+}
+
+// exchange sends one message across the pair and waits for both
+// completions on the pair's CQ.
+func (a *armBeside) exchange(t *testing.T, id uint64) {
+	t.Helper()
+	_, err := a.p.b.PostRecv([]vfrdma.RecvWR{{WRID: id, SGEs: []vfrdma.SGE{a.p.mr.SGE(4096, 64)}}}, 0)
+	require.NoError(t, err)
+	_, err = a.p.a.PostSend([]vfrdma.SendWR{{WRID: id + 1, Flags: vfrdma.SendSignaled, SGEs: []vfrdma.SGE{a.p.mr.SGE(0, 8)}}}, 0)
+	require.NoError(t, err)
+	waitWCs(t, a.ctx, a.p.cq, 2)
+}
+
 // The arm's grace is a bound tried at its value: with none, the first
 // empty poll that finds the armed CQ's CQE counts the arm spent and rings
 // the POLL doorbell.
 func TestArmBesidePollDoorbellWithNoGraceTheFirstLookAfterTheCQESpendsTheArm(t *testing.T) {
-	ctx := ctxT(t)
-	d, m := openModel(t, pvsim.Config{QEMU: true}, &vfrdma.Options{PollDoorbell: true, PollPace: -1, ArmBesidePollDoorbell: true})
-	vfrdma.SetArmSpentGrace(t, d, 0)
-	p := newRCPair(t, ctx, d, true, vfrdma.AccessLocalWrite)
-	other, err := d.CreateCQ(ctx, 16)
-	require.NoError(t, err)
-	t.Cleanup(func() { other.Close() })
-	require.NoError(t, p.cq.Arm(false))
-	rung := other.Stats().Doorbells
-	_, err = p.b.PostRecv([]vfrdma.RecvWR{{WRID: 1, SGEs: []vfrdma.SGE{p.mr.SGE(4096, 64)}}}, 0)
-	require.NoError(t, err)
-	_, err = p.a.PostSend([]vfrdma.SendWR{{WRID: 2, Flags: vfrdma.SendSignaled, SGEs: []vfrdma.SGE{p.mr.SGE(0, 8)}}}, 0)
-	require.NoError(t, err)
-	waitWCs(t, ctx, p.cq, 2)
-	n, err := other.Poll(make([]vfrdma.WC, 4))
-	require.NoError(t, err)
-	require.Zero(t, n)
-	assert.Equal(t, rung+1, other.Stats().Doorbells, "the first empty poll after the CQE rings the POLL doorbell")
-	assert.Empty(t, m.Hazards())
+	a := newArmBeside(t)
+	vfrdma.SetArmSpentGrace(t, a.d, 0)
+	require.NoError(t, a.p.cq.Arm(false))
+	rung := a.other.Stats().Doorbells
+	a.exchange(t, 1)
+	a.emptyPoll(t, a.other)
+	assert.Equal(t, rung+1, a.other.Stats().Doorbells, "the first empty poll after the CQE rings the POLL doorbell")
+	assert.Empty(t, a.m.Hazards())
 }
 
 // A new arm starts its own grace: the mark of the last arm's spending is
 // not carried over, or an arm whose CQE has just come would count as spent
 // at once.
 func TestArmBesidePollDoorbellANewArmStartsItsOwnGrace(t *testing.T) {
-	ctx := ctxT(t)
-	d, m := openModel(t, pvsim.Config{QEMU: true}, &vfrdma.Options{PollDoorbell: true, PollPace: -1, ArmBesidePollDoorbell: true})
-	p := newRCPair(t, ctx, d, true, vfrdma.AccessLocalWrite)
-	other, err := d.CreateCQ(ctx, 16)
-	require.NoError(t, err)
-	t.Cleanup(func() { other.Close() })
-	wcs := make([]vfrdma.WC, 4)
-	emptyPoll := func() {
-		n, err := other.Poll(wcs)
-		require.NoError(t, err)
-		require.Zero(t, n)
-	}
-	exchange := func(id uint64) {
-		_, err := p.b.PostRecv([]vfrdma.RecvWR{{WRID: id, SGEs: []vfrdma.SGE{p.mr.SGE(4096, 64)}}}, 0)
-		require.NoError(t, err)
-		_, err = p.a.PostSend([]vfrdma.SendWR{{WRID: id + 1, Flags: vfrdma.SendSignaled, SGEs: []vfrdma.SGE{p.mr.SGE(0, 8)}}}, 0)
-		require.NoError(t, err)
-		waitWCs(t, ctx, p.cq, 2)
-	}
+	a := newArmBeside(t)
 	// The first arm, spent at the first look (no grace).
-	vfrdma.SetArmSpentGrace(t, d, 0)
-	require.NoError(t, p.cq.Arm(false))
-	exchange(1)
-	rung := other.Stats().Doorbells
-	emptyPoll()
-	require.Equal(t, rung+1, other.Stats().Doorbells, "the first arm spent")
+	vfrdma.SetArmSpentGrace(t, a.d, 0)
+	require.NoError(t, a.p.cq.Arm(false))
+	a.exchange(t, 1)
+	rung := a.other.Stats().Doorbells
+	a.emptyPoll(t, a.other)
+	require.Equal(t, rung+1, a.other.Stats().Doorbells, "the first arm spent")
 	// Longer ago than the grace now in force, the second arm's CQE is
 	// seen for the first time: its grace starts there. (The second
 	// arm's first look is at most a stall of the test away from the one
 	// below, far less than the grace.)
 	time.Sleep(time.Second)
-	vfrdma.SetArmSpentGrace(t, d, 500*time.Millisecond)
-	require.NoError(t, p.cq.Arm(false))
-	exchange(3)
-	rung = other.Stats().Doorbells
-	emptyPoll()
-	assert.Equal(t, rung, other.Stats().Doorbells, "a POLL doorbell at the first look at the second arm's CQE")
-	assert.Empty(t, m.Hazards())
+	vfrdma.SetArmSpentGrace(t, a.d, 500*time.Millisecond)
+	require.NoError(t, a.p.cq.Arm(false))
+	a.exchange(t, 3)
+	rung = a.other.Stats().Doorbells
+	a.emptyPoll(t, a.other)
+	assert.Equal(t, rung, a.other.Stats().Doorbells, "a POLL doorbell at the first look at the second arm's CQE")
+	assert.Empty(t, a.m.Hazards())
 }

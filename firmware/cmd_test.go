@@ -447,7 +447,7 @@ func TestRequestValidate(t *testing.T) {
 		CreateMRRequest{Start: 0x10010, Length: 3 * PageSize, PDirDMA: 0x1000, NChunks: 4},
 		CreateMRRequest{Flags: MRFlagDMA}, ModifyQPRequest{AttrMask: QPAttrAll, Attr: QPAttr{QPState: QPStateErr}},
 		func() CreateQPRequest { q := okQP; q.IsSRQ, q.TotalChunks, q.MaxRecvWR = true, 3, 0; return q }(),
-		func() CreateSRQRequest { r := okSRQ; r.NChunks = MaxRingChunks; return r }(), // the most chunks
+		func() CreateSRQRequest { r := okSRQ; r.NChunks = MaxRingChunks; return r }(),                                  // the most chunks
 		CreateMRRequest{Start: 0x10000, Length: MaxPageDirPages * PageSize, PDirDMA: 0x1000, NChunks: MaxPageDirPages}, // the longest MR
 	} {
 		assert.NoError(t, r.Validate(), "%+v", r)
