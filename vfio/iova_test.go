@@ -1,7 +1,6 @@
 package vfio
 
 import (
-	"errors"
 	"math/rand/v2"
 	"slices"
 	"testing"
@@ -14,82 +13,54 @@ const mib = 1 << 20
 
 func TestIOVAWindowDefault(t *testing.T) {
 	a := newIOVAAllocator(nil, defaultIOVABase, defaultIOVALimit, 4096)
-	want := []span{{1 * mib, msiWindowStart}, {msiWindowEnd + 1, 1 << 32}}
-	if !slices.Equal(a.free, want) {
-		t.Fatalf("window = %x, want %x", a.free, want)
-	}
+	assert.Equal(t, []span{{1 * mib, msiWindowStart}, {msiWindowEnd + 1, 1 << 32}}, a.free)
 }
 
 func TestIOVAWindowReported(t *testing.T) {
 	// What the QEMU guest's kernel reports with intel-iommu (39-bit).
 	valid := []IOVARange{{0, 0xfedfffff}, {0xfef00000, 0x7fffffffff}}
 	a := newIOVAAllocator(valid, defaultIOVABase, defaultIOVALimit, 4096)
-	want := []span{{1 * mib, 0xfee00000}, {0xfef00000, 1 << 32}}
-	if !slices.Equal(a.free, want) {
-		t.Fatalf("window = %x, want %x", a.free, want)
-	}
+	assert.Equal(t, []span{{1 * mib, 0xfee00000}, {0xfef00000, 1 << 32}}, a.free)
 	// A range ending at the top of the address space must not overflow.
 	a = newIOVAAllocator([]IOVARange{{0, ^uint64(0)}}, 0, ^uint64(0), 4096)
-	if len(a.free) != 1 || a.free[0].start != 0 || a.free[0].end != alignDown(^uint64(0)-1+1, 4096) {
-		t.Fatalf("full window = %x", a.free)
-	}
+	assert.Equal(t, []span{{0, alignDown(^uint64(0)-1+1, 4096)}}, a.free, "full window")
 	// Unaligned reported bounds shrink inward; empty and inverted ranges
 	// are dropped.
 	a = newIOVAAllocator([]IOVARange{{0x100001, 0x300ffe}, {5, 4}, {0x400000, 0x400fff}}, 0, 1<<40, 4096)
-	if !slices.Equal(a.free, []span{{0x101000, 0x300000}, {0x400000, 0x401000}}) {
-		t.Fatalf("window = %x", a.free)
-	}
+	assert.Equal(t, []span{{0x101000, 0x300000}, {0x400000, 0x401000}}, a.free)
 	// Overlapping input ranges are merged.
 	a = newIOVAAllocator([]IOVARange{{0x200000, 0x3fffff}, {0x100000, 0x2fffff}}, 0, 1<<40, 4096)
-	if !slices.Equal(a.free, []span{{0x100000, 0x400000}}) {
-		t.Fatalf("merged window = %x", a.free)
-	}
-	if a := newIOVAAllocator(nil, 10*mib, 5*mib, 4096); len(a.free) != 0 {
-		t.Fatalf("base above limit gives %x", a.free)
-	}
+	assert.Equal(t, []span{{0x100000, 0x400000}}, a.free, "merged window")
+	a = newIOVAAllocator(nil, 10*mib, 5*mib, 4096)
+	assert.Empty(t, a.free, "base above limit")
 }
 
 func TestIOVAAllocFree(t *testing.T) {
 	a := newIOVAAllocator(nil, defaultIOVABase, defaultIOVALimit, 4096)
 	total := a.freeBytes()
 	x, ok := a.alloc(4096, 0)
-	if !ok || x != 1*mib {
-		t.Fatalf("first alloc = %#x, %v", x, ok)
-	}
+	require.True(t, ok)
+	require.Equal(t, uint64(1*mib), x, "first alloc")
 	y, ok := a.alloc(2*mib, 2*mib)
-	if !ok || y != 2*mib {
-		t.Fatalf("aligned alloc = %#x, %v", y, ok)
-	}
+	require.True(t, ok)
+	require.Equal(t, uint64(2*mib), y, "aligned alloc")
 	z, ok := a.alloc(4096, 0)
-	if !ok || z != 1*mib+4096 {
-		t.Fatalf("third alloc = %#x (want the gap before the aligned one)", z)
-	}
-	if _, ok := a.alloc(100, 0); ok {
-		t.Fatal("unaligned size allocated")
-	}
-	if _, ok := a.alloc(0, 0); ok {
-		t.Fatal("zero size allocated")
-	}
-	if _, ok := a.alloc(1<<33, 0); ok {
-		t.Fatal("oversize allocated")
-	}
+	require.True(t, ok)
+	require.Equal(t, uint64(1*mib+4096), z, "third alloc: the gap before the aligned one")
+	_, ok = a.alloc(100, 0)
+	assert.False(t, ok, "unaligned size allocated")
+	_, ok = a.alloc(0, 0)
+	assert.False(t, ok, "zero size allocated")
+	_, ok = a.alloc(1<<33, 0)
+	assert.False(t, ok, "oversize allocated")
 	for _, r := range [][2]uint64{{y, 2 * mib}, {x, 4096}, {z, 4096}} {
-		if err := a.release(r[0], r[1]); err != nil {
-			t.Fatal(err)
-		}
+		require.NoError(t, a.release(r[0], r[1]))
 	}
-	if a.freeBytes() != total || len(a.free) != 2 {
-		t.Fatalf("after freeing all: %x", a.free)
-	}
-	if err := a.release(x, 4096); !errors.Is(err, ErrRange) {
-		t.Fatalf("double free: %v", err)
-	}
-	if err := a.release(0, 4096); !errors.Is(err, ErrRange) {
-		t.Fatalf("free outside window: %v", err)
-	}
-	if err := a.release(x+1, 4096); !errors.Is(err, ErrAlignment) {
-		t.Fatalf("unaligned free: %v", err)
-	}
+	assert.Equal(t, total, a.freeBytes(), "after freeing all: %x", a.free)
+	assert.Len(t, a.free, 2, "after freeing all: %x", a.free)
+	assert.ErrorIs(t, a.release(x, 4096), ErrRange, "double free")
+	assert.ErrorIs(t, a.release(0, 4096), ErrRange, "free outside window")
+	assert.ErrorIs(t, a.release(x+1, 4096), ErrAlignment, "unaligned free")
 }
 
 // checkAllocator verifies the allocator's invariants against the set of
@@ -100,19 +71,13 @@ func checkAllocator(t *testing.T, a *iovaAllocator, live map[uint64]uint64, tota
 	for s, n := range live {
 		used += n
 		for _, f := range a.free {
-			if s < f.end && f.start < s+n {
-				t.Fatalf("live %#x+%#x overlaps free %x", s, n, f)
-			}
+			require.False(t, s < f.end && f.start < s+n, "live %#x+%#x overlaps free %x", s, n, f)
 		}
 	}
 	for i, f := range a.free {
-		if f.start >= f.end || (i > 0 && a.free[i-1].end >= f.start) {
-			t.Fatalf("free list not sorted/disjoint/merged: %x", a.free)
-		}
+		require.False(t, f.start >= f.end || (i > 0 && a.free[i-1].end >= f.start), "free list not sorted/disjoint/merged: %x", a.free)
 	}
-	if used+a.freeBytes() != total {
-		t.Fatalf("used %#x + free %#x != window %#x", used, a.freeBytes(), total)
-	}
+	require.Equal(t, total, used+a.freeBytes(), "used %#x + free %#x against the window", used, a.freeBytes())
 }
 
 func FuzzIOVAAllocator(f *testing.F) {
@@ -130,9 +95,7 @@ func FuzzIOVAAllocator(f *testing.F) {
 				i := int(op&0x7f) % len(order)
 				s := order[i]
 				order = slices.Delete(order, i, i+1)
-				if err := a.release(s, live[s]); err != nil {
-					t.Fatal(err)
-				}
+				require.NoError(t, a.release(s, live[s]))
 				delete(live, s)
 			} else {
 				size := uint64(op&0x3f+1) * 4096 * uint64(1+rng.IntN(64))
@@ -141,23 +104,17 @@ func FuzzIOVAAllocator(f *testing.F) {
 				if !ok {
 					continue
 				}
-				if s%align != 0 || s < 1*mib || s+size > 0xff000000 || (s < 0xfef00000 && s+size > 0xfee00000) {
-					t.Fatalf("alloc(%#x, %#x) = %#x", size, align, s)
-				}
+				require.False(t, s%align != 0 || s < 1*mib || s+size > 0xff000000 || (s < 0xfef00000 && s+size > 0xfee00000), "alloc(%#x, %#x) = %#x", size, align, s)
 				live[s] = size
 				order = append(order, s)
 			}
 			checkAllocator(t, a, live, total)
 		}
 		for _, s := range order {
-			if err := a.release(s, live[s]); err != nil {
-				t.Fatal(err)
-			}
+			require.NoError(t, a.release(s, live[s]))
 			delete(live, s)
 		}
-		if !slices.Equal(a.free, a.window) {
-			t.Fatalf("after freeing everything: %x, window %x", a.free, a.window)
-		}
+		require.Equal(t, a.window, a.free, "after freeing everything")
 	})
 }
 
