@@ -200,17 +200,21 @@ func (cq *CQ) armBesidePoll(solicitedOnly bool) error {
 // backend's lock and waits for the big one, as in the deadlock above. As
 // with QP.awaitQuietCQs, the grace narrows that window; nothing the
 // device shows closes it.
+//
+// A spinning poller calls it on every empty poll while a CQ waits for its
+// completion: that case reads the producer indices only; the clock and
+// the grace are read once a CQE has come.
 func (d *Device) noneArmedOnDevice() bool {
-	grace := drainGrace
-	if h := d.hooks(); h != nil && h.armGraceSet.Load() {
-		grace = time.Duration(h.armGrace.Load())
-	}
 	d.armedMu.Lock()
 	defer d.armedMu.Unlock()
-	now := time.Now()
+	var now time.Time
+	var grace time.Duration
 	kept := d.armedCQs[:0]
 	for _, c := range d.armedCQs {
 		if c.armProdSet && c.st.ProdTail() != c.armProd {
+			if now.IsZero() {
+				now, grace = time.Now(), d.armSpentGrace()
+			}
 			if c.armSpentAt.IsZero() {
 				c.armSpentAt = now
 			}
@@ -225,6 +229,15 @@ func (d *Device) noneArmedOnDevice() bool {
 	d.armedCQs = kept
 	d.nArmed.Store(int32(len(kept)))
 	return len(kept) == 0
+}
+
+// armSpentGrace is how long an arm stays pending after its CQE
+// (noneArmedOnDevice): drainGrace, or a test's (SetArmSpentGrace).
+func (d *Device) armSpentGrace() time.Duration {
+	if h := d.hooks(); h != nil && h.armGraceSet.Load() {
+		return time.Duration(h.armGrace.Load())
+	}
+	return drainGrace
 }
 
 // disarmed forgets cq's arm on the device: its destroy (the device
